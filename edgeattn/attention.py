@@ -1,0 +1,188 @@
+"""Scaled dot-product attention, masks, and multi-head attention with a key/value cache.
+
+Mask convention: a boolean mask is True where a query may attend a key; a floating mask is
+added to the scores (0 to keep, a large negative number or -inf to drop). Masks broadcast
+against the scores, shaped (B, H, T, S). Every size is read from tensors at run time, so the
+same code traces to graphs whose batch and sequence axes stay dynamic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edgeattn.config import ModelConfig
+from edgeattn.positional import RelativePosition, build_relative
+
+KeyValue = tuple[Tensor, Tensor]
+
+
+def padding_mask(attention_mask: Tensor) -> Tensor:
+    """(B, S) with 1/True for real tokens -> boolean key mask (B, 1, 1, S)."""
+    return attention_mask.bool()[:, None, None, :]
+
+
+def causal_mask(q_len: int | Tensor, k_len: int | Tensor, device: torch.device | None = None) -> Tensor:
+    """Boolean (T, S) mask where query i (at absolute position S - T + i) sees keys 0..S-T+i."""
+    k_pos = torch.arange(k_len, device=device)
+    q_pos = torch.arange(q_len, device=device) + (k_len - q_len)
+    return k_pos[None, :] <= q_pos[:, None]  # (T, S)
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of boolean masks (broadcasting); None entries are ignored."""
+    out: Tensor | None = None
+    for mask in masks:
+        if mask is None:
+            continue
+        out = mask if out is None else out & mask
+    return out
+
+
+def _mask_parts(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(additive bias, boolean 'row has at least one key') for a boolean or additive mask."""
+    floor = torch.finfo(dtype).min
+    if mask.dtype == torch.bool:
+        keep = mask
+        additive = torch.zeros_like(keep, dtype=dtype).masked_fill(~keep, floor)
+    else:
+        additive = mask.to(dtype).clamp(min=floor)
+        keep = additive > floor / 2
+    return additive, keep.any(dim=-1, keepdim=True)
+
+
+def topk_keep(scores: Tensor, fraction: float, keep: Tensor | None) -> Tensor:
+    """Boolean mask keeping the ceil(fraction * valid keys) largest scores of each query row."""
+    floor = torch.finfo(scores.dtype).min
+    valid = torch.ones_like(scores) if keep is None else keep.to(scores.dtype).expand_as(scores)
+    k = torch.ceil(valid.sum(dim=-1, keepdim=True) * fraction).clamp(min=1)  # (B, H, T, 1)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, floor)
+    ranked = scores.sort(dim=-1, descending=True).values
+    kth = ranked.gather(-1, k.long() - 1)
+    return scores >= kth
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    topk: float | None = None,
+    dropout: nn.Module | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q Kᵀ · scale + bias + mask) V.
+
+    q: (B, H, T, D), k and v: (B, H, S, D); ``bias`` (position terms) and ``mask`` broadcast to
+    (B, H, T, S). ``scale`` defaults to 1/√D. A query row whose keys are all masked attends to
+    nothing and returns zeros. ``topk`` keeps only that fraction of each row's largest scores.
+    Returns the output (B, H, T, D) and, when asked, the weights (B, H, T, S).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    row_valid: Tensor | None = None
+    keep: Tensor | None = None
+    if mask is not None:
+        additive, row_valid = _mask_parts(mask, scores.dtype)
+        scores = scores + additive
+        keep = mask if mask.dtype == torch.bool else additive > torch.finfo(scores.dtype).min / 2
+    if topk is not None:
+        selected = topk_keep(scores, topk, keep)
+        scores = scores.masked_fill(~selected, torch.finfo(scores.dtype).min)
+    weights = F.softmax(scores, dim=-1)
+    if row_valid is not None:
+        weights = weights * row_valid.to(weights.dtype)
+    attended = weights if dropout is None else dropout(weights)
+    out = torch.matmul(attended, v)  # (B, H, T, D)
+    return out, (weights if need_weights else None)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self-attention (with a key/value cache) and cross-attention.
+
+    Self-attention: ``forward(x, past=(k, v))`` appends the new tokens' keys and values to the
+    cache and returns the whole (present) cache, so decoding one token at a time gives the same
+    result as recomputing the prefix. Cross-attention: ``forward(x, memory=m)`` or, with keys and
+    values projected once per source by :meth:`project_kv`, ``forward(x, static_kv=(k, v))``.
+    """
+
+    def __init__(self, config: ModelConfig, *, cross: bool = False, causal: bool = False) -> None:
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
+        self.cross = cross
+        self.causal = causal
+        self.scale = 1.0 / math.sqrt(self.head_dim) if config.attention_scaled else 1.0
+        self.topk = config.attention_topk
+        self.q_proj = nn.Linear(d, d, bias=config.bias)
+        self.k_proj = nn.Linear(d, d, bias=config.bias)
+        self.v_proj = nn.Linear(d, d, bias=config.bias)
+        self.out_proj = nn.Linear(d, d, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.relative: RelativePosition | None = None if cross else build_relative(config, bidirectional=not causal)
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def project_kv(self, memory: Tensor) -> KeyValue:
+        """Keys and values (B, H, S, D) of a source sequence (B, S, d_model)."""
+        return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        memory: Tensor | None = None,
+        static_kv: KeyValue | None = None,
+        past: KeyValue | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, KeyValue]:
+        """Attend from ``x`` (B, T, d_model).
+
+        ``mask`` broadcasts to (B, H, T, S); for causal self-attention the causal part is added
+        here. Returns the output (B, T, d_model), the weights if asked, and the keys/values used
+        (for self-attention, the present cache including ``past``).
+        """
+        q = self._split(self.q_proj(x))  # (B, H, T, D)
+        if static_kv is not None:
+            k, v = static_kv
+        elif memory is not None:
+            k, v = self.project_kv(memory)
+        else:
+            k, v = self.project_kv(x)
+            if past is not None:
+                k = torch.cat([past[0], k], dim=2)  # (B, H, P + T, D)
+                v = torch.cat([past[1], v], dim=2)
+        t, s = q.shape[2], k.shape[2]
+        bias = None
+        if self.relative is not None:
+            k_pos = torch.arange(s, device=x.device)
+            q_pos = torch.arange(t, device=x.device) + (s - t)
+            bias = self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
+        if self.causal:
+            mask = combine_masks(mask, causal_mask(t, s, device=x.device))
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            scale=self.scale,
+            topk=self.topk,
+            dropout=self.dropout,
+            need_weights=need_weights,
+        )
+        b = out.shape[0]
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, d_model)
+        return self.out_proj(out), weights, (k, v)

@@ -1,0 +1,235 @@
+"""The model configuration: one dataclass that drives every module (torch-free).
+
+A config is serialisable to and from JSON, validated on construction, and named presets
+give the sizes the project's goals are stated in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from edgeattn.errors import ConfigError
+
+Architecture = Literal["encoder-decoder", "encoder"]
+PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu"]
+NormKind = Literal["layernorm", "rmsnorm"]
+HeadKind = Literal["none", "sequence", "token"]
+Pooling = Literal["mean", "first"]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "architecture": ("encoder-decoder", "encoder"),
+    "position": ("sinusoidal", "learned", "relative", "t5", "none"),
+    "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu"),
+    "norm": ("layernorm", "rmsnorm"),
+    "head": ("none", "sequence", "token"),
+    "pooling": ("mean", "first"),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every hyper-parameter of an edgeattn transformer.
+
+    ``architecture`` picks an encoder-decoder (with a language-model head) or an encoder alone
+    (optionally with a classification ``head``). ``position`` picks how order enters the model:
+    ``sinusoidal`` and ``learned`` add absolute position vectors to the embeddings, ``relative``
+    adds clipped relative-position representations to the attention scores (Shaw et al. 2018),
+    ``t5`` adds a bucketed relative bias per head.
+    """
+
+    architecture: Architecture = "encoder-decoder"
+    vocab_size: int = 1000
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int = 256
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    max_len: int = 512
+    dropout: float = 0.1
+    activation: Activation = "relu"
+    norm: NormKind = "layernorm"
+    norm_eps: float = 1e-5
+    norm_first: bool = False
+    position: PositionKind = "sinusoidal"
+    relative_clip: int = 16
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    attention_topk: float | None = None
+    attention_scaled: bool = True
+    bias: bool = True
+    scale_embedding: bool = True
+    embedding_norm: bool = False
+    tie_embeddings: bool = True
+    head: HeadKind = "none"
+    num_labels: int = 2
+    pooling: Pooling = "mean"
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(f"config {name}={value!r} is not one of {', '.join(choices)}")
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"config {name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"config {name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"config d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.n_encoder_layers < 1:
+            raise ConfigError("config n_encoder_layers must be at least 1")
+        if self.architecture == "encoder-decoder":
+            if self.n_decoder_layers < 1:
+                raise ConfigError("an encoder-decoder config needs n_decoder_layers >= 1")
+            if self.head != "none":
+                raise ConfigError("classification heads are for architecture='encoder' only")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"config dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_eps <= 0:
+            raise ConfigError(f"config norm_eps must be positive, got {self.norm_eps}")
+        if self.attention_topk is not None and not 0.0 < self.attention_topk <= 1.0:
+            raise ConfigError(
+                f"config attention_topk is a fraction of the key length in (0, 1], got {self.attention_topk}"
+            )
+        if self.relative_clip < 1 or self.relative_buckets < 2 or self.relative_max_distance < 2:
+            raise ConfigError("config relative_clip >= 1, relative_buckets >= 2, relative_max_distance >= 2")
+        if self.head != "none" and self.num_labels < 1:
+            raise ConfigError(f"config num_labels must be positive, got {self.num_labels}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ConfigError(
+                    f"config {name}={getattr(self, name)} is outside the vocabulary (size {self.vocab_size})"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.n_heads
+
+    @property
+    def is_seq2seq(self) -> bool:
+        """True for the encoder-decoder architecture."""
+        return self.architecture == "encoder-decoder"
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary of every field."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The config as a JSON string (sorted keys, stable across runs)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Build a config from a dictionary, refusing unknown keys by name."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"invalid config: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        """Parse a config from a JSON string."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        """Read a config from a JSON file."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
+        try:
+            return cls.from_json(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+
+    def save(self, path: str | Path) -> None:
+        """Write the config as indented JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Small enough to export and verify in seconds on two cores.
+    "demo": ModelConfig(
+        vocab_size=64,
+        d_model=64,
+        n_heads=4,
+        d_ff=256,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        max_len=128,
+        dropout=0.1,
+    ),
+    "tiny": ModelConfig(
+        vocab_size=50,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        max_len=256,
+        dropout=0.0,
+    ),
+    # The CPU reference size the project's speed goals are stated in.
+    "reference": ModelConfig(
+        vocab_size=32000,
+        d_model=512,
+        n_heads=8,
+        d_ff=2048,
+        n_encoder_layers=6,
+        n_decoder_layers=6,
+        max_len=1024,
+        dropout=0.1,
+    ),
+    "bert-base": ModelConfig(
+        architecture="encoder",
+        vocab_size=30522,
+        d_model=768,
+        n_heads=12,
+        d_ff=3072,
+        n_encoder_layers=12,
+        n_decoder_layers=0,
+        max_len=1024,
+        activation="gelu",
+        position="learned",
+        embedding_norm=True,
+        norm_eps=1e-12,
+        scale_embedding=False,
+        dropout=0.1,
+    ),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The named preset, or a ConfigError listing the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None

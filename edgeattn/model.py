@@ -1,0 +1,231 @@
+"""Whole models: encoder and decoder stacks, the encoder-decoder with its language-model head,
+and encoders with sequence- or token-classification heads."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from edgeattn.attention import KeyValue, padding_mask
+from edgeattn.config import ModelConfig
+from edgeattn.layers import DecoderLayer, EncoderLayer, make_norm
+from edgeattn.positional import build_absolute
+
+
+class _Stack(nn.Module):
+    """What encoder and decoder stacks share: absolute positions, embedding norm, final norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.position = build_absolute(config)
+        self.embed_norm = make_norm(config) if config.embedding_norm else None
+        self.dropout = nn.Dropout(config.dropout)
+        self.final_norm = make_norm(config) if config.norm_first else None
+
+    def _prepare(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
+        """Token embeddings (B, T, d) plus positions offset..offset+T-1, normed, dropped out."""
+        if self.position is not None:
+            positions = torch.arange(x.shape[1], device=x.device) + offset
+            x = x + self.position(positions)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return self.dropout(x)
+
+    def _finish(self, x: Tensor) -> Tensor:
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class Encoder(_Stack):
+    """A stack of encoder layers over token embeddings."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+
+    def forward(
+        self, x: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        """x (B, S, d) embeddings, attention_mask (B, S) 1 for tokens -> (B, S, d), per-layer weights."""
+        mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, S)
+        x = self._prepare(x)
+        weights: list[Tensor] = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights=need_weights)
+            if w is not None:
+                weights.append(w)
+        return self._finish(x), weights
+
+
+class Decoder(_Stack):
+    """A stack of decoder layers with a per-layer self-attention cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+
+    def cross_kv(self, memory: Tensor) -> list[KeyValue]:
+        """Each layer's cross-attention keys and values (B, H, S, D) for a source (B, S, d)."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        memory: Tensor | None = None,
+        cross_kv: list[KeyValue] | None = None,
+        memory_mask: Tensor | None = None,
+        past: list[KeyValue] | None = None,
+    ) -> tuple[Tensor, list[KeyValue]]:
+        """x (B, T, d) target embeddings -> (B, T, d) and each layer's present (k, v) cache.
+
+        Positions continue from the cache: the new tokens sit at past_len .. past_len + T - 1.
+        """
+        if memory is None and cross_kv is None:
+            raise ValueError("the decoder needs the source: pass memory or cross_kv")
+        offset = 0 if past is None else past[0][0].shape[2]
+        x = self._prepare(x, offset)
+        mask = None if memory_mask is None else padding_mask(memory_mask)  # (B, 1, 1, S)
+        presents: list[KeyValue] = []
+        for i, layer in enumerate(self.layers):
+            x, present = layer(
+                x,
+                memory=memory,
+                cross_kv=None if cross_kv is None else cross_kv[i],
+                memory_mask=mask,
+                past=None if past is None else past[i],
+            )
+            presents.append(present)
+        return self._finish(x), presents
+
+
+class _Embedded(nn.Module):
+    """Token embeddings scaled by √d_model when the config asks."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        nn.init.normal_(self.embed.weight, std=config.d_model**-0.5 if config.scale_embedding else 0.02)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        """(B, T) token ids -> (B, T, d_model)."""
+        x = self.embed(ids)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x
+
+    def tied_aliases(self) -> dict[str, str]:
+        """State-dict keys that are the same tensor as another key: {alias: source}."""
+        return {}
+
+
+class Seq2SeqTransformer(_Embedded):
+    """Encoder-decoder transformer with a language-model head over a shared vocabulary."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def tied_aliases(self) -> dict[str, str]:
+        return {"lm_head.weight": "embed.weight"} if self.config.tie_embeddings else {}
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """(B, S) source ids -> encoder hidden states (B, S, d_model)."""
+        return self.encoder(self.embed_tokens(src_ids), src_mask, need_weights=need_weights)[0]
+
+    def cross_kv(self, memory: Tensor) -> list[KeyValue]:
+        """Per-layer cross-attention keys/values of the encoder output, computed once per source."""
+        return self.decoder.cross_kv(memory)
+
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        *,
+        memory: Tensor | None = None,
+        cross_kv: list[KeyValue] | None = None,
+        memory_mask: Tensor | None = None,
+        past: list[KeyValue] | None = None,
+    ) -> tuple[Tensor, list[KeyValue]]:
+        """(B, T) target ids after ``past`` -> logits (B, T, vocab) and the present caches."""
+        h, presents = self.decoder(
+            self.embed_tokens(tgt_ids), memory=memory, cross_kv=cross_kv, memory_mask=memory_mask, past=past
+        )
+        return self.lm_head(h), presents
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, vocab) for targets ``tgt_ids`` given the source."""
+        memory = self.encode(src_ids, src_mask)
+        return self.decode(tgt_ids, memory=memory, memory_mask=src_mask)[0]
+
+    @torch.no_grad()
+    def greedy(
+        self, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 20, stop_at_eos: bool = True
+    ) -> Tensor:
+        """Greedy decoding with the cache: (B, S) -> (B, N) new tokens, ``pad_id`` after each row's
+        EOS (with ``stop_at_eos=False``, every row runs all ``max_new_tokens`` steps)."""
+        cfg = self.config
+        memory = self.encode(src_ids, src_mask)
+        cross = self.cross_kv(memory)
+        b = src_ids.shape[0]
+        token = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=src_ids.device)
+        done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+        past: list[KeyValue] | None = None
+        out = []
+        for _ in range(max_new_tokens):
+            logits, past = self.decode(token, cross_kv=cross, memory_mask=src_mask, past=past)
+            nxt = logits[:, -1].argmax(-1)
+            if stop_at_eos:
+                nxt = torch.where(done, torch.full_like(nxt, cfg.pad_id), nxt)
+                done = done | (nxt == cfg.eos_id)
+            out.append(nxt)
+            token = nxt[:, None]
+            if bool(done.all()):
+                break
+        return torch.stack(out, dim=1)
+
+
+class EncoderModel(_Embedded):
+    """An encoder alone, optionally with a sequence- or token-classification head."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.encoder = Encoder(config)
+        self.classifier = nn.Linear(config.d_model, config.num_labels) if config.head != "none" else None
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """(B, S) ids -> hidden states (B, S, d_model)."""
+        return self.encoder(self.embed_tokens(input_ids), attention_mask, need_weights=need_weights)[0]
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """(B, S, d) -> (B, d): the first token, or the mean over real tokens."""
+        if self.config.pooling == "first":
+            return hidden[:, 0]
+        if attention_mask is None:
+            return hidden.mean(dim=1)
+        m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, S, 1)
+        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Hidden states (B, S, d) and logits: (B, labels) per sequence or (B, S, labels) per token."""
+        hidden = self.encode(input_ids, attention_mask)
+        if self.classifier is None:
+            return hidden, None
+        if self.config.head == "sequence":
+            return hidden, self.classifier(self.pool(hidden, attention_mask))
+        return hidden, self.classifier(hidden)
+
+
+def build_model(config: ModelConfig, seed: int | None = None) -> Seq2SeqTransformer | EncoderModel:
+    """The model the config describes, in eval mode; ``seed`` makes its random weights repeatable."""
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model: Seq2SeqTransformer | EncoderModel = (
+            Seq2SeqTransformer(config) if config.is_seq2seq else EncoderModel(config)
+        )
+    return model.eval()

@@ -1,0 +1,79 @@
+"""The PyTorch side of each exported graph: a module whose flat tensor signature is its spec's.
+
+The same modules are traced for export and run eagerly as the verifier's reference.
+"""
+
+from __future__ import annotations
+
+from edgeattn.runtime.specs import GraphSpec, graph_spec
+from torch import Tensor, nn
+
+from edgeattn.attention import MultiHeadAttention, padding_mask
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
+
+
+class AttentionGraph(nn.Module):
+    """query, key, value, key_padding_mask -> attention_output (the first encoder layer's block)."""
+
+    def __init__(self, mha: MultiHeadAttention) -> None:
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor) -> Tensor:
+        kv = (self.mha._split(self.mha.k_proj(key)), self.mha._split(self.mha.v_proj(value)))
+        out, _, _ = self.mha(query, static_kv=kv, mask=padding_mask(key_padding_mask))
+        return out
+
+
+class EncoderGraph(nn.Module):
+    """input_ids, attention_mask -> last_hidden_state (and logits for models with a head)."""
+
+    def __init__(self, model: Seq2SeqTransformer | EncoderModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        if isinstance(self.model, EncoderModel) and self.model.classifier is not None:
+            return self.model(input_ids, attention_mask)
+        return self.model.encode(input_ids, attention_mask)
+
+
+class CrossKVGraph(nn.Module):
+    """encoder_hidden_states -> cross_key_0, cross_value_0, ... for every decoder layer."""
+
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, encoder_hidden_states: Tensor) -> tuple[Tensor, ...]:
+        return tuple(t for kv in self.model.cross_kv(encoder_hidden_states) for t in kv)
+
+
+class DecoderGraph(nn.Module):
+    """input_ids, encoder_attention_mask, past_*, cross_* -> logits, present_*."""
+
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__()
+        self.model = model
+        self.n_layers = model.config.n_decoder_layers
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, *caches: Tensor) -> tuple[Tensor, ...]:
+        n = self.n_layers
+        past = [(caches[2 * i], caches[2 * i + 1]) for i in range(n)]
+        cross = [(caches[2 * n + 2 * i], caches[2 * n + 2 * i + 1]) for i in range(n)]
+        logits, presents = self.model.decode(input_ids, cross_kv=cross, memory_mask=encoder_attention_mask, past=past)
+        return (logits, *(t for kv in presents for t in kv))
+
+
+def graph_module(name: str, model: Seq2SeqTransformer | EncoderModel) -> tuple[nn.Module, GraphSpec]:
+    """The module to trace for graph ``name`` and that graph's spec."""
+    spec = graph_spec(name, model.config)
+    if name == "attention":
+        module: nn.Module = AttentionGraph(model.encoder.layers[0].self_attn)
+    elif name == "encoder":
+        module = EncoderGraph(model)
+    elif name == "cross_kv":
+        module = CrossKVGraph(model)  # type: ignore[arg-type]
+    else:
+        module = DecoderGraph(model)  # type: ignore[arg-type]
+    return module.eval(), spec

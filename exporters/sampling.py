@@ -1,0 +1,43 @@
+"""Random graph inputs drawn from a graph's spec (numpy only), for export tracing and verification."""
+
+from __future__ import annotations
+
+import numpy as np
+from edgeattn.runtime.specs import GraphSpec
+
+from edgeattn.config import ModelConfig
+
+MASK_INPUTS = ("attention_mask", "key_padding_mask", "encoder_attention_mask")
+
+
+def row_lengths(batch: int, length: int) -> list[int]:
+    """Distinct real lengths per row: the first row full, later rows shorter (at least 1)."""
+    step = -(-length // (batch + 1))
+    return [max(1, length - i * step) for i in range(batch)]
+
+
+def padding(batch: int, length: int) -> np.ndarray:
+    """An int64 (batch, length) mask, 1 for real tokens, with different padding per row."""
+    mask = np.zeros((batch, length), dtype=np.int64)
+    for i, n in enumerate(row_lengths(batch, length)):
+        mask[i, :n] = 1
+    return mask
+
+
+def sample_inputs(
+    spec: GraphSpec, config: ModelConfig, sizes: dict[str, int], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """One input per spec entry, with each named axis set from ``sizes``.
+
+    Token ids are uniform over the vocabulary, masks pad the rows differently, floats are N(0, 1).
+    """
+    feeds: dict[str, np.ndarray] = {}
+    for t in spec.inputs:
+        shape = tuple(a if isinstance(a, int) else sizes[a] for a in t.axes)
+        if t.name in MASK_INPUTS:
+            feeds[t.name] = padding(*shape)
+        elif t.dtype == "int64":
+            feeds[t.name] = rng.integers(0, config.vocab_size, size=shape, dtype=np.int64)
+        else:
+            feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds

@@ -1,0 +1,214 @@
+"""Eager PyTorch against ONNX Runtime on shapes never used at export, and a greedy decode.
+
+Every graph of an export runs on fresh random inputs at sequence lengths 1, 37 and several
+times the traced length, at batch 1 and at batch 3 with different padding per row; the decoder
+also at past lengths 0, 1 and many. Float32 must agree elementwise within ``atol + rtol·|ref|``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from edgeattn.exporters.graphs import graph_module
+from edgeattn.exporters.onnx_export import EXPORT_SIZES
+from edgeattn.exporters.sampling import padding, sample_inputs
+from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.session import CPU
+
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
+
+log = logging.getLogger(__name__)
+
+ATOL = 1e-4
+RTOL = 1e-5
+GREEDY_TOKENS = 24
+WEIGHTS_NAME = "weights.safetensors"
+
+
+@dataclass
+class CaseResult:
+    """One graph run on one set of input sizes."""
+
+    graph: str
+    sizes: dict[str, int]
+    max_abs: float
+    max_rel: float
+    passed: bool
+
+
+@dataclass
+class GreedyResult:
+    """Greedy tokens from eager PyTorch and from the exported graphs."""
+
+    rows: int
+    tokens: int
+    mismatched_rows: list[int]
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatched_rows
+
+
+@dataclass
+class VerifyReport:
+    """All cases of one verification; ``passed`` only if every case and the greedy check pass."""
+
+    atol: float
+    rtol: float
+    cases: list[CaseResult] = field(default_factory=list)
+    greedy: GreedyResult | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases) and (self.greedy is None or self.greedy.passed)
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per graph: number of cases, worst absolute and relative error, pass/fail."""
+        out: dict[str, dict[str, Any]] = {}
+        for c in self.cases:
+            s = out.setdefault(c.graph, {"cases": 0, "max_abs": 0.0, "max_rel": 0.0, "passed": True})
+            s["cases"] += 1
+            s["max_abs"] = max(s["max_abs"], c.max_abs)
+            s["max_rel"] = max(s["max_rel"], c.max_rel)
+            s["passed"] = s["passed"] and c.passed
+        for s in out.values():
+            s.update(atol=self.atol, rtol=self.rtol)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "graphs": self.summary(),
+            "greedy": None if self.greedy is None else {**asdict(self.greedy), "passed": self.greedy.passed},
+            "cases": [asdict(c) for c in self.cases],
+            "passed": self.passed,
+        }
+
+    def table(self) -> str:
+        """A plain-text table of the per-graph results."""
+        rows = [("graph", "cases", "max abs err", "max rel err", "result")]
+        for graph, s in self.summary().items():
+            rows.append(
+                (graph, str(s["cases"]), f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", "ok" if s["passed"] else "FAIL")
+            )
+        if self.greedy is not None:
+            g = self.greedy
+            detail = f"{g.rows} rows x {g.tokens} tokens"
+            rows.append(("greedy decode", "1", detail, "", "ok" if g.passed else f"FAIL rows {g.mismatched_rows}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(f"tolerance: |onnx - eager| <= {self.atol:g} + {self.rtol:g}·|eager|")
+        return "\n".join(lines)
+
+
+def verification_sizes(graph: str, max_len: int) -> list[dict[str, int]]:
+    """Input sizes for one graph: none of them the traced sizes, lengths 1, 37 and long."""
+    long = min(max_len, max(64, 4 * EXPORT_SIZES["src_len"]))
+    mid = min(37, max_len)
+    if graph == "attention":
+        shapes = [(1, 1, 1), (3, 1, mid), (3, mid, long), (1, long, 1)]
+        return [{"batch": b, "tgt_len": t, "src_len": s} for b, t, s in shapes]
+    if graph in ("encoder", "cross_kv"):
+        shapes = [(1, 1), (3, 1), (1, mid), (3, mid), (3, long)]
+        return [{"batch": b, "src_len": s} for b, s in shapes]
+    many = max(0, min(60, max_len - 6))
+    shapes = [(1, mid, 1, 0), (3, mid, 1, 0), (3, mid, 1, 1), (3, mid, 1, many), (3, 1, 6, 0), (1, long, 6, many)]
+    return [{"batch": b, "src_len": s, "tgt_len": t, "past_len": p} for b, s, t, p in shapes]
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:
+    """(max abs error, max abs error / max |expected|, allclose) of two arrays."""
+    if actual.shape != expected.shape:
+        return float("inf"), float("inf"), False
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    if diff.size == 0:
+        return 0.0, 0.0, True
+    scale = float(np.abs(expected).max())
+    ok = bool(np.all(diff <= atol + rtol * np.abs(expected))) and bool(np.isfinite(actual).all())
+    return float(diff.max()), float(diff.max() / scale) if scale > 0 else float(diff.max()), ok
+
+
+def _eager(module: torch.nn.Module, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = module(*(torch.from_numpy(feeds[n]) for n in names))
+    out = out if isinstance(out, tuple) else (out,)
+    return [t.numpy() for t in out]
+
+
+def verify_graphs(
+    model: Seq2SeqTransformer | EncoderModel,
+    runtime: ExportedModel,
+    seed: int = 1234,
+    atol: float = ATOL,
+    rtol: float = RTOL,
+    greedy_tokens: int = GREEDY_TOKENS,
+    progress: bool = False,
+) -> VerifyReport:
+    """Compare every graph of ``runtime`` with ``model`` run eagerly; then a greedy decode."""
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
+    report = VerifyReport(atol=atol, rtol=rtol)
+    model = model.eval()
+    jobs = [(g, s) for g in runtime.graphs for s in verification_sizes(g, model.config.max_len)]
+    for graph, sizes in tqdm(jobs, desc="verify", unit="case", disable=not progress, leave=False):
+        module, spec = graph_module(graph, model)
+        feeds = sample_inputs(spec, model.config, sizes, rng)
+        got = runtime.run(graph, feeds)
+        want = _eager(module, spec.input_names, feeds)
+        worst_abs, worst_rel, ok = 0.0, 0.0, True
+        for name, ref in zip(spec.output_names, want, strict=True):
+            a, r, passed = compare(got[name], ref, atol, rtol)
+            worst_abs, worst_rel, ok = max(worst_abs, a), max(worst_rel, r), ok and passed
+        report.cases.append(CaseResult(graph, sizes, worst_abs, worst_rel, ok))
+        log.debug("%s %s: max abs %.2e", graph, sizes, worst_abs)
+    if isinstance(model, Seq2SeqTransformer) and {"encoder", "cross_kv", "decoder"} <= set(runtime.graphs):
+        report.greedy = verify_greedy(model, runtime, rng, greedy_tokens)
+    return report
+
+
+def verify_greedy(
+    model: Seq2SeqTransformer, runtime: ExportedModel, rng: np.random.Generator, tokens: int = GREEDY_TOKENS
+) -> GreedyResult:
+    """Greedy decode of ``tokens`` steps (no early stop) through eager PyTorch and the export."""
+    cfg = model.config
+    src_len = min(cfg.max_len, 23)
+    ids = rng.integers(0, cfg.vocab_size, size=(3, src_len), dtype=np.int64)
+    mask = padding(3, src_len)
+    eager = model.greedy(torch.from_numpy(ids), torch.from_numpy(mask), tokens, stop_at_eos=False).numpy()
+    onnx_tokens = runtime.greedy(ids, mask, tokens, stop_at_eos=False)
+    bad = [i for i in range(3) if not np.array_equal(eager[i], onnx_tokens[i])]
+    return GreedyResult(rows=3, tokens=int(eager.shape[1]), mismatched_rows=bad)
+
+
+def verify_export(
+    export_dir: str | Path,
+    model: Seq2SeqTransformer | EncoderModel | None = None,
+    providers: tuple[str, ...] = (CPU,),
+    progress: bool = False,
+    **kwargs: Any,
+) -> VerifyReport:
+    """Verify an export directory against eager PyTorch, with the weights the export holds
+    (``weights.safetensors``) unless a model is given."""
+    from edgeattn.runtime.manifest import check_file, read_manifest
+
+    from edgeattn.weights import load_model
+
+    export_dir = Path(export_dir)
+    runtime = ExportedModel(export_dir, providers=providers)
+    if model is None:
+        manifest = read_manifest(export_dir)
+        entry = manifest.get("weights")
+        if not entry:
+            from edgeattn.errors import VerificationError
+
+            raise VerificationError(f"{export_dir} holds no weights to compare with; export it without --no-weights")
+        model = load_model(check_file(export_dir, entry), runtime.config)
+    return verify_graphs(model, runtime, progress=progress, **kwargs)

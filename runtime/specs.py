@@ -1,0 +1,184 @@
+"""One small spec per exported graph: its file, inputs and outputs with dtypes and named axes.
+
+The exporter names the ONNX inputs and dynamic axes from these specs, the runtime checks its
+feeds against them, the verifier draws its test inputs from them, and the tests read them.
+Torch-free: it needs only the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edgeattn.config import ModelConfig
+from edgeattn.errors import ConfigError
+
+#: Named dynamic axes used across every graph.
+BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "past_len", "total_len"
+DYNAMIC_AXES = (BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN)
+
+#: Every graph an export can hold, in the order they are written.
+GRAPH_NAMES = ("attention", "encoder", "cross_kv", "decoder")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: name, element type, and axes (a name is dynamic, an int fixed)."""
+
+    name: str
+    dtype: str
+    axes: tuple[str | int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.axes)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
+        return cls(data["name"], data["dtype"], tuple(data["shape"]))
+
+    @property
+    def dynamic(self) -> dict[int, str]:
+        """{axis index: axis name} of the dynamic axes."""
+        return {i: a for i, a in enumerate(self.axes) if isinstance(a, str)}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """What one exported graph takes and returns."""
+
+    name: str
+    description: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def file(self) -> str:
+        """File name of the float32 graph in an export directory."""
+        return f"{self.name}.onnx"
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """torch.onnx-style {tensor name: {axis index: axis name}} for every input and output."""
+        return {t.name: t.dynamic for t in (*self.inputs, *self.outputs) if t.dynamic}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "description": self.description,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+def cache_names(prefix: str, n_layers: int) -> list[str]:
+    """``prefix_key_0, prefix_value_0, prefix_key_1, ...`` for per-layer key/value tensors."""
+    return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def _kv(prefix: str, config: ModelConfig, length_axis: str) -> tuple[TensorSpec, ...]:
+    shape = (BATCH, config.n_heads, length_axis, config.head_dim)
+    return tuple(TensorSpec(n, "float32", shape) for n in cache_names(prefix, config.n_decoder_layers))
+
+
+def attention_spec(config: ModelConfig) -> GraphSpec:
+    d = config.d_model
+    return GraphSpec(
+        "attention",
+        "one multi-head attention block (the first encoder layer's); key length may differ from query length",
+        (
+            TensorSpec("query", "float32", (BATCH, TGT_LEN, d)),
+            TensorSpec("key", "float32", (BATCH, SRC_LEN, d)),
+            TensorSpec("value", "float32", (BATCH, SRC_LEN, d)),
+            TensorSpec("key_padding_mask", "int64", (BATCH, SRC_LEN)),
+        ),
+        (TensorSpec("attention_output", "float32", (BATCH, TGT_LEN, d)),),
+    )
+
+
+def encoder_spec(config: ModelConfig) -> GraphSpec:
+    outputs = [TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, config.d_model))]
+    if config.head == "sequence":
+        outputs.append(TensorSpec("logits", "float32", (BATCH, config.num_labels)))
+    elif config.head == "token":
+        outputs.append(TensorSpec("logits", "float32", (BATCH, SRC_LEN, config.num_labels)))
+    return GraphSpec(
+        "encoder",
+        "token ids + attention mask -> encoder hidden states"
+        + (" and classification logits" if config.head != "none" else ""),
+        (
+            TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
+            TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN)),
+        ),
+        tuple(outputs),
+    )
+
+
+def cross_kv_spec(config: ModelConfig) -> GraphSpec:
+    return GraphSpec(
+        "cross_kv",
+        "encoder hidden states -> every decoder layer's cross-attention keys and values, once per source",
+        (TensorSpec("encoder_hidden_states", "float32", (BATCH, SRC_LEN, config.d_model)),),
+        _kv("cross", config, SRC_LEN),
+    )
+
+
+def decoder_spec(config: ModelConfig) -> GraphSpec:
+    return GraphSpec(
+        "decoder",
+        "one decoder step with a self-attention cache: new target ids after past_len cached positions "
+        "-> logits and the present cache (past_len 0 is the first step)",
+        (
+            TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)),
+            TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
+            *_kv("past", config, PAST_LEN),
+            *_kv("cross", config, SRC_LEN),
+        ),
+        (
+            TensorSpec("logits", "float32", (BATCH, TGT_LEN, config.vocab_size)),
+            *_kv("present", config, TOTAL_LEN),
+        ),
+    )
+
+
+_BUILDERS = {
+    "attention": attention_spec,
+    "encoder": encoder_spec,
+    "cross_kv": cross_kv_spec,
+    "decoder": decoder_spec,
+}
+
+
+def graph_spec(name: str, config: ModelConfig) -> GraphSpec:
+    """The spec of graph ``name`` for this config."""
+    if name not in _BUILDERS:
+        raise ConfigError(f"unknown graph {name!r}; graphs are {', '.join(GRAPH_NAMES)}")
+    return _BUILDERS[name](config)
+
+
+def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelConfig) -> list[str]:
+    """The graphs to export: ``requested`` (default: all the config supports), with ``decoder``
+    bringing ``cross_kv`` along; decoder graphs of an encoder-only config are refused."""
+    supported = list(GRAPH_NAMES) if config.is_seq2seq else ["attention", "encoder"]
+    if not requested:
+        return supported
+    names = [n.strip() for n in requested if n.strip()]
+    for n in names:
+        if n not in GRAPH_NAMES:
+            raise ConfigError(
+                f"unknown graph {n!r}; choose from {', '.join(g for g in GRAPH_NAMES if g != 'cross_kv')}"
+            )
+        if n not in supported:
+            raise ConfigError(
+                f"graph {n!r} needs an encoder-decoder model; this config is architecture={config.architecture!r}"
+            )
+    if "decoder" in names:
+        if "encoder" not in names:
+            names.append("encoder")
+        names.append("cross_kv")
+    return [g for g in GRAPH_NAMES if g in names]
