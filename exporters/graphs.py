@@ -5,11 +5,11 @@ The same modules are traced for export and run eagerly as the verifier's referen
 
 from __future__ import annotations
 
-from edgeattn.runtime.specs import GraphSpec, graph_spec
 from torch import Tensor, nn
 
 from edgeattn.attention import MultiHeadAttention, padding_mask
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.specs import GraphSpec, graph_spec
 
 
 class AttentionGraph(nn.Module):

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from edgeattn.runtime.manifest import MANIFEST_NAME, read_manifest
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.manifest import MANIFEST_NAME, read_manifest
 
 #: Operators that stand for a fused or quantised subgraph (mostly ONNX Runtime's contrib ops).
 FUSED_OPS = frozenset(

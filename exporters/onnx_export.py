@@ -21,8 +21,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+
+from edgeattn import __version__
+from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.manifest import (
     FORMAT_VERSION,
     META_CONFIG,
@@ -33,10 +37,6 @@ from edgeattn.runtime.manifest import (
     META_VERSION,
 )
 from edgeattn.runtime.specs import GraphSpec, TensorSpec
-
-from edgeattn import __version__
-from edgeattn.errors import ExportError
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import onnx
 import torch
-from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph
-from edgeattn.exporters.verify import WEIGHTS_NAME, VerifyReport, verify_graphs
-from edgeattn.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, sha256_file
-from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.specs import resolve_graphs
 
 from edgeattn import __version__
 from edgeattn.errors import ExportError, VerificationError
+from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph
+from edgeattn.exporters.verify import WEIGHTS_NAME, VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, sha256_file
+from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.specs import resolve_graphs
 from edgeattn.weights import save_weights
 
 log = logging.getLogger(__name__)

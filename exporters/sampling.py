@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from edgeattn.runtime.specs import GraphSpec
 
 from edgeattn.config import ModelConfig
+from edgeattn.runtime.specs import GraphSpec
 
 MASK_INPUTS = ("attention_mask", "key_padding_mask", "encoder_attention_mask")
 

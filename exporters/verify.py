@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.onnx_export import EXPORT_SIZES
 from edgeattn.exporters.sampling import padding, sample_inputs
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.session import CPU
-
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,6 @@ def verify_export(
     """Verify an export directory against eager PyTorch, with the weights the export holds
     (``weights.safetensors``) unless a model is given."""
     from edgeattn.runtime.manifest import check_file, read_manifest
-
     from edgeattn.weights import load_model
 
     export_dir = Path(export_dir)

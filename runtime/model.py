@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.manifest import check_file, manifest_config, read_manifest
 from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, graph_spec
-
-from edgeattn.errors import EdgeattnError
 
 log = logging.getLogger(__name__)
 

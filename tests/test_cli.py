@@ -1,0 +1,108 @@
+"""The edgeattn command line, run as a user would: subprocesses in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgeattn import __version__
+from edgeattn.model import build_model
+from edgeattn.weights import save_weights
+
+
+def edgeattn(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "edgeattn.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def test_help_and_version():
+    result = edgeattn("--help")
+    assert result.returncode == 0
+    for command in ("export", "verify", "inspect"):
+        assert command in result.stdout
+    version = edgeattn("--version")
+    assert version.returncode == 0 and __version__ in version.stdout
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom edgeattn.cli import cli\n"
+        "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0\n"
+        "assert 'torch' not in sys.modules, 'edgeattn --help imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_bad_usage_exits_2():
+    result = edgeattn("export", "--opset", "seventeen")
+    assert result.returncode == 2 and "Usage" in result.stderr
+
+
+@pytest.mark.slow
+def test_export_then_verify_then_inspect(tmp_path):
+    assert edgeattn("export", "-o", "out", "--preset", "tiny", "--no-verify", cwd=tmp_path).returncode == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["graphs"]["encoder"]["parity"] is None
+    # a second export into an earlier export replaces it without --force
+    result = edgeattn("export", "-o", "out", "--preset", "tiny", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "greedy decode" in result.stdout and "FAIL" not in result.stdout
+    verify = edgeattn("verify", "out", cwd=tmp_path)
+    assert verify.returncode == 0, verify.stderr
+    assert "decoder" in verify.stdout and "ok" in verify.stdout
+    info = json.loads(edgeattn("inspect", "out", "--json", cwd=tmp_path).stdout)
+    enc = info["graphs"]["encoder"]
+    assert enc["inputs"][0] == {"name": "input_ids", "dtype": "int64", "shape": ["batch", "src_len"]}
+    assert enc["opsets"]["ai.onnx"] == 17 and enc["parameters"] > 0 and enc["parity"]["passed"]
+    single = edgeattn("inspect", "out/decoder.onnx", cwd=tmp_path)
+    assert single.returncode == 0 and "past_len" in single.stdout and "operators:" in single.stdout
+
+
+def test_export_from_checkpoint(tmp_path, tiny_config):
+    cfg = tiny_config.replace(architecture="encoder", head="sequence")
+    save_weights(build_model(cfg, seed=3), tmp_path / "ckpt" / "model.safetensors")
+    result = edgeattn("export", "-o", "out", "--checkpoint", "ckpt/model.safetensors", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["source"] == "checkpoint model.safetensors" and set(manifest["graphs"]) == {"attention", "encoder"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--preset", "nope"], "unknown preset 'nope'"),
+        (["--config", "missing.json"], "cannot read config"),
+        (["--checkpoint", "absent.safetensors"], "does not exist"),
+        (["--checkpoint", "garbage.safetensors"], "not a readable safetensors"),
+        (["--checkpoint", "ckpt/model.safetensors", "--config", "wide.json"], "has shape"),
+        (["--opset", "99"], "opset 99 cannot be produced"),
+        (["--graphs", "encoder,bogus"], "unknown graph 'bogus'"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_1_and_leave_nothing(tmp_path, tiny_config, args, message):
+    save_weights(build_model(tiny_config, seed=3), tmp_path / "ckpt" / "model.safetensors")
+    tiny_config.replace(d_model=64).save(tmp_path / "wide.json")
+    (tmp_path / "garbage.safetensors").write_bytes(b"not a safetensors file at all")
+    before = set(tmp_path.iterdir())
+    result = edgeattn("export", "-o", "out", *args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_unwritable_output_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = edgeattn("export", "-o", "file/out", "--no-verify", cwd=tmp_path)
+    assert result.returncode == 1 and "edgeattn: error:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_verify_and_inspect_on_non_exports(tmp_path):
+    result = edgeattn("verify", str(tmp_path))
+    assert result.returncode == 1 and "manifest.json" in result.stderr
+    (tmp_path / "x.onnx").write_bytes(b"junk")
+    result = edgeattn("inspect", str(tmp_path / "x.onnx"))
+    assert result.returncode == 1 and "not a readable ONNX file" in result.stderr

@@ -1,0 +1,60 @@
+"""The runtime imports and runs with torch unimportable, and checks its inputs against the specs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from edgeattn.exporters.package import export_model
+from edgeattn.model import build_model
+from edgeattn.runtime import ExportedModel, InputError
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    from edgeattn.config import get_preset
+
+    out = tmp_path_factory.mktemp("rt") / "out"
+    model = build_model(get_preset("tiny"), seed=4)
+    export_model(model, out, verify=False)
+    return out, model
+
+
+def test_runtime_runs_with_torch_unimportable(export_dir):
+    out, model = export_dir
+    ids = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], dtype=np.int64)
+    mask = (ids != 0).astype(np.int64)
+    expected = model.greedy(torch.from_numpy(ids), torch.from_numpy(mask), 8).numpy()
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None  # any 'import torch' now fails
+        import numpy as np
+        import edgeattn.runtime as rt
+        m = rt.ExportedModel({str(out)!r})
+        ids = np.array({ids.tolist()}, dtype=np.int64)
+        tokens = m.greedy(ids, (ids != 0).astype(np.int64), 8)
+        print(tokens.tolist())
+        assert not any(name == "torch" or name.startswith("torch.") for name in sys.modules if sys.modules[name])
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(expected.tolist())
+
+
+def test_inputs_are_checked_against_the_spec(export_dir):
+    out, _ = export_dir
+    m = ExportedModel(out)
+    ids = np.ones((2, 5), dtype=np.int64)
+    with pytest.raises(InputError, match="input 'input_ids' must have dtype int64, got int32"):
+        m.encode(ids.astype(np.int32))
+    with pytest.raises(InputError, match=r"input 'input_ids' must have shape \(batch, src_len\), got rank 1"):
+        m.encode(ids[0])
+    with pytest.raises(InputError, match="'attention_mask' has batch=3 but 'input_ids' has batch=2"):
+        m.encode(ids, np.ones((3, 5), dtype=np.int64))
+    with pytest.raises(InputError, match="needs input"):
+        m.run("encoder", {"input_ids": ids})

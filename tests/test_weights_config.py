@@ -1,0 +1,104 @@
+"""Config JSON round trips and checks; safetensors save/load with asserted keys and shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgeattn.config import PRESETS, ModelConfig, get_preset
+from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.model import build_model
+from edgeattn.weights import load_model, load_weights, read_config, save_weights
+
+
+def test_config_json_round_trip(tmp_path):
+    cfg = ModelConfig(position="t5", attention_topk=0.25, norm="rmsnorm", activation="gated-gelu")
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    cfg.save(tmp_path / "c.json")
+    assert ModelConfig.load(tmp_path / "c.json") == cfg
+    for preset in PRESETS.values():
+        assert ModelConfig.from_dict(json.loads(preset.to_json())) == preset
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"d_model": 30, "n_heads": 4}, "divisible"),
+        ({"position": "rotary"}, "position"),
+        ({"attention_topk": 1.5}, "attention_topk"),
+        ({"architecture": "encoder-decoder", "head": "sequence"}, "heads"),
+        ({"eos_id": 5000}, "eos_id"),
+        ({"dropout": 1.0}, "dropout"),
+    ],
+)
+def test_invalid_configs_are_refused_with_the_field_named(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**changes)
+
+
+def test_unknown_keys_and_presets_are_named():
+    with pytest.raises(ConfigError, match="d_modle"):
+        ModelConfig.from_dict({"d_modle": 4})
+    with pytest.raises(ConfigError, match="known presets"):
+        get_preset("nope")
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "encoder"])
+def test_save_load_round_trip_gives_identical_outputs(tmp_path, tiny_config, arch):
+    cfg = tiny_config if arch == "encoder-decoder" else tiny_config.replace(architecture="encoder", head="sequence")
+    model = build_model(cfg, seed=5)
+    path = save_weights(model, tmp_path / "m.safetensors")
+    assert (tmp_path / "config.json").is_file()
+    loaded = load_model(path)
+    assert loaded.config == cfg
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        if arch == "encoder":
+            torch.testing.assert_close(loaded(ids)[1], model(ids)[1], rtol=0, atol=0)
+        else:
+            tgt = torch.randint(0, 50, (2, 3))
+            torch.testing.assert_close(loaded(ids, tgt), model(ids, tgt), rtol=0, atol=0)
+
+
+def test_tied_embedding_is_stored_once_and_stays_tied(tmp_path, tiny_config):
+    model = build_model(tiny_config, seed=1)
+    path = save_weights(model, tmp_path / "m.safetensors")
+    assert "lm_head.weight" not in load_file(str(path))
+    loaded = load_model(path)
+    assert loaded.lm_head.weight.data_ptr() == loaded.embed.weight.data_ptr()
+
+
+def test_wrong_shape_names_the_tensor(tmp_path, tiny_config):
+    model = build_model(tiny_config, seed=1)
+    path = save_weights(model, tmp_path / "m.safetensors")
+    tensors = load_file(str(path))
+    tensors["encoder.layers.1.ff.linear1.weight"] = torch.zeros(3, 3)
+    save_file(tensors, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(CheckpointError, match=r"encoder\.layers\.1\.ff\.linear1\.weight has shape \(3, 3\)"):
+        load_weights(build_model(tiny_config), tmp_path / "bad.safetensors")
+
+
+def test_missing_and_unexpected_keys_are_named(tmp_path, tiny_config):
+    model = build_model(tiny_config, seed=1)
+    tensors = load_file(str(save_weights(model, tmp_path / "m.safetensors")))
+    del tensors["decoder.layers.0.cross_attn.q_proj.bias"]
+    save_file(tensors, str(tmp_path / "missing.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\): decoder\.layers\.0\.cross_attn\.q_proj\.bias"):
+        load_weights(build_model(tiny_config), tmp_path / "missing.safetensors")
+    tensors["decoder.layers.0.cross_attn.q_proj.bias"] = torch.zeros(32)
+    tensors["extra.weight"] = torch.zeros(1)
+    save_file(tensors, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor\(s\): extra\.weight"):
+        load_weights(build_model(tiny_config), tmp_path / "extra.safetensors")
+
+
+def test_unreadable_checkpoint_is_refused_without_pickle(tmp_path):
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x80\x04this is a pickle, not safetensors")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        read_config(bad)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        read_config(tmp_path / "absent.safetensors")
