@@ -102,35 +102,26 @@ def export(
     force: bool,
 ) -> None:
     """Export the model's attention, encoder and decoder graphs to ONNX, verified."""
-    from edgeattn.config import ModelConfig, get_preset
     from edgeattn.exporters.package import export_model
-    from edgeattn.model import build_model
-    from edgeattn.weights import load_model, read_config
+    from edgeattn.sources import resolve_model
 
     if preset and config_file:
         raise click.UsageError("give --preset or --config, not both")
-    config = ModelConfig.load(config_file) if config_file else (get_preset(preset) if preset else None)
-    if checkpoint is not None:
-        if preset:
-            raise click.UsageError("--checkpoint carries its own config; use --config to override it, not --preset")
-        config = config or read_config(checkpoint)
-        model = load_model(checkpoint, config)
-        source = f"checkpoint {checkpoint.name}"
-    else:
-        config = config or get_preset("demo")
-        model = build_model(config, seed=seed)
-        source = f"random weights (seed {seed})"
+    if preset and checkpoint:
+        raise click.UsageError("--checkpoint carries its own config; use --config to override it, not --preset")
+    source = resolve_model(preset, config_file, checkpoint, seed)
     # An earlier export in the output directory may be replaced without --force.
     replace = force or (output / "manifest.json").is_file()
     result = export_model(
-        model,
+        source.model,
         output,
         graphs=_split(graphs),
         opset=opset,
         verify=not no_verify,
         force=replace,
         progress=sys.stderr.isatty(),
-        source=source,
+        source=source.description,
+        tokenizer=source.tokenizer,
     )
     if result.report is not None:
         click.echo(result.report.table())
@@ -160,6 +151,108 @@ def inspect(path: Path, as_json: bool) -> None:
 
     info = inspect_path(path)
     click.echo(to_json(info) if as_json else format_report(info))
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.argument("text", required=False)
+@click.option("--file", "input_file", type=click.Path(path_type=Path), help="Inputs, one per line.")
+@click.option("--strategy", type=click.Choice(["greedy", "beam", "sample"]), default="greedy", show_default=True)
+@click.option("--beams", default=4, show_default=True, help="Beam width for --strategy beam.")
+@click.option("--max-new-tokens", type=int, default=None, help="Default: twice the input length plus 8.")
+@click.option("--temperature", default=1.0, show_default=True)
+@click.option("--top-k", default=0, show_default=True)
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Seed for --strategy sample.")
+@click.option("--precision", default="fp32", show_default=True)
+@click.option("--threads", type=int, default=None)
+@click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
+@click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
+def run(
+    export_dir: Path,
+    text: str | None,
+    input_file: Path | None,
+    strategy: str,
+    beams: int,
+    max_new_tokens: int | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    precision: str,
+    threads: int | None,
+    cpu: bool,
+    stream: bool,
+) -> None:
+    """Run an exported encoder-decoder on TEXT (or --file) and print its answers. Needs no torch."""
+    import numpy as np
+
+    from edgeattn.runtime import load
+
+    if (text is None) == (input_file is None):
+        raise click.UsageError("give one TEXT argument or --file, not both or neither")
+    if input_file is not None:
+        try:
+            texts = [line.strip() for line in input_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise click.FileError(str(input_file), exc.strerror) from exc
+        if not texts:
+            raise click.UsageError(f"{input_file} holds no input lines")
+    else:
+        texts = [text or ""]
+    model = load(export_dir, providers=["CPUExecutionProvider"] if cpu else None, threads=threads, precision=precision)
+    options: dict[str, Any] = {"strategy": strategy}
+    if strategy == "beam":
+        options["num_beams"] = beams
+    if strategy == "sample":
+        options.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if stream:
+        if len(texts) != 1:
+            raise click.UsageError("--stream takes one input")
+        tok = model.tokenizer
+        if tok is None:
+            raise click.UsageError(f"{export_dir} has no tokenizer")
+        ids = np.array([tok.encode(texts[0])], dtype=np.int64)
+        steps = max_new_tokens or min(model.config.max_len, 2 * ids.shape[1] + 8)
+        words = []
+        for tokens in model.stream(ids, max_new_tokens=steps, **options):
+            word = tok.decode(tokens[:1])
+            if int(tokens[0]) == model.config.eos_id:
+                break
+            words.append(word)
+            click.echo(word + " ", nl=False)
+        click.echo()
+        return
+    for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, **options):
+        click.echo(answer)
+
+
+@cli.command("train-demo")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("demo-checkpoint/demo-sort.safetensors"),
+    show_default=True,
+    help="Checkpoint to write (config.json goes beside it).",
+)
+@click.option("--steps", default=2500, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--threads", default=2, show_default=True, help="torch CPU threads.")
+def train_demo(output: Path, steps: int, seed: int, threads: int) -> None:
+    """Train the demo digit-sorting model from scratch (seeded; a few minutes on two cores)."""
+    import torch
+
+    from edgeattn.demo import train_demo as train
+    from edgeattn.weights import save_weights
+
+    torch.set_num_threads(threads)
+    result = train(steps=steps, seed=seed, progress=sys.stderr.isatty())
+    save_weights(result.model, output)
+    click.echo(
+        f"trained {result.steps} steps in {result.seconds:.0f} s, final loss {result.final_loss:.2e}, "
+        f"held-out exact match {result.accuracy:.2%}; wrote {output}"
+    )
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, sha256_file
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.specs import resolve_graphs
+from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
 from edgeattn.weights import save_weights
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ def export_model(
     progress: bool = False,
     external_threshold: int = PROTOBUF_LIMIT,
     source: str | None = None,
+    tokenizer: WordTokenizer | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
@@ -108,8 +110,12 @@ def export_model(
             },
             "config": model.config.to_dict(),
             "weights": None,
+            "tokenizer": None,
             "graphs": {},
         }
+        if tokenizer is not None:
+            tokenizer.save(tmp / TOKENIZER_NAME)
+            manifest["tokenizer"] = _file_entry(tmp, [tmp / TOKENIZER_NAME])
         weights = save_weights(model, tmp / WEIGHTS_NAME)
         (tmp / "config.json").unlink(missing_ok=True)  # the config lives in the manifest
         manifest["weights"] = _file_entry(tmp, [weights])

@@ -86,3 +86,16 @@ def check_file(export_dir: Path, entry: dict[str, Any]) -> Path:
     for extra in entry.get("external_data", []):
         check_file(export_dir, extra)
     return path
+
+
+def graph_entry(manifest: dict[str, Any], name: str, precision: str = "fp32") -> dict[str, Any]:
+    """The file entry of graph ``name`` at ``precision``: the graph's own entry, or one of its
+    reduced-precision variants listed under ``precisions``."""
+    graph = manifest["graphs"][name]
+    if graph["precision"] == precision:
+        return graph
+    variants = graph.get("precisions") or {}
+    if precision not in variants:
+        have = sorted({graph["precision"], *variants})
+        raise ManifestError(f"graph {name!r} was not exported at precision {precision!r} (it has {', '.join(have)})")
+    return variants[precision]

@@ -1,30 +1,34 @@
-"""An export directory loaded into ONNX Runtime sessions, with encode and greedy decoding.
+"""An export directory loaded into ONNX Runtime sessions: encode, classify, tag, generate, stream.
 
-Reads only what the export wrote (manifest and ONNX files); needs numpy and onnxruntime alone.
+Reads only what the export wrote (manifest, ONNX files, tokenizer); needs numpy and onnxruntime
+alone. Inputs are checked before any session runs. Sessions are shared and safe to call from
+several threads: every call keeps its own decoding state.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.manifest import check_file, manifest_config, read_manifest
-from edgeattn.runtime.session import CPU, create_session
+from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_tokens
+from edgeattn.runtime.manifest import check_file, graph_entry, manifest_config, read_manifest
+from edgeattn.runtime.session import CUDA, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, graph_spec
+from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
 
 log = logging.getLogger(__name__)
 
 
 class InputError(EdgeattnError, ValueError):
-    """A graph input of the wrong name, dtype, rank or size."""
+    """A model input of the wrong type, dtype, rank, size or value."""
 
 
-def check_feeds(spec: GraphSpec, feeds: dict[str, np.ndarray]) -> None:
+def check_feeds(spec: GraphSpec, feeds: dict[str, Any]) -> None:
     """Refuse feeds that do not match the graph's spec, naming the input and the expected shape.
 
     Checks presence, dtype, rank, fixed sizes, and that every named axis (batch, src_len, ...)
@@ -64,30 +68,57 @@ def _shape_text(t: TensorSpec) -> str:
 
 
 class ExportedModel:
-    """The graphs of one export directory, checked against their manifest sha256, as sessions."""
+    """The graphs of one export directory as ONNX Runtime sessions.
+
+    Each file's sha256 is checked against the manifest before a session is created.
+    ``providers`` None means CUDA when this onnxruntime has it, else CPU; a requested provider
+    that is missing gives a warning and the CPU. ``precision`` selects which exported files run
+    (``fp32``, or a reduced precision the export holds). ``optimized_cache`` is a directory where
+    ONNX Runtime's optimised graphs are kept between loads.
+    """
 
     def __init__(
         self,
         export_dir: str | Path,
-        providers: list[str] | tuple[str, ...] | None = (CPU,),
+        providers: list[str] | tuple[str, ...] | None = None,
         threads: int | None = None,
+        precision: str = "fp32",
         spinning: bool = True,
+        optimized_cache: str | Path | None = None,
+        io_binding: bool | None = None,
     ) -> None:
         self.export_dir = Path(export_dir)
         self.manifest = read_manifest(self.export_dir)
         self.config = manifest_config(self.manifest)
+        self.precision = precision
         self.specs: dict[str, GraphSpec] = {}
         self.sessions: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        for name, entry in self.manifest["graphs"].items():
+        for name in self.manifest["graphs"]:
+            entry = graph_entry(self.manifest, name, precision)
             path = check_file(self.export_dir, entry)
+            cache = None
+            if optimized_cache is not None:
+                Path(optimized_cache).mkdir(parents=True, exist_ok=True)
+                cache = Path(optimized_cache) / f"{entry['sha256'][:24]}.{name}.opt.onnx"
             self.specs[name] = graph_spec(name, self.config)
-            self.sessions[name] = create_session(path, providers=providers, threads=threads, spinning=spinning)
+            self.sessions[name] = create_session(
+                path, providers=providers, threads=threads, spinning=spinning, optimized_cache=cache
+            )
+        first = next(iter(self.sessions.values()))
+        self.providers: list[str] = first.get_providers()
+        self.device = "cuda" if self.providers[0] == CUDA else "cpu"
+        self.io_binding = self.device == "cuda" if io_binding is None else io_binding
+        tok = self.export_dir / TOKENIZER_NAME
+        self.tokenizer: WordTokenizer | None = None
+        if self.manifest.get("tokenizer"):
+            check_file(self.export_dir, self.manifest["tokenizer"])
+            self.tokenizer = WordTokenizer.load(tok)
 
     @property
     def graphs(self) -> list[str]:
         return list(self.sessions)
 
+    # ----------------------------------------------------------------- graphs
     def run(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one graph after checking its feeds; returns outputs by name."""
         if graph not in self.sessions:
@@ -97,53 +128,212 @@ class ExportedModel:
         outputs = self.sessions[graph].run(spec.output_names, feeds)
         return dict(zip(spec.output_names, outputs, strict=True))
 
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Encoder outputs (``last_hidden_state`` (B, S, D), and ``logits`` with a head)."""
+    def check_source(self, input_ids: Any, attention_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """Validated (input_ids, attention_mask) as int64 (B, S) arrays, or an InputError."""
+        ids = _int_matrix(input_ids, "input_ids")
         if attention_mask is None:
-            attention_mask = np.ones_like(input_ids, dtype=np.int64)
-        return self.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-
-    def cross_kv(self, hidden: np.ndarray) -> dict[str, np.ndarray]:
-        """Every decoder layer's cross-attention keys and values for one source."""
-        return self.run("cross_kv", {"encoder_hidden_states": hidden})
-
-    def empty_cache(self, batch: int) -> dict[str, np.ndarray]:
-        """A self-attention cache of length 0 for the first decoder step."""
+            mask = np.ones_like(ids)
+        else:
+            mask = _int_matrix(attention_mask, "attention_mask")
+            if mask.shape != ids.shape:
+                raise InputError(
+                    f"attention_mask has shape {mask.shape} but input_ids has {ids.shape}; both are (batch, src_len)"
+                )
+            if not np.isin(mask, (0, 1)).all():
+                raise InputError("attention_mask must hold only 0 (padding) and 1 (token)")
+            if (mask.sum(axis=1) == 0).any():
+                raise InputError(f"attention_mask rows {np.flatnonzero(mask.sum(axis=1) == 0).tolist()} have no token")
         c = self.config
-        shape = (batch, c.n_heads, 0, c.head_dim)
-        return {n: np.zeros(shape, np.float32) for n in cache_names("past", c.n_decoder_layers)}
+        if ids.shape[1] > c.max_len:
+            raise InputError(f"input_ids has {ids.shape[1]} tokens; this model takes at most {c.max_len} (max_len)")
+        bad = (ids < 0) | (ids >= c.vocab_size)
+        if bad.any():
+            raise InputError(
+                f"input_ids holds {int(ids[bad][0])}, outside the vocabulary (0..{c.vocab_size - 1}) "
+                f"at position {tuple(int(i) for i in np.argwhere(bad)[0])}"
+            )
+        return ids, mask
+
+    # ---------------------------------------------------------------- encoder
+    def encode(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Encoder hidden states (B, S, d_model)."""
+        ids, mask = self.check_source(input_ids, attention_mask)
+        return self.run("encoder", {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
+
+    def _logits(self, input_ids: Any, attention_mask: Any, head: str) -> np.ndarray:
+        if self.config.head != head:
+            raise EdgeattnError(f"this model has no {head}-classification head (head={self.config.head!r})")
+        ids, mask = self.check_source(input_ids, attention_mask)
+        return self.run("encoder", {"input_ids": ids, "attention_mask": mask})["logits"]
+
+    def classify(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Sequence-classification logits (B, num_labels)."""
+        return self._logits(input_ids, attention_mask, "sequence")
+
+    def tag(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """Token-classification logits (B, S, num_labels)."""
+        return self._logits(input_ids, attention_mask, "token")
+
+    # ------------------------------------------------------------- generation
+    def _gen_config(self, max_new_tokens: int, strategy: str, **options: Any) -> GenerationConfig:
+        if not {"encoder", "cross_kv", "decoder"} <= set(self.sessions):
+            raise EdgeattnError(
+                "generation needs the encoder, cross_kv and decoder graphs; export with --graphs decoder"
+            )
+        if max_new_tokens > self.config.max_len:
+            raise InputError(f"max_new_tokens={max_new_tokens} exceeds the model's max_len {self.config.max_len}")
+        return GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
+
+    def stepper(self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1) -> OnnxStepper:
+        """A decoding state for checked inputs: the encoder and cross projections run here, once."""
+        return OnnxStepper(self, input_ids, attention_mask, repeat)
+
+    def generate(
+        self,
+        input_ids: Any,
+        attention_mask: Any = None,
+        max_new_tokens: int = 32,
+        strategy: str = "greedy",
+        eos_id: int | None = None,
+        **options: Any,
+    ) -> GenerationOutput:
+        """Generate for a batch of sources of different lengths (padding marked by the mask).
+
+        ``strategy``: ``greedy``, ``beam`` (``num_beams``, ``length_penalty``) or ``sample``
+        (``temperature``, ``top_k``, ``top_p``, ``seed``). Each row stops at ``eos_id``
+        (default: the model's). Returns tokens (B, N) padded with ``pad_id`` and per-row scores.
+        """
+        cfg = self._gen_config(max_new_tokens, strategy, **options)
+        ids, mask = self.check_source(input_ids, attention_mask)
+        c = self.config
+        eos = c.eos_id if eos_id is None else eos_id
+        return generate(lambda n: self.stepper(ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)
+
+    def stream(
+        self,
+        input_ids: Any,
+        attention_mask: Any = None,
+        max_new_tokens: int = 32,
+        strategy: str = "greedy",
+        eos_id: int | None = None,
+        **options: Any,
+    ) -> Iterator[np.ndarray]:
+        """Greedy or sampled generation that yields each step's tokens (B,) as they are produced."""
+        cfg = self._gen_config(max_new_tokens, strategy, **options)
+        ids, mask = self.check_source(input_ids, attention_mask)
+        c = self.config
+        eos = c.eos_id if eos_id is None else eos_id
+        for tokens, _ in stream_tokens(
+            lambda n: self.stepper(ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg
+        ):
+            yield tokens
 
     def greedy(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None = None,
-        max_new_tokens: int = 20,
-        stop_at_eos: bool = True,
+        self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 20, stop_at_eos: bool = True
     ) -> np.ndarray:
-        """Greedy decoding with the cache: (B, S) source ids -> (B, N) tokens, pad after each EOS
-        (with ``stop_at_eos=False``, every row runs all ``max_new_tokens`` steps).
+        """Greedy tokens (B, N); with ``stop_at_eos=False`` every row runs all steps."""
+        out = self.generate(input_ids, attention_mask, max_new_tokens, eos_id=None if stop_at_eos else -1)
+        return out.tokens
 
-        The encoder and the cross-attention projections run once; each step feeds one token.
-        """
-        c = self.config
-        if attention_mask is None:
-            attention_mask = np.ones_like(input_ids, dtype=np.int64)
-        hidden = self.encode(input_ids, attention_mask)["last_hidden_state"]
-        cross = self.cross_kv(hidden)
-        b = input_ids.shape[0]
-        past = self.empty_cache(b)
-        token = np.full((b, 1), c.bos_id, dtype=np.int64)
-        done = np.zeros(b, dtype=bool)
-        out = []
-        for _ in range(max_new_tokens):
-            res = self.run("decoder", {"input_ids": token, "encoder_attention_mask": attention_mask, **past, **cross})
-            nxt = res["logits"][:, -1].argmax(-1).astype(np.int64)
-            if stop_at_eos:
-                nxt = np.where(done, c.pad_id, nxt)
-                done |= nxt == c.eos_id
-            out.append(nxt)
-            token = nxt[:, None]
-            past = {p: res[p.replace("past", "present", 1)] for p in past}
-            if done.all():
-                break
-        return np.stack(out, axis=1)
+    # ------------------------------------------------------------------- text
+    def generate_text(self, texts: list[str], max_new_tokens: int | None = None, **options: Any) -> list[str]:
+        """Tokenize ``texts``, generate, and decode the answers (needs the export's tokenizer)."""
+        if self.tokenizer is None:
+            raise EdgeattnError(f"{self.export_dir} has no {TOKENIZER_NAME}; pass token ids to generate() instead")
+        encoded = [self.tokenizer.encode(t) for t in texts]
+        width = max(len(e) for e in encoded)
+        ids = np.full((len(encoded), width), self.config.pad_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, e in enumerate(encoded):
+            ids[i, : len(e)] = e
+            mask[i, : len(e)] = 1
+        steps = max_new_tokens or min(self.config.max_len, 2 * width + 8)
+        out = self.generate(ids, mask, steps, **options)
+        return [self.tokenizer.decode(row) for row in out.tokens]
+
+
+def _int_matrix(value: Any, name: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{name} must be a (batch, src_len) integer array: {exc}") from exc
+    if value.dtype.kind not in "iu":
+        raise InputError(f"{name} must hold integers (int64), got dtype {value.dtype}")
+    if value.ndim != 2:
+        raise InputError(f"{name} must have shape (batch, src_len), got {value.shape}")
+    if value.shape[0] == 0 or value.shape[1] == 0:
+        raise InputError(f"{name} must have at least one row and one token, got shape {value.shape}")
+    return value.astype(np.int64, copy=False)
+
+
+class OnnxStepper:
+    """Decoding state over the exported graphs: cross keys/values computed once, the
+    self-attention cache carried from step to step. With IO binding the cache and cross
+    keys/values stay on the session's device; only the new tokens and logits cross to the host."""
+
+    def __init__(self, model: ExportedModel, ids: np.ndarray, mask: np.ndarray, repeat: int) -> None:
+        self.model = model
+        self.session = model.sessions["decoder"]
+        self.spec = model.specs["decoder"]
+        hidden = model.run("encoder", {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
+        cross = model.run("cross_kv", {"encoder_hidden_states": hidden})
+        if repeat > 1:
+            mask = np.repeat(mask, repeat, axis=0)
+            cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
+        self.rows = mask.shape[0]
+        c = model.config
+        past = {
+            n: np.zeros((self.rows, c.n_heads, 0, c.head_dim), np.float32)
+            for n in cache_names("past", c.n_decoder_layers)
+        }
+        self.fixed: dict[str, Any] = {"encoder_attention_mask": mask, **cross}
+        self.past: dict[str, Any] = past
+        if model.io_binding:
+            self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
+            self.past = {k: self._to_device(v) for k, v in past.items()}
+
+    def _to_device(self, array: np.ndarray) -> Any:
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.model.device, 0)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        ids = tokens.reshape(self.rows, 1).astype(np.int64)
+        if not self.model.io_binding:
+            feeds = {"input_ids": ids, **self.fixed, **self.past}
+            outs = self.session.run(self.spec.output_names, feeds)
+            res = dict(zip(self.spec.output_names, outs, strict=True))
+            self.past = {p: res["present" + p[4:]] for p in self.past}
+            return res["logits"][:, -1]
+        binding = self.session.io_binding()
+        binding.bind_ortvalue_input("input_ids", self._to_device(ids))
+        for name, value in {**self.fixed, **self.past}.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits", "cpu")
+        for p in self.past:
+            binding.bind_output("present" + p[4:], self.model.device, 0)
+        self.session.run_with_iobinding(binding)
+        outs = dict(zip(self.spec.output_names, binding.get_outputs(), strict=True))
+        self.past = {p: outs["present" + p[4:]] for p in self.past}
+        return outs["logits"].numpy()[:, -1]
+
+    def reorder(self, index: np.ndarray) -> None:
+        if np.array_equal(index, np.arange(self.rows)):
+            return
+        if not self.model.io_binding:
+            self.past = {k: v[index] for k, v in self.past.items()}
+            return
+        # beam reordering gathers on the host; greedy and sampling never reorder
+        self.past = {k: self._to_device(v.numpy()[index]) for k, v in self.past.items()}
+
+
+def load(
+    export_dir: str | Path,
+    providers: list[str] | tuple[str, ...] | None = None,
+    threads: int | None = None,
+    precision: str = "fp32",
+    **options: Any,
+) -> ExportedModel:
+    """Load an export directory for inference; see :class:`ExportedModel`."""
+    return ExportedModel(export_dir, providers=providers, threads=threads, precision=precision, **options)

@@ -25,17 +25,17 @@ def pick_providers(requested: list[str] | tuple[str, ...] | None) -> list[str]:
         if p in available:
             chosen.append(p)
         elif requested is not None:
-            log.warning("provider %s is not available in this onnxruntime (%s); falling back", p, ", ".join(available))
+            log.warning("provider %s is not available in this onnxruntime (%s); using the CPU", p, ", ".join(available))
+        else:
+            log.info("no CUDA provider in this onnxruntime; running on the CPU")
     if CPU not in chosen:
         chosen.append(CPU)
     return chosen
 
 
-def session_options(
-    threads: int | None = None, spinning: bool = True, optimized_path: str | None = None
-) -> ort.SessionOptions:
+def session_options(threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
     """Session options: all graph optimisations, ``threads`` intra-op threads (None: ORT decides),
-    intra-op spinning on or off, and optionally where to save the optimised graph."""
+    intra-op spinning on or off."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads is not None:
@@ -44,8 +44,6 @@ def session_options(
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if optimized_path:
-        opts.optimized_model_filepath = optimized_path
     opts.log_severity_level = 3
     return opts
 
@@ -55,11 +53,23 @@ def create_session(
     providers: list[str] | tuple[str, ...] | None = (CPU,),
     threads: int | None = None,
     spinning: bool = True,
+    optimized_cache: str | Path | None = None,
 ) -> ort.InferenceSession:
-    """An inference session for one ONNX file."""
+    """An inference session for one ONNX file.
+
+    With ``optimized_cache`` (a file path), the optimised graph is saved there on first load and
+    loaded from there afterwards, skipping the optimisation passes.
+    """
+    chosen = pick_providers(providers)
+    source, opts = str(path), session_options(threads, spinning)
+    if optimized_cache is not None:
+        cache = Path(optimized_cache)
+        if cache.is_file():
+            source = str(cache)
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        else:
+            opts.optimized_model_filepath = str(cache)
     try:
-        return ort.InferenceSession(
-            str(path), sess_options=session_options(threads, spinning), providers=pick_providers(providers)
-        )
+        return ort.InferenceSession(source, sess_options=opts, providers=chosen)
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EdgeattnError(f"onnxruntime cannot load {path}: {exc}") from exc

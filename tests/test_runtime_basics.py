@@ -51,10 +51,10 @@ def test_inputs_are_checked_against_the_spec(export_dir):
     m = ExportedModel(out)
     ids = np.ones((2, 5), dtype=np.int64)
     with pytest.raises(InputError, match="input 'input_ids' must have dtype int64, got int32"):
-        m.encode(ids.astype(np.int32))
+        m.run("encoder", {"input_ids": ids.astype(np.int32), "attention_mask": ids})
     with pytest.raises(InputError, match=r"input 'input_ids' must have shape \(batch, src_len\), got rank 1"):
-        m.encode(ids[0])
+        m.run("encoder", {"input_ids": ids[0], "attention_mask": ids})
     with pytest.raises(InputError, match="'attention_mask' has batch=3 but 'input_ids' has batch=2"):
-        m.encode(ids, np.ones((3, 5), dtype=np.int64))
+        m.run("encoder", {"input_ids": ids, "attention_mask": np.ones((3, 5), dtype=np.int64)})
     with pytest.raises(InputError, match="needs input"):
         m.run("encoder", {"input_ids": ids})

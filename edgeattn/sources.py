@@ -1,0 +1,57 @@
+"""Where a model comes from: a preset (the demo preset with its trained weights), a config file,
+or a safetensors checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeattn.config import ModelConfig, get_preset
+from edgeattn.errors import ConfigError
+from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
+from edgeattn.runtime.tokenizer import WordTokenizer
+from edgeattn.weights import load_model, read_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelSource:
+    """A model ready to export, a line saying where it came from, and its tokenizer if any."""
+
+    model: Seq2SeqTransformer | EncoderModel
+    description: str
+    tokenizer: WordTokenizer | None = None
+
+
+def resolve_model(
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+    seed: int = 0,
+) -> ModelSource:
+    """The model the user asked for. With nothing given: the demo preset with its shipped weights.
+
+    A checkpoint carries its config unless ``config_file`` overrides it; a preset or config
+    without a checkpoint gets random weights from ``seed`` (the demo preset gets its trained ones).
+    """
+    if preset and config_file:
+        raise ConfigError("give a preset or a config file, not both")
+    if checkpoint is not None:
+        if preset:
+            raise ConfigError("a checkpoint carries its own config; use a config file to override it, not a preset")
+        config = ModelConfig.load(config_file) if config_file else read_config(checkpoint)
+        return ModelSource(load_model(checkpoint, config), f"checkpoint {Path(checkpoint).name}")
+    if config_file:
+        return ModelSource(build_model(ModelConfig.load(config_file), seed=seed), f"random weights (seed {seed})")
+    name = preset or "demo"
+    config = get_preset(name)
+    if name == "demo":
+        from edgeattn.demo import demo_tokenizer, shipped_checkpoint
+
+        path = shipped_checkpoint()
+        if path.is_file():
+            return ModelSource(load_model(path, config), "demo preset: trained digit sorter", demo_tokenizer())
+        log.warning("the trained demo checkpoint %s is missing; using random weights", path)
+    return ModelSource(build_model(config, seed=seed), f"preset {name}, random weights (seed {seed})")

@@ -1,0 +1,213 @@
+"""Decoding strategies over any step function: greedy, beam search, and sampling (numpy only).
+
+A :class:`Stepper` holds one decoding state (encoder output, caches) for N rows: ``step``
+feeds one new token per row and returns the next-token logits, ``reorder`` makes row i
+continue from row ``index[i]`` (beam search). The exported graphs and eager PyTorch both
+provide one, so the same search runs over both and their outputs can be compared exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from edgeattn.errors import EdgeattnError
+
+Strategy = Literal["greedy", "beam", "sample"]
+
+
+class Stepper(Protocol):
+    """One decoding state over N rows."""
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """(N,) int64 new tokens -> (N, vocab) float32 logits of the next token."""
+        ...
+
+    def reorder(self, index: np.ndarray) -> None:
+        """Row i of the state becomes the old row ``index[i]``."""
+        ...
+
+
+#: Builds a stepper for a source batch, each row repeated ``repeat`` times (row-major).
+StepperFactory = Callable[[int], Stepper]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to decode. ``length_penalty`` divides a beam's log-probability by length**penalty."""
+
+    max_new_tokens: int = 32
+    strategy: Strategy = "greedy"
+    num_beams: int = 4
+    length_penalty: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("greedy", "beam", "sample"):
+            raise EdgeattnError(f"strategy must be greedy, beam or sample, got {self.strategy!r}")
+        if self.max_new_tokens < 1:
+            raise EdgeattnError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.num_beams < 1:
+            raise EdgeattnError(f"num_beams must be at least 1, got {self.num_beams}")
+        if self.temperature <= 0:
+            raise EdgeattnError(f"temperature must be positive, got {self.temperature}")
+        if self.top_k < 0:
+            raise EdgeattnError(f"top_k must be 0 (off) or positive, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise EdgeattnError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class GenerationOutput:
+    """Generated tokens (B, N), ``pad_id`` after each row's EOS; per-row scores (the sum of
+    log-probabilities, length-normalised for beam search)."""
+
+    tokens: np.ndarray
+    scores: np.ndarray
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def filter_logits(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Temperature, then keep the top-k tokens, then the smallest set whose probability reaches top_p."""
+    x = logits.astype(np.float64) / temperature
+    if top_k and top_k < x.shape[-1]:
+        kth = np.sort(x, axis=-1)[:, -top_k][:, None]
+        x = np.where(x < kth, -np.inf, x)
+    if top_p < 1.0:
+        order = np.argsort(-x, axis=-1, kind="stable")
+        sorted_x = np.take_along_axis(x, order, axis=-1)
+        probs = np.exp(log_softmax(sorted_x))
+        before = np.cumsum(probs, axis=-1) - probs  # mass of the tokens ranked above
+        drop_sorted = before >= top_p
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        x = np.where(drop, -np.inf, x)
+    return x
+
+
+def stream_tokens(
+    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Greedy or sampled decoding, one step at a time: yields (tokens (B,), their log-probs (B,)),
+    ``pad_id`` for rows that already ended, until every row ended or ``max_new_tokens``."""
+    if cfg.strategy == "beam":
+        raise EdgeattnError("beam search cannot stream: its best sequence is known only at the end")
+    stepper = make(1)
+    rng = np.random.default_rng(cfg.seed)
+    tokens = np.full(batch, bos_id, dtype=np.int64)
+    done = np.zeros(batch, dtype=bool)
+    for _ in range(cfg.max_new_tokens):
+        logits = stepper.step(tokens)
+        if cfg.strategy == "greedy":
+            nxt = logits.argmax(-1).astype(np.int64)
+            logp = log_softmax(logits)
+        else:
+            filtered = filter_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+            logp = log_softmax(filtered)
+            cdf = np.cumsum(np.exp(logp), axis=-1)
+            u = rng.random(batch)[:, None] * cdf[:, -1:]
+            nxt = np.minimum((cdf < u).sum(-1), logits.shape[-1] - 1).astype(np.int64)
+        chosen = logp[np.arange(batch), nxt]
+        nxt = np.where(done, pad_id, nxt)
+        chosen = np.where(done, 0.0, chosen)
+        yield nxt, chosen
+        done |= nxt == eos_id
+        tokens = nxt
+        if done.all():
+            return
+
+
+def generate(
+    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+) -> GenerationOutput:
+    """Decode with the configured strategy; see :class:`GenerationOutput`."""
+    if cfg.strategy == "beam":
+        return beam_search(make, batch, bos_id, eos_id, pad_id, cfg)
+    steps = list(stream_tokens(make, batch, bos_id, eos_id, pad_id, cfg))
+    tokens = np.stack([s[0] for s in steps], axis=1)
+    scores = np.sum([s[1] for s in steps], axis=0)
+    return GenerationOutput(tokens, np.asarray(scores, dtype=np.float64))
+
+
+def beam_search(
+    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+) -> GenerationOutput:
+    """Beam search of width ``num_beams`` per row with a length penalty.
+
+    Each step ranks, per row, the 2·width best continuations of all live beams; one ending in EOS
+    (among the top width) becomes a finished hypothesis scored logp / length**penalty (length
+    counts the generated tokens, EOS included); the best non-EOS ones stay live. A row stops
+    once it holds ``width`` finished hypotheses and no live beam can beat the worst of them.
+    """
+    n, lp = cfg.num_beams, cfg.length_penalty
+    stepper = make(n)
+    beam_scores = np.zeros((batch, n))
+    beam_scores[:, 1:] = -np.inf  # the first step expands beam 0 alone
+    seqs = np.zeros((batch, n, 0), dtype=np.int64)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    done = np.zeros(batch, dtype=bool)
+    tokens = np.full(batch * n, bos_id, dtype=np.int64)
+    for t in range(cfg.max_new_tokens):
+        logp = log_softmax(stepper.step(tokens)).reshape(batch, n, -1)
+        vocab = logp.shape[-1]
+        flat = (beam_scores[:, :, None] + logp).reshape(batch, n * vocab)
+        order = np.argsort(-flat, axis=1, kind="stable")[:, : 2 * n]
+        new_beam = np.zeros((batch, n), dtype=np.int64)
+        new_tok = np.full((batch, n), pad_id, dtype=np.int64)
+        new_score = np.zeros((batch, n))
+        for b in range(batch):
+            if done[b]:
+                new_beam[b] = np.arange(n)
+                new_score[b] = beam_scores[b]
+                continue
+            live = 0
+            for rank, idx in enumerate(order[b]):
+                beam, tok = divmod(int(idx), vocab)
+                score = float(flat[b, idx])
+                if tok == eos_id:
+                    if rank < n:
+                        hyp = [*seqs[b, beam].tolist(), eos_id]
+                        _add(finished[b], score / (len(hyp) ** lp), hyp, n)
+                    continue
+                new_beam[b, live], new_tok[b, live], new_score[b, live] = beam, tok, score
+                live += 1
+                if live == n:
+                    break
+            if len(finished[b]) == n:
+                best_live = new_score[b].max() / ((t + 1) ** lp)
+                done[b] = best_live <= min(s for s, _ in finished[b])
+        rows = (np.arange(batch)[:, None] * n + new_beam).reshape(-1)
+        stepper.reorder(rows)
+        seqs = np.concatenate([np.take_along_axis(seqs, new_beam[:, :, None], axis=1), new_tok[:, :, None]], axis=2)
+        beam_scores = new_score
+        tokens = new_tok.reshape(-1)
+        if done.all():
+            break
+    for b in range(batch):
+        if not done[b]:
+            for j in range(n):
+                hyp = seqs[b, j].tolist()
+                _add(finished[b], beam_scores[b, j] / (max(1, len(hyp)) ** lp), hyp, n)
+    best = [max(f, key=lambda h: h[0]) for f in finished]
+    width = max(len(h[1]) for h in best)
+    out = np.full((batch, width), pad_id, dtype=np.int64)
+    for b, (_, hyp) in enumerate(best):
+        out[b, : len(hyp)] = hyp
+    return GenerationOutput(out, np.array([s for s, _ in best], dtype=np.float64))
+
+
+def _add(hyps: list[tuple[float, list[int]]], score: float, seq: list[int], width: int) -> None:
+    hyps.append((score, seq))
+    hyps.sort(key=lambda h: -h[0])
+    del hyps[width:]
