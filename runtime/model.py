@@ -175,6 +175,12 @@ class ExportedModel:
         return self._logits(input_ids, attention_mask, "token")
 
     # ------------------------------------------------------------- generation
+    def empty_cache(self, rows: int) -> dict[str, np.ndarray]:
+        """A self-attention cache of length 0 (the first decoder step) for ``rows`` rows."""
+        c = self.config
+        shape = (rows, c.n_heads, 0, c.head_dim)
+        return {n: np.zeros(shape, np.float32) for n in cache_names("past", c.n_decoder_layers)}
+
     def _gen_config(self, max_new_tokens: int, strategy: str, **options: Any) -> GenerationConfig:
         if not {"encoder", "cross_kv", "decoder"} <= set(self.sessions):
             raise EdgeattnError(
@@ -282,11 +288,7 @@ class OnnxStepper:
             mask = np.repeat(mask, repeat, axis=0)
             cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
         self.rows = mask.shape[0]
-        c = model.config
-        past = {
-            n: np.zeros((self.rows, c.n_heads, 0, c.head_dim), np.float32)
-            for n in cache_names("past", c.n_decoder_layers)
-        }
+        past = model.empty_cache(self.rows)
         self.fixed: dict[str, Any] = {"encoder_attention_mask": mask, **cross}
         self.past: dict[str, Any] = past
         if model.io_binding:

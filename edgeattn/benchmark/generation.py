@@ -1,0 +1,152 @@
+"""Generation speed: the cached decoder step against recomputing the whole prefix each step.
+
+Per-step latency at given positions (a cache of that many tokens, one new token) beside the
+cost of feeding the whole prefix again with an empty cache, which is what decoding without a
+cache pays each step; and tokens per second of a full greedy decode both ways. Runs on the
+exported graphs through the runtime's CPU sessions, interleaved run by run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeattn.benchmark.machine import machine_info
+from edgeattn.benchmark.timing import Timing, interleaved
+from edgeattn.runtime import load
+from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.session import CPU
+
+
+@dataclass
+class StepRow:
+    position: int
+    cached: Timing
+    recompute: Timing
+
+    @property
+    def speedup(self) -> float:
+        return self.recompute.median / self.cached.median
+
+
+@dataclass
+class GenerationBench:
+    export_dir: str
+    batch: int
+    src_len: int
+    threads: int
+    steps: list[StepRow] = field(default_factory=list)
+    tokens: int = 0
+    cached_tokens_per_s: float = 0.0
+    recompute_tokens_per_s: float = 0.0
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flatness(self) -> float:
+        """Cached step latency at the last position over the first (1.0 is perfectly flat)."""
+        return self.steps[-1].cached.median / self.steps[0].cached.median
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["flatness"] = self.flatness
+        for row, step in zip(data["steps"], self.steps, strict=True):
+            row["speedup"] = step.speedup
+        return data
+
+    def table(self) -> str:
+        lines = [
+            f"generation on the CPU provider, {self.threads} threads, batch {self.batch}, source {self.src_len}",
+            "position  cached step ms (p90)  recompute ms (p90)  recompute / cached",
+        ]
+        for s in self.steps:
+            lines.append(
+                f"{s.position:>8}  {s.cached.median:>9.2f} ({s.cached.p90:6.2f})  "
+                f"{s.recompute.median:>9.2f} ({s.recompute.p90:7.2f})  {s.speedup:>10.1f}x"
+            )
+        lines.append(
+            f"cached step at {self.steps[-1].position} / at {self.steps[0].position}: {self.flatness:.2f}x "
+            f"(1.00 = flat)"
+        )
+        if self.tokens:
+            lines.append(
+                f"greedy decode of {self.tokens} tokens: cached {self.cached_tokens_per_s:.1f} tok/s, "
+                f"recompute {self.recompute_tokens_per_s:.1f} tok/s "
+                f"({self.cached_tokens_per_s / self.recompute_tokens_per_s:.1f}x)"
+            )
+        return "\n".join(lines)
+
+
+def _decoder_feeds(rt: ExportedModel, tokens: np.ndarray, past: dict[str, np.ndarray], fixed: dict[str, Any]) -> dict:
+    return {"input_ids": tokens, **fixed, **past}
+
+
+def _recompute_decode(rt: ExportedModel, fixed: dict[str, Any], batch: int, n: int) -> None:
+    """Greedy decoding that feeds the whole prefix with an empty cache at every step."""
+    c = rt.config
+    prefix = np.full((batch, 1), c.bos_id, dtype=np.int64)
+    empty = rt.empty_cache(batch)
+    for _ in range(n):
+        out = rt.sessions["decoder"].run(["logits"], _decoder_feeds(rt, prefix, empty, fixed))[0]
+        nxt = out[:, -1].argmax(-1)[:, None].astype(np.int64)
+        prefix = np.concatenate([prefix, nxt], axis=1)
+
+
+def bench_generation(
+    export_dir: str | Path,
+    positions: tuple[int, ...] = (16, 64, 256),
+    batch: int = 1,
+    src_len: int = 128,
+    threads: int = 2,
+    repeats: int = 20,
+    decode_tokens: int | None = None,
+    seed: int = 0,
+) -> GenerationBench:
+    """Measure an export's decoder; see the module docstring."""
+    rt = load(export_dir, providers=[CPU], threads=threads, spinning=False)
+    c = rt.config
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, c.vocab_size, size=(batch, src_len), dtype=np.int64)
+    mask = np.ones_like(ids)
+    hidden = rt.run("encoder", {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
+    fixed = {"encoder_attention_mask": mask, **rt.run("cross_kv", {"encoder_hidden_states": hidden})}
+    session = rt.sessions["decoder"]
+    names = rt.specs["decoder"].output_names
+    result = GenerationBench(str(export_dir), batch, src_len, threads, machine=machine_info())
+    for p in positions:
+        prefix = rng.integers(3, c.vocab_size, size=(batch, p), dtype=np.int64)
+        outs = dict(
+            zip(names, session.run(names, _decoder_feeds(rt, prefix, rt.empty_cache(batch), fixed)), strict=True)
+        )
+        past = {k: outs["present" + k[4:]] for k in rt.empty_cache(batch)}
+        new = prefix[:, -1:]
+        full = np.concatenate([prefix, new], axis=1)
+        empty = rt.empty_cache(batch)
+        timings = interleaved(
+            {
+                "cached": lambda new=new, past=past: session.run(["logits"], _decoder_feeds(rt, new, past, fixed)),
+                "recompute": lambda full=full, empty=empty: session.run(
+                    ["logits"], _decoder_feeds(rt, full, empty, fixed)
+                ),
+            },
+            repeats=repeats,
+        )
+        result.steps.append(StepRow(p, timings["cached"], timings["recompute"]))
+    n = decode_tokens if decode_tokens is not None else max(positions)
+    if n:
+        start = time.perf_counter()
+        rt.generate(ids, mask, n, eos_id=-1)
+        result.cached_tokens_per_s = n * batch / (time.perf_counter() - start)
+        start = time.perf_counter()
+        _recompute_decode(rt, fixed, batch, n)
+        result.recompute_tokens_per_s = n * batch / (time.perf_counter() - start)
+        result.tokens = n
+    return result
+
+
+def write_json(result: GenerationBench, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
