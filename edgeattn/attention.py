@@ -9,6 +9,7 @@ same code traces to graphs whose batch and sequence axes stay dynamic.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.positional import RelativePosition, build_relative
 
 KeyValue = tuple[Tensor, Tensor]
+AttentionKernel = Callable[..., tuple[Tensor, KeyValue]]
 
 
 def padding_mask(attention_mask: Tensor) -> Tensor:
@@ -129,6 +131,11 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d, d, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.relative: RelativePosition | None = None if cross else build_relative(config, bidirectional=not causal)
+        #: An optional replacement for the attention core (after the projections), for example a
+        #: fused kernel an exporter substitutes; it gets this module, the projected query and new
+        #: keys/values, the static or past keys/values, the mask and the position bias, and returns
+        #: the attended values (B, T, d_model) before ``out_proj`` and the present keys/values.
+        self.kernel: AttentionKernel | None = None
 
     def _split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -154,14 +161,16 @@ class MultiHeadAttention(nn.Module):
         here. Returns the output (B, T, d_model), the weights if asked, and the keys/values used
         (for self-attention, the present cache including ``past``).
         """
-        q = self._split(self.q_proj(x))  # (B, H, T, D)
+        q_in = self.q_proj(x)  # (B, T, d_model)
+        q = self._split(q_in)  # (B, H, T, D)
+        kv_in: tuple[Tensor, Tensor] | None = None  # this call's projected keys/values (B, S_new, d_model)
         if static_kv is not None:
             k, v = static_kv
-        elif memory is not None:
-            k, v = self.project_kv(memory)
         else:
-            k, v = self.project_kv(x)
-            if past is not None:
+            source = x if memory is None else memory
+            kv_in = (self.k_proj(source), self.v_proj(source))
+            k, v = self._split(kv_in[0]), self._split(kv_in[1])
+            if past is not None and memory is None:
                 k = torch.cat([past[0], k], dim=2)  # (B, H, P + T, D)
                 v = torch.cat([past[1], v], dim=2)
         t, s = q.shape[2], k.shape[2]
@@ -170,6 +179,11 @@ class MultiHeadAttention(nn.Module):
             k_pos = torch.arange(s, device=x.device)
             q_pos = torch.arange(t, device=x.device) + (s - t)
             bias = self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
+        if self.kernel is not None and not need_weights:
+            out, present = self.kernel(
+                self, q_in, kv_in, static_kv=static_kv, past=past if memory is None else None, mask=mask, bias=bias
+            )
+            return self.out_proj(out), None, present
         if self.causal:
             mask = combine_masks(mask, causal_mask(t, s, device=x.device))
         out, weights = scaled_dot_product_attention(

@@ -90,6 +90,23 @@ def _split(value: str | None) -> list[str] | None:
 )
 @click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option(
+    "--precision",
+    "precisions",
+    default="fp32",
+    show_default=True,
+    help="Comma-separated: fp32,fp32-opt,int8,int8-static,fp16,int4 (fp32 is always written).",
+)
+@click.option(
+    "--calibration-method",
+    type=click.Choice(["minmax", "entropy", "percentile"]),
+    default="minmax",
+    show_default=True,
+    help="Calibration for int8-static.",
+)
+@click.option(
+    "--allow-degraded", is_flag=True, help="Keep precisions that miss their accuracy thresholds, marked degraded."
+)
 def export(
     output: Path,
     preset: str | None,
@@ -100,9 +117,13 @@ def export(
     seed: int,
     no_verify: bool,
     force: bool,
+    precisions: str,
+    calibration_method: str,
+    allow_degraded: bool,
 ) -> None:
     """Export the model's attention, encoder and decoder graphs to ONNX, verified."""
     from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.precisions import PrecisionOptions
     from edgeattn.sources import resolve_model
 
     if preset and config_file:
@@ -122,9 +143,14 @@ def export(
         progress=sys.stderr.isatty(),
         source=source.description,
         tokenizer=source.tokenizer,
+        precisions=_split(precisions),
+        precision_options=PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded),
+        heldout_texts=source.heldout,
     )
     if result.report is not None:
         click.echo(result.report.table())
+    for gate in result.gates.values():
+        click.echo(gate.table())
     click.echo(f"exported {', '.join(result.graphs)} to {result.out_dir} in {result.seconds:.1f} s")
 
 
@@ -140,6 +166,36 @@ def verify(export_dir: Path, as_json: bool) -> None:
     if not report.passed:
         click.echo("edgeattn: error: verification failed", err=True)
         sys.exit(1)
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--precision", "precisions", required=True, help="Comma-separated: fp32-opt,int8,int8-static,fp16,int4.")
+@click.option(
+    "--calibration-method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax", show_default=True
+)
+@click.option("--allow-degraded", is_flag=True, help="Keep precisions that miss their thresholds, marked degraded.")
+def quantize(export_dir: Path, precisions: str, calibration_method: str, allow_degraded: bool) -> None:
+    """Add reduced-precision graphs to an export, each gated against eager float32."""
+    from edgeattn.exporters.package import quantize_export
+    from edgeattn.exporters.precisions import PrecisionOptions
+
+    heldout = None
+    from edgeattn.runtime import read_manifest
+
+    manifest = read_manifest(export_dir)
+    if manifest.get("tokenizer") and "demo" in str(manifest.get("source", "")):
+        from edgeattn.demo import heldout_ids
+
+        heldout = heldout_ids()
+    gates = quantize_export(
+        export_dir, _split(precisions) or [],
+        PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded),
+        heldout_texts=heldout, progress=sys.stderr.isatty(),
+    )  # fmt: skip
+    for gate in gates.values():
+        click.echo(gate.table())
+    click.echo(f"added {', '.join(gates)} to {export_dir}")
 
 
 @cli.command()

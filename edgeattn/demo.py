@@ -96,6 +96,12 @@ def heldout_set(n: int = 2000, seed: int = 20261129) -> list[list[int]]:
     return sample_task(np.random.default_rng(seed), n)
 
 
+def heldout_ids(n: int = 200) -> list[list[int]]:
+    """The first ``n`` held-out task inputs as token ids (for the accuracy gate)."""
+    off = len(SPECIALS)
+    return [[d + off for d in seq] for seq in heldout_set()[:n]]
+
+
 def train_demo(
     steps: int = 2500, batch_size: int = 128, lr: float = 2e-3, seed: int = 0, progress: bool = False
 ) -> TrainResult:

@@ -23,6 +23,8 @@ class ModelSource:
     model: Seq2SeqTransformer | EncoderModel
     description: str
     tokenizer: WordTokenizer | None = None
+    #: held-out task inputs (token id lists) for the accuracy gate, when the model has a task
+    heldout: list[list[int]] | None = None
 
 
 def resolve_model(
@@ -48,10 +50,12 @@ def resolve_model(
     name = preset or "demo"
     config = get_preset(name)
     if name == "demo":
-        from edgeattn.demo import demo_tokenizer, shipped_checkpoint
+        from edgeattn.demo import demo_tokenizer, heldout_ids, shipped_checkpoint
 
         path = shipped_checkpoint()
         if path.is_file():
-            return ModelSource(load_model(path, config), "demo preset: trained digit sorter", demo_tokenizer())
+            return ModelSource(
+                load_model(path, config), "demo preset: trained digit sorter", demo_tokenizer(), heldout_ids()
+            )
         log.warning("the trained demo checkpoint %s is missing; using random weights", path)
     return ModelSource(build_model(config, seed=seed), f"preset {name}, random weights (seed {seed})")

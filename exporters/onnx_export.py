@@ -12,10 +12,12 @@ trace time is an export error, not a silent surprise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ import onnx
 import torch
 
 from edgeattn import __version__
+from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
@@ -76,21 +79,22 @@ def check_opset(opset: int) -> None:
 
 
 def _torch_export(
-    module: torch.nn.Module, args: tuple[torch.Tensor, ...], spec: GraphSpec, path: Path, opset: int
+    module: torch.nn.Module, args: tuple[torch.Tensor, ...], spec: GraphSpec, path: Path, opset: int, fused: bool
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if opset <= TORCHSCRIPT_MAX_OPSET:
+        if opset <= TORCHSCRIPT_MAX_OPSET or fused:
             torch.onnx.export(
                 module,
                 args,
                 str(path),
                 dynamo=False,
-                opset_version=opset,
+                opset_version=min(opset, TORCHSCRIPT_MAX_OPSET),
                 input_names=spec.input_names,
                 output_names=spec.output_names,
                 dynamic_axes=spec.dynamic_axes(),
                 do_constant_folding=True,
+                custom_opsets={"com.microsoft": 1} if fused else None,
             )
         else:
             program = torch.onnx.export(
@@ -188,12 +192,14 @@ def export_graph(
     opset: int = DEFAULT_OPSET,
     external_threshold: int = PROTOBUF_LIMIT,
     seed: int = 0,
+    fused: bool = False,
 ) -> GraphSpec:
     """Export graph ``name`` of ``model`` to ``path`` and check it; returns the graph's spec.
 
     The file carries the config, graph role, precision and edgeattn version in its
     ``metadata_props``. Graphs whose weights exceed ``external_threshold`` bytes keep them in
-    ``<file>.data`` beside the graph.
+    ``<file>.data`` beside the graph. ``fused`` marks a model whose attention kernels export as
+    ONNX Runtime contrib operators (TorchScript exporter, opset at most 20).
     """
     check_opset(opset)
     path = Path(path)
@@ -203,20 +209,28 @@ def export_graph(
     with tempfile.TemporaryDirectory(prefix="edgeattn-trace-") as scratch:
         raw = Path(scratch) / path.name
         try:
-            with torch.no_grad():
-                _torch_export(module, args, spec, raw, opset)
+            with torch.no_grad(), _quiet_torch_onnx():
+                _torch_export(module, args, spec, raw, opset, fused)
         except Exception as exc:
             raise ExportError(f"torch.onnx could not export graph {name!r} at opset {opset}: {exc}") from exc
         proto = onnx.load(str(raw), load_external_data=True)
+    finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
+    save_checked(proto, path, external_threshold)
+    return spec
+
+
+def finalize(proto: onnx.ModelProto, config: ModelConfig, spec: GraphSpec, precision: str) -> None:
+    """Name the axes as the spec does, check the inputs and outputs against it, and stamp the
+    edgeattn metadata (config, graph role, precision, versions) into ``metadata_props``."""
     _rename_dims(proto, spec)
     check_against_spec(proto, spec)
     proto.producer_name = "edgeattn"
     proto.producer_version = __version__
     proto.doc_string = spec.description
     meta = {
-        META_CONFIG: model.config.to_json(),
-        META_GRAPH: name,
-        META_PRECISION: "fp32",
+        META_CONFIG: config.to_json(),
+        META_GRAPH: spec.name,
+        META_PRECISION: precision,
         META_VERSION: __version__,
         META_FORMAT: str(FORMAT_VERSION),
         META_SPEC: json.dumps(spec.to_dict(), sort_keys=True),
@@ -224,8 +238,20 @@ def export_graph(
     del proto.metadata_props[:]
     for key, value in meta.items():
         proto.metadata_props.add(key=key, value=value)
-    save_checked(proto, path, external_threshold)
-    return spec
+
+
+@contextlib.contextmanager
+def _quiet_torch_onnx() -> Iterator[None]:
+    """Silence torch.onnx's own warnings (deprecation notices, missing torchvision)."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "torch.fx")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = PROTOBUF_LIMIT) -> list[Path]:

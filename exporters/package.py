@@ -6,13 +6,12 @@ moved into place, so a crash or a failed verification never leaves a half-writte
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,12 @@ import torch
 
 from edgeattn import __version__
 from edgeattn.errors import ExportError, VerificationError
+from edgeattn.exporters.gate import GateResult, heldout_sources
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph
+from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions, parse_precisions
 from edgeattn.exporters.verify import WEIGHTS_NAME, VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, sha256_file
+from edgeattn.runtime.manifest import FORMAT_VERSION, sha256_file, write_manifest
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.specs import resolve_graphs
 from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
@@ -42,6 +43,7 @@ class ExportResult:
     manifest: dict[str, Any]
     report: VerifyReport | None
     seconds: float
+    gates: dict[str, GateResult] = field(default_factory=dict)
 
 
 def check_output_dir(out_dir: Path, force: bool) -> None:
@@ -77,11 +79,18 @@ def export_model(
     external_threshold: int = PROTOBUF_LIMIT,
     source: str | None = None,
     tokenizer: WordTokenizer | None = None,
+    precisions: list[str] | None = None,
+    precision_options: PrecisionOptions | None = None,
+    heldout_texts: list[list[int]] | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
-    Raises :class:`ExportError` for unusable arguments or a failed export and
-    :class:`VerificationError` when ONNX Runtime disagrees with eager PyTorch; in both cases
+    ``precisions`` adds reduced-precision files (fp32-opt, int8, int8-static, fp16, int4) beside
+    the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``, token id
+    lists, or random sequences from the model's vocabulary).
+
+    Raises :class:`ExportError` for unusable arguments, a failed export or a failed accuracy gate
+    and :class:`VerificationError` when ONNX Runtime disagrees with eager PyTorch; in every case
     ``out_dir`` is left as it was.
     """
     from tqdm import tqdm
@@ -90,6 +99,7 @@ def export_model(
     out_dir = Path(out_dir)
     check_opset(opset)
     names = resolve_graphs(graphs, model.config)
+    wanted = parse_precisions(precisions)
     check_output_dir(out_dir, force)
     model = model.eval()
     parent = out_dir.resolve().parent
@@ -133,7 +143,7 @@ def export_model(
                 **spec.to_dict(),
                 "parity": None,
             }
-        _write_manifest(tmp, manifest)
+        write_manifest(tmp, manifest)
         report = None
         if verify:
             report = verify_graphs(model, ExportedModel(tmp), progress=progress)
@@ -141,18 +151,87 @@ def export_model(
                 manifest["graphs"][name]["parity"] = figures
             if report.greedy is not None:
                 manifest["greedy_parity"] = {**vars(report.greedy), "passed": report.greedy.passed}
-            _write_manifest(tmp, manifest)
+            write_manifest(tmp, manifest)
             if not report.passed:
                 raise VerificationError("exported graphs disagree with eager PyTorch:\n" + report.table())
+        gates = build_precisions(tmp, model, manifest, wanted[1:], precision_options, heldout_texts, progress)
+        write_manifest(tmp, manifest)
         _move_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportResult(out_dir, names, manifest, report, time.perf_counter() - start)
+    return ExportResult(out_dir, names, manifest, report, time.perf_counter() - start, gates)
 
 
-def _write_manifest(export_dir: Path, manifest: dict[str, Any]) -> None:
-    (export_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+def build_precisions(
+    export_dir: Path,
+    model: Seq2SeqTransformer | EncoderModel,
+    manifest: dict[str, Any],
+    precisions: list[str],
+    options: PrecisionOptions | None = None,
+    heldout_texts: list[list[int]] | None = None,
+    progress: bool = False,
+) -> dict[str, GateResult]:
+    """Write and gate each reduced precision into an export directory under construction;
+    fp32-opt also gets the float32 parity check. Updates ``manifest`` in place."""
+    from tqdm import tqdm
+
+    if not precisions:
+        return {}
+    builder = PrecisionBuilder(
+        export_dir, model, manifest, heldout_sources(model.config, texts=heldout_texts), options or PrecisionOptions()
+    )
+    try:
+        for precision in tqdm(precisions, desc="precisions", unit="precision", disable=not progress, leave=False):
+            if precision == "fp32":
+                continue
+            write_manifest(export_dir, manifest)
+            builder.build(precision)
+            if precision == "fp32-opt":
+                write_manifest(export_dir, manifest)
+                report = verify_graphs(model, ExportedModel(export_dir, precision="fp32-opt"), progress=progress)
+                for name, figures in report.summary().items():
+                    manifest["graphs"][name]["precisions"]["fp32-opt"]["parity"] = figures
+                if not report.passed:
+                    raise VerificationError("fp32-opt graphs disagree with eager PyTorch:\n" + report.table())
+    finally:
+        builder.close()
+    return builder.gates
+
+
+def quantize_export(
+    export_dir: str | Path,
+    precisions: list[str],
+    options: PrecisionOptions | None = None,
+    heldout_texts: list[list[int]] | None = None,
+    progress: bool = False,
+) -> dict[str, GateResult]:
+    """Add reduced precisions to an existing export (atomically: a copy is built, gated, and
+    swapped in), using the weights the export holds as the float32 reference."""
+    from edgeattn.runtime.manifest import check_file, manifest_config, read_manifest
+    from edgeattn.weights import load_model
+
+    export_dir = Path(export_dir)
+    manifest = read_manifest(export_dir)
+    if not manifest.get("weights"):
+        raise ExportError(f"{export_dir} holds no weights; re-export it to add precisions")
+    wanted = [p for p in parse_precisions(precisions) if p != "fp32"]
+    if not wanted:
+        raise ExportError("name at least one precision besides fp32")
+    model = load_model(check_file(export_dir, manifest["weights"]), manifest_config(manifest))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{export_dir.name}.partial-", dir=export_dir.resolve().parent))
+    try:
+        shutil.copytree(export_dir, tmp, dirs_exist_ok=True)
+        for entry in manifest["graphs"].values():
+            for precision in wanted:
+                entry.get("precisions", {}).pop(precision, None)
+        gates = build_precisions(tmp, model, manifest, wanted, options, heldout_texts, progress)
+        write_manifest(tmp, manifest)
+        _move_into_place(tmp, export_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return gates
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

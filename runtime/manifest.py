@@ -67,6 +67,11 @@ def read_manifest(export_dir: str | Path) -> dict[str, Any]:
     return data
 
 
+def write_manifest(export_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` (indented JSON) into an export directory."""
+    (Path(export_dir) / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
 def manifest_config(manifest: dict[str, Any]) -> ModelConfig:
     """The model config recorded in a manifest."""
     return ModelConfig.from_dict(manifest["config"])

@@ -1,0 +1,179 @@
+"""The fp32-opt graphs: every attention block emitted as ONNX Runtime's fused MultiHeadAttention,
+then ONNX Runtime's transformer optimizer for the rest (SkipLayerNormalization, BiasGelu, ...).
+
+ONNX Runtime's optimizer finds attention by matching the subgraph an exporter wrote, and it
+misses blocks whose pattern differs from the one it knows (the first layer after an embedding,
+relative position biases, key/value caches). Instead of hoping for a match, the exporter swaps
+each attention core for a function whose ONNX form *is* ``com.microsoft.MultiHeadAttention``
+(padding mask, position bias, past keys/values and causal masking are all inputs or attributes
+of that operator), so every block of every layer is fused by construction. Top-k sparse
+attention has no fused kernel and stays unfused.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+from torch import Tensor
+
+from edgeattn.attention import KeyValue, MultiHeadAttention, causal_mask, combine_masks, scaled_dot_product_attention
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
+
+log = logging.getLogger(__name__)
+
+MS_DOMAIN = "com.microsoft"
+FUSED_ATTENTION_OP = "MultiHeadAttention"
+#: Operators the transformer optimizer's fusions produce, counted into the manifest.
+FUSED_OPS = (
+    "MultiHeadAttention", "Attention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "SimplifiedLayerNormalization", "LayerNormalization",
+)  # fmt: skip
+
+
+class _OrtMultiHeadAttention(torch.autograd.Function):
+    """Eager: the attention core in PyTorch. Exported: one com.microsoft.MultiHeadAttention node."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q_in: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        bias: Tensor | None,
+        past_key: Tensor | None,
+        past_value: Tensor | None,
+        num_heads: int,
+        scale: float,
+        causal: bool,
+    ) -> tuple[Tensor, ...]:
+        b, t, d = q_in.shape
+        hd = d // num_heads
+
+        def split(x: Tensor) -> Tensor:
+            return x if x.dim() == 4 else x.view(x.shape[0], x.shape[1], num_heads, hd).transpose(1, 2)
+
+        q, k, v = split(q_in), split(key), split(value)
+        if past_key is not None:
+            k = torch.cat([past_key, k], dim=2)
+            v = torch.cat([past_value, v], dim=2)
+        mask = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+        if causal:
+            mask = combine_masks(mask, causal_mask(t, k.shape[2], device=q.device))
+        out, _ = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, scale=scale)
+        out = out.transpose(1, 2).reshape(b, t, d)
+        return (out, k, v) if past_key is not None else (out,)
+
+    @staticmethod
+    def symbolic(  # type: ignore[no-untyped-def]
+        g, q_in, key, value, key_padding_mask, bias, past_key, past_value, num_heads, scale, causal
+    ):
+        from torch.onnx._internal.torchscript_exporter import symbolic_helper
+
+        optional = [None, key_padding_mask, bias, past_key, past_value]
+        optional = [None if _is_none(x) else x for x in optional]
+        while optional and optional[-1] is None:
+            optional.pop()
+        inputs = [q_in, key, value] + [
+            symbolic_helper._optional_input_placeholder_tensor(g) if x is None else x for x in optional
+        ]
+        has_past = past_key is not None and not _is_none(past_key)
+        outs = g.op(
+            f"{MS_DOMAIN}::{FUSED_ATTENTION_OP}",
+            *inputs,
+            num_heads_i=num_heads,
+            scale_f=scale,
+            unidirectional_i=int(causal),
+            outputs=3 if has_past else 1,
+        )
+        # declare the output types (sizes stay symbolic) so torch.onnx does not guess them
+        if has_past:
+            outs[0].setType(q_in.type())
+            for present in outs[1:]:
+                present.setType(past_key.type().with_sizes([None, None, None, None]))
+        else:
+            outs.setType(q_in.type())
+        return outs
+
+
+def _is_none(x: Any) -> bool:
+    return x is None or (hasattr(x, "node") and x.node().mustBeNone())
+
+
+def ort_attention_kernel(
+    mha: MultiHeadAttention,
+    q_in: Tensor,
+    kv_in: tuple[Tensor, Tensor] | None,
+    static_kv: KeyValue | None = None,
+    past: KeyValue | None = None,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, KeyValue]:
+    """The :attr:`MultiHeadAttention.kernel` that exports as one fused MultiHeadAttention node.
+
+    Masks must be key-padding masks (B, 1, 1, S), as the encoder and decoder build them.
+    """
+    key, value = static_kv if static_kv is not None else kv_in  # type: ignore[misc]
+    padding = None if mask is None else mask[:, 0, 0, :].to(torch.int32)  # (B, S)
+    past_k, past_v = past if past is not None else (None, None)
+    outs = _OrtMultiHeadAttention.apply(
+        q_in, key, value, padding, bias, past_k, past_v, mha.n_heads, float(mha.scale), mha.causal
+    )
+    if past is not None:
+        return outs[0], (outs[1], outs[2])
+    if static_kv is not None:
+        return outs[0], static_kv
+    return outs[0], (mha._split(key), mha._split(value))
+
+
+def can_fuse(model: Seq2SeqTransformer | EncoderModel) -> tuple[bool, str]:
+    """Whether every attention block of this model has a fused kernel, and why not."""
+    if model.config.attention_topk is not None:
+        return False, "top-k sparse attention has no fused ONNX Runtime kernel"
+    return True, ""
+
+
+def fused_copy(model: Seq2SeqTransformer | EncoderModel) -> Seq2SeqTransformer | EncoderModel:
+    """A copy of ``model`` whose attention blocks export as fused MultiHeadAttention nodes."""
+    fused = copy.deepcopy(model).eval()
+    ok, _ = can_fuse(fused)
+    if ok:
+        for module in fused.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.kernel = ort_attention_kernel
+    return fused
+
+
+def expected_attention_blocks(graph: str, model: Seq2SeqTransformer | EncoderModel) -> int:
+    """How many attention blocks graph ``graph`` holds."""
+    c = model.config
+    return {"attention": 1, "encoder": c.n_encoder_layers, "cross_kv": 0, "decoder": 2 * c.n_decoder_layers}[graph]
+
+
+def operator_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many of each fused operator the graph holds (zeros omitted)."""
+    ops = Counter(n.op_type for n in model.graph.node)
+    return {op: ops[op] for op in FUSED_OPS if ops[op]}
+
+
+def optimize_fused(path: Path, model: Seq2SeqTransformer | EncoderModel) -> onnx.ModelProto:
+    """Run ONNX Runtime's transformer optimizer (offline fusions only, portable across machines)
+    on an exported graph; returns the optimised model (not saved)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    c = model.config
+    options = FusionOptions("bert")
+    options.enable_attention = False  # attention is already fused, by construction
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    optimized = optimize_model(
+        str(path), model_type="bert", num_heads=c.n_heads, hidden_size=c.d_model, optimization_options=options,
+        opt_level=0, only_onnxruntime=False,
+    )  # fmt: skip
+    return optimized.model

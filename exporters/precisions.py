@@ -1,0 +1,273 @@
+"""Reduced-precision variants of an export's graphs, each gated against eager float32.
+
+Files sit beside the fp32 ones as ``<graph>.<precision>.onnx`` and are listed in the manifest
+under each graph's ``precisions``; the gate's figures go under ``gates``. A precision that
+misses its thresholds fails the export unless degraded results are allowed, in which case it is
+marked ``degraded``. When int8 misses, the nodes whose quantisation hurts most (each measured
+quantised alone) are kept in float32, as few as needed to pass, and named in the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from edgeattn.errors import ExportError
+from edgeattn.exporters.fusion import (
+    can_fuse,
+    expected_attention_blocks,
+    fused_copy,
+    operator_counts,
+    optimize_fused,
+)
+from edgeattn.exporters.gate import GateResult, HeldOut, evaluate
+from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
+from edgeattn.exporters.quantize import (
+    PRECISIONS,
+    convert_fp16,
+    quantizable_nodes,
+    quantize_int4,
+    quantize_int8_dynamic,
+    quantize_int8_static,
+)
+from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.manifest import sha256_file, write_manifest
+from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.specs import cache_names, graph_spec
+
+log = logging.getLogger(__name__)
+
+Model = Seq2SeqTransformer | EncoderModel
+
+
+@dataclass
+class PrecisionOptions:
+    """How reduced precisions are made and judged."""
+
+    calibration_method: str = "minmax"
+    allow_degraded: bool = False
+    new_tokens: int = 16
+    external_threshold: int = PROTOBUF_LIMIT
+
+
+def parse_precisions(value: list[str] | None) -> list[str]:
+    """Requested precisions in canonical order, fp32 always first; unknown ones refused."""
+    requested = [p.strip() for p in (value or []) if p.strip()]
+    for p in requested:
+        if p not in PRECISIONS:
+            raise ExportError(f"unknown precision {p!r}; choose from {', '.join(PRECISIONS)}")
+    return [p for p in PRECISIONS if p == "fp32" or p in requested]
+
+
+def _entry(path: Path, precision: str, extra: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
+                             "precision": precision, **extra}  # fmt: skip
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        entry["external_data"] = [{"file": data.name, "sha256": sha256_file(data), "bytes": data.stat().st_size}]
+        entry["bytes"] += data.stat().st_size
+    return entry
+
+
+class PrecisionBuilder:
+    """Writes and gates reduced-precision graphs inside an export directory under construction."""
+
+    def __init__(self, export_dir: Path, model: Model, manifest: dict[str, Any], heldout: HeldOut,
+                 options: PrecisionOptions) -> None:  # fmt: skip
+        self.dir = export_dir
+        self.model = model.eval()
+        self.manifest = manifest
+        self.heldout = heldout
+        self.options = options
+        self.graphs = list(manifest["graphs"])
+        self.gates: dict[str, GateResult] = {}
+        self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=export_dir.parent))
+
+    def close(self) -> None:
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    # ------------------------------------------------------------------ files
+    def _path(self, graph: str, precision: str) -> Path:
+        return self.dir / f"{graph}.{precision}.onnx"
+
+    def _record(self, graph: str, precision: str, path: Path, extra: dict[str, Any]) -> None:
+        self.manifest["graphs"][graph].setdefault("precisions", {})[precision] = _entry(path, precision, extra)
+
+    def _stamp(self, graph: str, precision: str, path: Path) -> None:
+        """Metadata, checker and shape inference for a converted file (rewritten in place)."""
+        proto = onnx.load(str(path), load_external_data=True)
+        finalize(proto, self.model.config, graph_spec(graph, self.model.config), precision)
+        path.with_name(path.name + ".data").unlink(missing_ok=True)
+        save_checked(proto, path, self.options.external_threshold)
+
+    def source(self, graph: str) -> Path:
+        """The graph reduced precisions start from: fp32-opt (fused) when this model fuses, else fp32.
+        A fused graph made only as a source stays out of the export."""
+        if "fp32-opt" in self.manifest["graphs"][graph].get("precisions", {}):
+            return self._path(graph, "fp32-opt")
+        if can_fuse(self.model)[0]:
+            fused = self._scratch / f"{graph}.fp32-opt.onnx"
+            return fused if fused.exists() else self._fused(graph, fused)
+        return self.dir / self.manifest["graphs"][graph]["file"]
+
+    # -------------------------------------------------------------- fp32-opt
+    def _fused(self, graph: str, dst: Path) -> Path:
+        raw = self._scratch / f"{graph}.fused.onnx"
+        export_graph(fused_copy(self.model), graph, raw, opset=min(self.manifest["graphs"][graph]["opset"], 20),
+                     external_threshold=self.options.external_threshold, fused=True)  # fmt: skip
+        proto = optimize_fused(raw, self.model)
+        finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
+        save_checked(proto, dst, self.options.external_threshold)
+        counts = operator_counts(proto)
+        expected = expected_attention_blocks(graph, self.model)
+        if counts.get("MultiHeadAttention", 0) != expected:
+            raise ExportError(
+                f"{graph}: {counts.get('MultiHeadAttention', 0)} of {expected} attention blocks fused; all must be"
+            )
+        return dst
+
+    def build_fp32_opt(self) -> None:
+        ok, reason = can_fuse(self.model)
+        for graph in self.graphs:
+            path = self._path(graph, "fp32-opt")
+            if ok:
+                self._fused(graph, path)
+            else:
+                shutil.copyfile(self.dir / self.manifest["graphs"][graph]["file"], path)
+                self._stamp(graph, "fp32-opt", path)
+            proto = onnx.load(str(path), load_external_data=False)
+            self._record(graph, "fp32-opt", path, {
+                "fused_operators": operator_counts(proto),
+                "attention_blocks": expected_attention_blocks(graph, self.model),
+                "attention_fused": operator_counts(proto).get("MultiHeadAttention", 0),
+                **({} if ok else {"not_fused_because": reason}),
+            })  # fmt: skip
+
+    # ------------------------------------------------------------ quantised
+    def _convert(self, precision: str, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
+        src, dst = self.source(graph), self._path(graph, precision)
+        if precision == "int8":
+            info = quantize_int8_dynamic(src, dst, exclude=exclude)
+        elif precision == "int8-static":
+            info = quantize_int8_static(
+                src, dst, self.calibration(graph), self.options.calibration_method, exclude=exclude
+            )
+        elif precision == "fp16":
+            info = convert_fp16(src, dst)
+        elif precision == "int4":
+            info = quantize_int4(src, dst)
+        else:  # pragma: no cover - guarded by parse_precisions
+            raise ExportError(f"no converter for {precision!r}")
+        self._stamp(graph, precision, dst)
+        self._record(graph, precision, dst, {"quantization": info, "source": src.name})
+        return info
+
+    def calibration(self, graph: str, batches: int = 8) -> list[dict[str, np.ndarray]]:
+        """Representative feeds for ``graph``, built from the held-out distribution of the model's
+        own vocabulary and lengths (calibration uses other sequences than the gate)."""
+        from edgeattn.exporters.gate import heldout_sources
+
+        c = self.model.config
+        calib = heldout_sources(c, n=8 * batches, seed=1234)
+        chunks = np.array_split(np.arange(calib.ids.shape[0]), batches)
+        feeds: list[dict[str, np.ndarray]] = []
+        rng = np.random.default_rng(7)
+        for rows in chunks:
+            ids, mask = calib.ids[rows], calib.mask[rows]
+            width = int(mask.sum(axis=1).max())
+            ids, mask = ids[:, :width], mask[:, :width]
+            if graph == "encoder":
+                feeds.append({"input_ids": ids, "attention_mask": mask})
+            elif graph == "attention":
+                spec = graph_spec("attention", c)
+                feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))
+            else:
+                t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+                with torch.no_grad():
+                    hidden = self.model.encode(t_ids, t_mask)
+                    if graph == "cross_kv":
+                        feeds.append({"encoder_hidden_states": hidden.numpy()})
+                        continue
+                    assert isinstance(self.model, Seq2SeqTransformer)
+                    cross = self.model.cross_kv(hidden)
+                    targets = self.model.greedy(t_ids, t_mask, self.options.new_tokens, stop_at_eos=False)
+                dec_in = torch.cat([torch.full_like(targets[:, :1], c.bos_id), targets[:, :-1]], dim=1)
+                names = cache_names("cross", c.n_decoder_layers)
+                cross_np = {n: t.numpy() for n, t in zip(names, (t for kv in cross for t in kv), strict=True)}
+                past = {n: np.zeros((len(rows), c.n_heads, 0, c.head_dim), np.float32)
+                        for n in cache_names("past", c.n_decoder_layers)}  # fmt: skip
+                feeds.append({"input_ids": dec_in.numpy(), "encoder_attention_mask": mask, **past, **cross_np})
+        return feeds
+
+    def _refresh(self, precision: str) -> ExportedModel:
+        write_manifest(self.dir, self.manifest)
+        return ExportedModel(self.dir, providers=["CPUExecutionProvider"], precision=precision)
+
+    def _gate(self, precision: str, graphs: list[str] | None = None) -> GateResult:
+        return evaluate(self.model, self._refresh(precision), precision, self.heldout, self.options.new_tokens, graphs)
+
+    def build(self, precision: str, progress: Callable[[str], None] | None = None) -> GateResult:
+        """Write ``precision`` for every graph, gate it, and, for int8, exclude sensitive nodes."""
+        if precision == "fp32-opt":
+            self.build_fp32_opt()
+        else:
+            for graph in self.graphs:
+                self._convert(precision, graph)
+        result = self._gate(precision)
+        if not result.passed and precision in ("int8", "int8-static"):
+            result = self._exclude_sensitive(precision, result)
+        degraded = not result.passed
+        for graph in self.graphs:
+            self.manifest["graphs"][graph]["precisions"][precision]["degraded"] = degraded
+        self.manifest.setdefault("gates", {})[precision] = {**result.to_dict(), "degraded": degraded}
+        self.gates[precision] = result
+        if degraded and not self.options.allow_degraded:
+            raise ExportError(
+                f"{precision} graphs miss their accuracy thresholds ({'; '.join(result.failures)}); "
+                "pass --allow-degraded to keep them marked degraded\n" + result.table()
+            )
+        return result
+
+    def _failing_graphs(self, result: GateResult) -> list[str]:
+        failing = {f.split()[0] for f in result.failures}
+        if "generation" in failing:
+            failing |= {"encoder", "cross_kv", "decoder"}
+        return [g for g in self.graphs if g in failing]
+
+    def _exclude_sensitive(self, precision: str, result: GateResult) -> GateResult:
+        """Keep in float32 the fewest most-sensitive nodes of each failing graph that make it pass."""
+        for graph in self._failing_graphs(result):
+            nodes = quantizable_nodes(self.source(graph))
+            scores: dict[str, float] = {}
+            for node in nodes:  # each node quantised alone: how much does the graph's metric drop?
+                self._convert_only(precision, graph, node)
+                alone = self._gate(precision, [graph])
+                scores[node] = sum(1.0 - v for v in alone.metrics.get(graph, {}).values())
+            ranked = sorted(nodes, key=lambda n: -scores[n])
+            for k in range(1, len(ranked) + 1):
+                self._convert(precision, graph, exclude=ranked[:k])
+                trial = self._gate(precision, [graph])
+                if trial.passed:
+                    log.info("%s %s: kept %d node(s) in float32: %s", precision, graph, k, ranked[:k])
+                    break
+        return self._gate(precision)
+
+    def _convert_only(self, precision: str, graph: str, node: str) -> None:
+        src, dst = self.source(graph), self._path(graph, precision)
+        others = [n for n in quantizable_nodes(src) if n != node]
+        if precision == "int8":
+            info = quantize_int8_dynamic(src, dst, exclude=others)
+        else:
+            info = quantize_int8_static(src, dst, self.calibration(graph), self.options.calibration_method, others)
+        self._stamp(graph, precision, dst)
+        self._record(graph, precision, dst, {"quantization": info, "source": src.name})

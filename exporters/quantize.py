@@ -1,0 +1,151 @@
+"""Reduced-precision graphs with ONNX Runtime's own tools.
+
+- ``int8``: ``quantize_dynamic``, per-channel int8 weights; ``reduce_range`` chosen from the CPU's
+  instruction set (7-bit weights only where the CPU lacks VNNI/AMX, to avoid the saturation of
+  the u8×s8 AVX2/AVX-512 kernels).
+- ``int8-static``: ``quantize_static`` in QDQ format, calibrated (MinMax, Entropy or Percentile)
+  on representative inputs.
+- ``fp16``: weights and compute in float16, inputs and outputs float32, normalisation and
+  softmax kept in float32.
+- ``int4``: block-wise 4-bit weights (``MatMulNBits``).
+
+Each takes the fp32 (preferably fused fp32-opt) graph as its source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgeattn.benchmark.machine import cpu_flags
+from edgeattn.errors import ExportError
+
+log = logging.getLogger(__name__)
+
+#: Every precision an export can hold; fp32 is always written, the others on request.
+PRECISIONS = ("fp32", "fp32-opt", "int8", "int8-static", "fp16", "int4")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+#: Operators whose float32 normalisation and softmax keep fp16 graphs accurate.
+FP16_KEEP_FLOAT32 = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+                     "SkipSimplifiedLayerNormalization", "Softmax"]  # fmt: skip
+
+
+def int8_settings() -> dict[str, Any]:
+    """Signedness and range of dynamic int8 from this CPU's instruction set (recorded in the manifest)."""
+    flags = cpu_flags()
+    vnni = any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    return {
+        "weight_type": "int8",
+        "activation_type": "uint8",
+        "per_channel": True,
+        "reduce_range": not vnni,
+        "instruction_sets": flags,
+        "reason": "VNNI/AMX present: full 8-bit range"
+        if vnni
+        else "no VNNI/AMX: 7-bit weights avoid u8*s8 accumulation saturation",
+    }
+
+
+def _quantizable(model: onnx.ModelProto) -> list[str]:
+    inits = {t.name for t in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gather") and any(i in inits for i in n.input)]
+
+
+def quantize_int8_dynamic(
+    src: Path, dst: Path, exclude: list[str] | None = None, only: list[str] | None = None
+) -> dict[str, Any]:
+    """Dynamic int8 quantisation of ``src`` into ``dst``; returns the settings used."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    settings = int8_settings()
+    with _quiet_quantization():
+        quantize_dynamic(
+            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=settings["reduce_range"],
+            op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=exclude or [], nodes_to_quantize=only or [],
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+        )  # fmt: skip
+    return {**settings, "excluded_nodes": list(exclude or [])}
+
+
+class _Reader:
+    """A CalibrationDataReader over a list of feed dictionaries."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self._it: Iterator[dict[str, np.ndarray]] = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+def quantize_int8_static(
+    src: Path,
+    dst: Path,
+    calibration: list[dict[str, np.ndarray]],
+    method: str = "minmax",
+    exclude: list[str] | None = None,
+) -> dict[str, Any]:
+    """Static QDQ int8 quantisation calibrated on ``calibration`` feeds; returns the settings."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+               "percentile": CalibrationMethod.Percentile}  # fmt: skip
+    if method not in methods:
+        raise ExportError(f"calibration method {method!r} is not one of {', '.join(CALIBRATION_METHODS)}")
+    if not calibration:
+        raise ExportError("static int8 quantisation needs calibration inputs")
+    settings = int8_settings()
+    with _quiet_quantization():
+        quantize_static(
+            str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
+            reduce_range=settings["reduce_range"], activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude or [], calibrate_method=methods[method],
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+            calibration_providers=["CPUExecutionProvider"],
+        )  # fmt: skip
+    return {**settings, "format": "QDQ", "calibration": method, "calibration_batches": len(calibration),
+            "excluded_nodes": list(exclude or [])}  # fmt: skip
+
+
+def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
+    """Float16 weights and compute; float32 inputs/outputs, norms and softmax."""
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnx.load(str(src)))
+    model.convert_float_to_float16(keep_io_types=True, op_block_list=FP16_KEEP_FLOAT32)
+    model.topological_sort()
+    onnx.save(model.model, str(dst))
+    return {"kept_float32": FP16_KEEP_FLOAT32, "io": "float32"}
+
+
+def quantize_int4(src: Path, dst: Path, block_size: int = 32) -> dict[str, Any]:
+    """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True)
+    with _quiet_quantization():
+        quantizer.process()
+    quantizer.model.save_model_to_file(str(dst))
+    return {"block_size": block_size, "symmetric": True, "operator": "MatMulNBits"}
+
+
+def quantizable_nodes(src: Path) -> list[str]:
+    """Names of the nodes int8 quantisation would change (MatMul and Gather with constant weights)."""
+    return _quantizable(onnx.load(str(src), load_external_data=False))
+
+
+@contextlib.contextmanager
+def _quiet_quantization() -> Iterator[None]:
+    """onnxruntime.quantization logs advice on the root logger; hold it back while it runs."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
