@@ -106,3 +106,16 @@ def test_verify_and_inspect_on_non_exports(tmp_path):
     (tmp_path / "x.onnx").write_bytes(b"junk")
     result = edgeattn("inspect", str(tmp_path / "x.onnx"))
     assert result.returncode == 1 and "not a readable ONNX file" in result.stderr
+
+
+def test_export_with_precisions_and_quantize_command(tmp_path):
+    result = edgeattn("export", "-o", "out", "--preset", "tiny", "--precision", "fp32-opt,int8", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "precision int8: ok" in result.stdout and "precision fp32-opt: ok" in result.stdout
+    added = edgeattn("quantize", "out", "--precision", "int4", cwd=tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert "added int4" in added.stdout
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert set(manifest["gates"]) == {"fp32-opt", "int8", "int4"}
+    bad = edgeattn("quantize", "out", "--precision", "int3", cwd=tmp_path)
+    assert bad.returncode == 1 and "unknown precision 'int3'" in bad.stderr

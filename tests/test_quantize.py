@@ -1,0 +1,166 @@
+"""Optimised and reduced-precision graphs: fusion counts, files, the runtime, and the accuracy gate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import edgeattn.exporters.precisions as precisions_module
+from edgeattn.config import ModelConfig
+from edgeattn.errors import ExportError
+from edgeattn.exporters.gate import THRESHOLDS, evaluate, heldout_sources
+from edgeattn.exporters.package import export_model, quantize_export
+from edgeattn.exporters.precisions import PrecisionOptions
+from edgeattn.exporters.reference import eager_generate
+from edgeattn.model import build_model
+from edgeattn.runtime import load, read_manifest
+from edgeattn.runtime.manifest import sha256_file
+
+CFG = ModelConfig(
+    vocab_size=40, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, max_len=64, dropout=0.0
+)
+ALL = ["fp32-opt", "int8", "int8-static", "fp16", "int4"]
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quant") / "out"
+    model = build_model(CFG, seed=3)
+    result = export_model(model, out, precisions=ALL, precision_options=PrecisionOptions(allow_degraded=True))
+    return out, model, result
+
+
+def test_every_precision_is_written_listed_and_gated(quantized):
+    out, _, result = quantized
+    manifest = read_manifest(out)
+    for graph, entry in manifest["graphs"].items():
+        assert set(entry["precisions"]) == set(ALL)
+        for precision, variant in entry["precisions"].items():
+            path = out / f"{graph}.{precision}.onnx"
+            assert variant["file"] == path.name and variant["sha256"] == sha256_file(path)
+            meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+            assert meta["edgeattn.precision"] == precision and meta["edgeattn.graph"] == graph
+    assert set(manifest["gates"]) == set(ALL)
+    for precision in ALL:
+        gate = manifest["gates"][precision]
+        assert gate["thresholds"] == THRESHOLDS[precision]
+        assert gate["passed"] and not gate["degraded"], gate["failures"]
+        assert {"encoder", "attention", "cross_kv", "decoder", "generation"} <= set(gate["metrics"])
+    assert result.gates["int8"].metrics["encoder"]["cosine_mean"] >= 0.999
+
+
+def test_fp32_opt_fuses_every_attention_block_and_keeps_parity(quantized):
+    out, _, _ = quantized
+    manifest = read_manifest(out)
+    enc = manifest["graphs"]["encoder"]["precisions"]["fp32-opt"]
+    dec = manifest["graphs"]["decoder"]["precisions"]["fp32-opt"]
+    assert enc["attention_fused"] == enc["attention_blocks"] == 2  # layer 0 included
+    assert dec["attention_fused"] == dec["attention_blocks"] == 4  # self and cross, every layer
+    assert enc["fused_operators"]["SkipLayerNormalization"] == 4
+    assert dec["fused_operators"]["SkipLayerNormalization"] == 6
+    for graph in ("attention", "encoder", "cross_kv", "decoder"):
+        parity = manifest["graphs"][graph]["precisions"]["fp32-opt"]["parity"]
+        assert parity["passed"] and parity["max_abs"] < 1e-4
+
+
+def test_int8_settings_and_sizes_are_recorded(quantized):
+    out, _, _ = quantized
+    manifest = read_manifest(out)
+    info = manifest["graphs"]["decoder"]["precisions"]["int8"]["quantization"]
+    assert info["weight_type"] == "int8" and info["per_channel"] is True
+    assert isinstance(info["reduce_range"], bool) and info["reason"]
+    static = manifest["graphs"]["encoder"]["precisions"]["int8-static"]["quantization"]
+    assert static["format"] == "QDQ" and static["calibration"] == "minmax"
+    fp32 = manifest["graphs"]["decoder"]["bytes"]
+    assert manifest["graphs"]["decoder"]["precisions"]["int8"]["bytes"] < 0.5 * fp32
+    assert manifest["graphs"]["decoder"]["precisions"]["int4"]["bytes"] < 0.35 * fp32
+    ops = {n.op_type for n in onnx.load(str(out / "decoder.int4.onnx")).graph.node}
+    assert "MatMulNBits" in ops
+
+
+@pytest.mark.parametrize("precision", ALL)
+def test_runtime_runs_each_precision(quantized, precision):
+    out, model, _ = quantized
+    rt = load(out, precision=precision)
+    held = heldout_sources(CFG, n=6, seed=4)
+    tokens = rt.generate(held.ids, held.mask, 12).tokens
+    eager = eager_generate(model, held.ids, held.mask, 12).tokens
+    agreement = (tokens[:, : eager.shape[1]] == eager[:, : tokens.shape[1]]).mean()
+    assert agreement >= (1.0 if precision in ("fp32-opt", "fp16") else 0.5)
+
+
+def _corrupt_scales(path, factor=60.0):
+    model = onnx.load(str(path))
+    hit = 0
+    for init in model.graph.initializer:
+        if init.name.endswith("_scale") or init.name.endswith("_scales"):
+            arr = onnx.numpy_helper.to_array(init) * factor
+            init.CopyFrom(onnx.numpy_helper.from_array(arr.astype(arr.dtype), init.name))
+            hit += 1
+    assert hit, "no scales found to corrupt"
+    onnx.save(model, str(path))
+
+
+def test_gate_catches_corrupted_int4_scales(tmp_path, monkeypatch):
+    real = precisions_module.quantize_int4
+
+    def broken(src, dst, block_size=32):
+        info = real(src, dst, block_size)
+        _corrupt_scales(dst)
+        return info
+
+    monkeypatch.setattr(precisions_module, "quantize_int4", broken)
+    model = build_model(CFG, seed=3)
+    with pytest.raises(ExportError, match="int4 graphs miss their accuracy thresholds"):
+        export_model(model, tmp_path / "out", precisions=["int4"])
+    assert not (tmp_path / "out").exists()
+    result = export_model(model, tmp_path / "kept", precisions=["int4"],
+                          precision_options=PrecisionOptions(allow_degraded=True))  # fmt: skip
+    manifest = read_manifest(tmp_path / "kept")
+    assert manifest["gates"]["int4"]["degraded"] and manifest["gates"]["int4"]["failures"]
+    assert manifest["graphs"]["encoder"]["precisions"]["int4"]["degraded"] is True
+    assert not result.gates["int4"].passed
+
+
+def test_gate_fails_a_corrupted_int8_graph(quantized, tmp_path):
+    out, model, _ = quantized
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in out.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    _corrupt_scales(copy / "encoder.int8.onnx")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["graphs"]["encoder"]["precisions"]["int8"]["sha256"] = sha256_file(copy / "encoder.int8.onnx")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = evaluate(model, load(copy, precision="int8"), "int8", heldout_sources(CFG, n=16))
+    assert not result.passed
+    assert any(f.startswith("encoder cosine") for f in result.failures)
+
+
+def test_sensitive_nodes_are_kept_in_float32_to_pass(tmp_path):
+    cfg = CFG.replace(architecture="encoder", n_decoder_layers=0, norm_first=True)
+    model = build_model(cfg, seed=0)
+    with torch.no_grad():
+        model.encoder.layers[1].norm2.weight[3] = 300.0  # an outlier channel into layer 1's feed-forward
+    result = export_model(model, tmp_path / "out", graphs=["encoder"], precisions=["int8"])
+    assert result.gates["int8"].passed
+    excluded = read_manifest(tmp_path / "out")["graphs"]["encoder"]["precisions"]["int8"]["quantization"][
+        "excluded_nodes"
+    ]
+    assert "/encoder/layers.1/ff/linear1/MatMul" in excluded and len(excluded) <= 3
+
+
+def test_quantize_an_existing_export(tmp_path):
+    out = tmp_path / "out"
+    export_model(build_model(CFG, seed=1), out, graphs=["encoder"])
+    gates = quantize_export(out, ["int8"])
+    assert gates["int8"].passed
+    assert (out / "encoder.int8.onnx").is_file()
+    assert load(out, precision="int8").encode(np.ones((1, 5), dtype=np.int64)).shape == (1, 5, 32)
+    with pytest.raises(ExportError, match="unknown precision 'int3'"):
+        quantize_export(out, ["int3"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
