@@ -133,8 +133,9 @@ class MultiHeadAttention(nn.Module):
         self.relative: RelativePosition | None = None if cross else build_relative(config, bidirectional=not causal)
         #: An optional replacement for the attention core (after the projections), for example a
         #: fused kernel an exporter substitutes; it gets this module, the projected query and new
-        #: keys/values, the static or past keys/values, the mask and the position bias, and returns
-        #: the attended values (B, T, d_model) before ``out_proj`` and the present keys/values.
+        #: keys/values, the static or past keys/values, the mask, the position bias and the block's
+        #: input ``x``, and returns the attended values (B, T, d_model) before ``out_proj`` and the
+        #: present keys/values.
         self.kernel: AttentionKernel | None = None
 
     def _split(self, x: Tensor) -> Tensor:
@@ -181,7 +182,14 @@ class MultiHeadAttention(nn.Module):
             bias = self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
         if self.kernel is not None and not need_weights:
             out, present = self.kernel(
-                self, q_in, kv_in, static_kv=static_kv, past=past if memory is None else None, mask=mask, bias=bias
+                self,
+                q_in,
+                kv_in,
+                static_kv=static_kv,
+                past=past if memory is None else None,
+                mask=mask,
+                bias=bias,
+                x=x,
             )
             return self.out_proj(out), None, present
         if self.causal:
@@ -200,3 +208,38 @@ class MultiHeadAttention(nn.Module):
         b = out.shape[0]
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, d_model)
         return self.out_proj(out), weights, (k, v)
+
+
+def torch_sdpa_kernel(
+    mha: MultiHeadAttention,
+    q_in: Tensor,
+    kv_in: tuple[Tensor, Tensor] | None,
+    static_kv: KeyValue | None = None,
+    past: KeyValue | None = None,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    x: Tensor | None = None,
+) -> tuple[Tensor, KeyValue]:
+    """A :attr:`MultiHeadAttention.kernel` running ``torch.nn.functional.scaled_dot_product_attention``
+    (PyTorch's fused kernels), for eager speed comparisons. Unlike the default core it has no
+    top-k, and a query row with every key masked gives NaN rather than zeros."""
+    if mha.topk is not None:
+        raise ValueError("the SDPA kernel has no top-k sparse attention")
+    q = mha._split(q_in)
+    if static_kv is not None:
+        k, v = static_kv
+    else:
+        assert kv_in is not None
+        k, v = mha._split(kv_in[0]), mha._split(kv_in[1])
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    t, s = q.shape[2], k.shape[2]
+    keep = combine_masks(mask, causal_mask(t, s, device=q.device) if mha.causal else None)
+    attn_mask: Tensor | None = keep
+    if bias is not None:
+        attn_mask = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=mha.dropout.p if mha.training else 0.0, scale=mha.scale
+    )
+    b = out.shape[0]
+    return out.transpose(1, 2).reshape(b, t, mha.n_heads * mha.head_dim), (k, v)

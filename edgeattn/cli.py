@@ -283,6 +283,61 @@ def run(
         click.echo(answer)
 
 
+@cli.command()
+@click.argument("export_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--preset", default=None, help="Export this preset first (default without EXPORT_DIR: demo).")
+@click.option("--batch", "batches", default="1,8", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--seq", "seqs", default="32,128,512", show_default=True, help="Comma-separated sequence lengths.")
+@click.option("--threads", default=2, show_default=True, type=int)
+@click.option("--providers", default="CPUExecutionProvider", show_default=True, help="Comma-separated providers.")
+@click.option(
+    "--precision",
+    "precisions",
+    default=",".join(["fp32", "fp32-opt", "int8", "int8-static", "int4", "fp16"]),
+    show_default=True,
+    help="Exported precisions to time (those the export holds).",
+)
+@click.option("--repeats", default=20, show_default=True, type=int)
+@click.option("--no-eager", is_flag=True, help="Skip the eager PyTorch variants.")
+@click.option("--generation", is_flag=True, help="Also run the generation benchmark (encoder-decoder models).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the results as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Write a PNG plot.")
+def bench(
+    export_dir: Path | None,
+    preset: str | None,
+    batches: str,
+    seqs: str,
+    threads: int,
+    providers: str,
+    precisions: str,
+    repeats: int,
+    no_eager: bool,
+    generation: bool,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """Latency of eager PyTorch and every exported precision, side by side."""
+    from edgeattn.benchmark.run import BenchOptions, run_benchmark
+
+    if export_dir is not None and preset is not None:
+        raise click.UsageError("give an EXPORT_DIR or --preset, not both")
+    try:
+        options = BenchOptions(
+            batches=tuple(int(b) for b in batches.split(",")), seqs=tuple(int(s) for s in seqs.split(",")),
+            threads=threads, providers=tuple(_split(providers) or []), precisions=tuple(_split(precisions) or []),
+            repeats=repeats, eager=not no_eager, generation=generation,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(f"--batch and --seq take comma-separated integers: {exc}") from exc
+    report, gen = run_benchmark(export_dir, preset, options, json_path, plot_path, progress=sys.stderr.isatty())
+    click.echo(report.table())
+    if gen is not None:
+        click.echo(gen.table())
+    for path in (json_path, plot_path):
+        if path is not None:
+            click.echo(f"wrote {path}")
+
+
 @cli.command("train-demo")
 @click.option(
     "-o",

@@ -31,7 +31,7 @@ MS_DOMAIN = "com.microsoft"
 FUSED_ATTENTION_OP = "MultiHeadAttention"
 #: Operators the transformer optimizer's fusions produce, counted into the manifest.
 FUSED_OPS = (
-    "MultiHeadAttention", "Attention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "MultiHeadAttention", "Attention", "QAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
     "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "SimplifiedLayerNormalization", "LayerNormalization",
 )  # fmt: skip
 
@@ -106,6 +106,30 @@ def _is_none(x: Any) -> bool:
     return x is None or (hasattr(x, "node") and x.node().mustBeNone())
 
 
+class _OrtAttention(torch.autograd.Function):
+    """Eager: packed-QKV self-attention in PyTorch. Exported: one com.microsoft.Attention node,
+    whose weights int8 quantisation turns into a single QAttention kernel."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, key_padding_mask: Tensor | None, num_heads: int, scale: float
+    ) -> Tensor:
+        b, t, d = x.shape
+        hd = d // num_heads
+        qkv = torch.matmul(x, weight) + bias  # (B, T, 3d)
+        q, k, v = (p.reshape(b, t, num_heads, hd).transpose(1, 2) for p in qkv.split(d, dim=-1))
+        mask = None if key_padding_mask is None else key_padding_mask.bool()[:, None, None, :]
+        out, _ = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+        return out.transpose(1, 2).reshape(b, t, d)
+
+    @staticmethod
+    def symbolic(g, x, weight, bias, key_padding_mask, num_heads, scale):  # type: ignore[no-untyped-def]
+        inputs = [x, weight, bias] + ([] if _is_none(key_padding_mask) else [key_padding_mask])
+        out = g.op(f"{MS_DOMAIN}::Attention", *inputs, num_heads_i=num_heads, scale_f=scale)
+        out.setType(x.type())
+        return out
+
+
 def ort_attention_kernel(
     mha: MultiHeadAttention,
     q_in: Tensor,
@@ -114,13 +138,26 @@ def ort_attention_kernel(
     past: KeyValue | None = None,
     mask: Tensor | None = None,
     bias: Tensor | None = None,
+    x: Tensor | None = None,
 ) -> tuple[Tensor, KeyValue]:
-    """The :attr:`MultiHeadAttention.kernel` that exports as one fused MultiHeadAttention node.
+    """The :attr:`MultiHeadAttention.kernel` that exports as one fused attention node.
 
-    Masks must be key-padding masks (B, 1, 1, S), as the encoder and decoder build them.
+    Plain self-attention (no cache, no causal mask, no position bias: the encoder's with absolute
+    positions) becomes ``Attention`` with packed QKV weights; everything else becomes
+    ``MultiHeadAttention``. Masks must be key-padding masks (B, 1, 1, S), as the encoder and
+    decoder build them.
     """
-    key, value = static_kv if static_kv is not None else kv_in  # type: ignore[misc]
     padding = None if mask is None else mask[:, 0, 0, :].to(torch.int32)  # (B, S)
+    packed = static_kv is None and past is None and not mha.causal and bias is None and x is not None
+    if packed and kv_in is not None:
+        weight = torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight], dim=0).t()  # (d, 3d)
+        if mha.q_proj.bias is not None:
+            qkv_bias = torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias])
+        else:
+            qkv_bias = torch.zeros(weight.shape[1], dtype=weight.dtype)
+        out = _OrtAttention.apply(x, weight, qkv_bias, padding, mha.n_heads, float(mha.scale))
+        return out, (mha._split(kv_in[0]), mha._split(kv_in[1]))
+    key, value = static_kv if static_kv is not None else kv_in  # type: ignore[misc]
     past_k, past_v = past if past is not None else (None, None)
     outs = _OrtMultiHeadAttention.apply(
         q_in, key, value, padding, bias, past_k, past_v, mha.n_heads, float(mha.scale), mha.causal
@@ -154,6 +191,11 @@ def expected_attention_blocks(graph: str, model: Seq2SeqTransformer | EncoderMod
     """How many attention blocks graph ``graph`` holds."""
     c = model.config
     return {"attention": 1, "encoder": c.n_encoder_layers, "cross_kv": 0, "decoder": 2 * c.n_decoder_layers}[graph]
+
+
+def fused_attention_count(counts: dict[str, int]) -> int:
+    """Attention blocks a graph holds as fused operators (float or quantised)."""
+    return sum(counts.get(op, 0) for op in ("MultiHeadAttention", "Attention", "QAttention"))
 
 
 def operator_counts(model: onnx.ModelProto) -> dict[str, int]:

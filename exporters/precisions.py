@@ -25,6 +25,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.fusion import (
     can_fuse,
     expected_attention_blocks,
+    fused_attention_count,
     fused_copy,
     operator_counts,
     optimize_fused,
@@ -123,16 +124,17 @@ class PrecisionBuilder:
     # -------------------------------------------------------------- fp32-opt
     def _fused(self, graph: str, dst: Path) -> Path:
         raw = self._scratch / f"{graph}.fused.onnx"
+        has_attention = expected_attention_blocks(graph, self.model) > 0
         export_graph(fused_copy(self.model), graph, raw, opset=min(self.manifest["graphs"][graph]["opset"], 20),
-                     external_threshold=self.options.external_threshold, fused=True)  # fmt: skip
+                     external_threshold=self.options.external_threshold, fused=has_attention)  # fmt: skip
         proto = optimize_fused(raw, self.model)
         finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
         save_checked(proto, dst, self.options.external_threshold)
         counts = operator_counts(proto)
         expected = expected_attention_blocks(graph, self.model)
-        if counts.get("MultiHeadAttention", 0) != expected:
+        if fused_attention_count(counts) != expected:
             raise ExportError(
-                f"{graph}: {counts.get('MultiHeadAttention', 0)} of {expected} attention blocks fused; all must be"
+                f"{graph}: {fused_attention_count(counts)} of {expected} attention blocks fused; all must be"
             )
         return dst
 
@@ -149,7 +151,7 @@ class PrecisionBuilder:
             self._record(graph, "fp32-opt", path, {
                 "fused_operators": operator_counts(proto),
                 "attention_blocks": expected_attention_blocks(graph, self.model),
-                "attention_fused": operator_counts(proto).get("MultiHeadAttention", 0),
+                "attention_fused": fused_attention_count(operator_counts(proto)),
                 **({} if ok else {"not_fused_because": reason}),
             })  # fmt: skip
 

@@ -54,7 +54,8 @@ def int8_settings() -> dict[str, Any]:
 
 def _quantizable(model: onnx.ModelProto) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gather") and any(i in inits for i in n.input)]
+    ops = ("MatMul", "Gather", "Attention")
+    return [n.name for n in model.graph.node if n.op_type in ops and any(i in inits for i in n.input)]
 
 
 def quantize_int8_dynamic(
@@ -67,7 +68,8 @@ def quantize_int8_dynamic(
     with _quiet_quantization():
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=settings["reduce_range"],
-            op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=exclude or [], nodes_to_quantize=only or [],
+            op_types_to_quantize=["MatMul", "Gather", "Attention"], nodes_to_exclude=exclude or [],
+            nodes_to_quantize=only or [],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
         )  # fmt: skip
     return {**settings, "excluded_nodes": list(exclude or [])}
@@ -123,15 +125,22 @@ def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
     return {"kept_float32": FP16_KEEP_FLOAT32, "io": "float32"}
 
 
-def quantize_int4(src: Path, dst: Path, block_size: int = 32) -> dict[str, Any]:
-    """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)."""
+def quantize_int4(src: Path, dst: Path, block_size: int = 32, accuracy_level: int = 0) -> dict[str, Any]:
+    """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits).
+
+    ``accuracy_level`` 0 dequantises the weights and multiplies in float32; 4 quantises the
+    activations to int8 instead, which measured slower on this project's CPU (34 against 27 ms
+    for the reference encoder at 1 x 128): int4 is here for the smallest footprint.
+    """
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), block_size=block_size, is_symmetric=True)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(src)), block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level
+    )
     with _quiet_quantization():
         quantizer.process()
     quantizer.model.save_model_to_file(str(dst))
-    return {"block_size": block_size, "symmetric": True, "operator": "MatMulNBits"}
+    return {"block_size": block_size, "symmetric": True, "operator": "MatMulNBits", "accuracy_level": accuracy_level}
 
 
 def quantizable_nodes(src: Path) -> list[str]:

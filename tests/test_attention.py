@@ -160,3 +160,20 @@ def test_decoder_cache_equals_recomputing_the_prefix(tiny_config, position, pref
             steps.append(logits)
     assert past[0][0].shape == (2, 4, 12, 8)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "relative", "t5"])
+def test_sdpa_kernel_matches_the_default_core(tiny_config, position):
+    from edgeattn.attention import torch_sdpa_kernel
+
+    model = build_model(tiny_config.replace(position=position), seed=2)
+    src = torch.randint(3, 50, (2, 7))
+    src_mask = lengths_mask([7, 4], s=7)
+    tgt = torch.randint(3, 50, (2, 5))
+    with torch.no_grad():
+        ref = model(src, tgt, src_mask)
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.kernel = torch_sdpa_kernel
+        got = model(src, tgt, src_mask)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)

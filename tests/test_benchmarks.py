@@ -30,3 +30,29 @@ def test_generation_benchmark_reports_every_position(tiny_export, tmp_path):
     data = json.loads((tmp_path / "g.json").read_text())
     assert data["machine"]["cores"] >= 1 and "onnxruntime" in data["machine"]
     assert data["steps"][1]["speedup"] > 0 and data["flatness"] > 0
+
+
+def test_bench_command_smoke(tmp_path):
+    """The whole `edgeattn bench` path on a tiny preset: every variant timed, JSON and PNG written."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "edgeattn.cli", "bench", "--preset", "tiny", "--batch", "1,2", "--seq", "8,16",
+         "--repeats", "3", "--json", "b.json", "--plot", "b.png", "--generation"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    names = set(data["variants"])
+    assert {"eager fp32", "eager fp32 SDPA", "onnx fp32 CPU", "onnx fp32-opt CPU", "onnx int8 CPU",
+            "onnx int8-static CPU", "onnx int4 CPU"} <= names  # fmt: skip
+    for name in names:
+        rows = [r for r in data["rows"] if r["variant"] == name]
+        assert len(rows) == 4
+        for r in rows:
+            assert r["timing"]["median"] > 0 and r["tokens_per_s"] > 0 and r["gflops"] > 0
+    assert data["gemm_ceiling_gflops"] > 0 and data["machine"]["cores"] >= 1
+    assert data["generation"]["steps"] and data["generation"]["cached_tokens_per_s"] > 0
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ratio = median / eager fp32" in result.stdout

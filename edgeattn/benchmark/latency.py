@@ -1,0 +1,283 @@
+"""Encoder latency, variant beside variant: eager PyTorch and every exported precision.
+
+All variants run in one process, interleaved run by run so machine drift hits them alike, with
+ONNX Runtime's intra-op spinning off (several sessions spinning on two cores fight each other).
+Figures per variant and shape: median/p90/p99 ms, sequences and tokens per second, achieved
+GFLOP/s against a float32 GEMM ceiling measured in the same run, cold start (session creation
+to first result), resident memory added by the variant, and file size.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeattn.benchmark.machine import cpu_flags, machine_info
+from edgeattn.benchmark.timing import Timing, interleaved
+from edgeattn.config import ModelConfig
+
+Runner = Callable[[np.ndarray, np.ndarray], object]
+
+
+@dataclass
+class Variant:
+    """One way of running the encoder."""
+
+    name: str
+    run: Runner
+    cold_start_ms: float = 0.0
+    memory_mb: float = 0.0
+    file_bytes: int = 0
+    note: str = ""
+
+
+@dataclass
+class Row:
+    variant: str
+    batch: int
+    seq: int
+    timing: Timing
+    sequences_per_s: float
+    tokens_per_s: float
+    gflops: float
+    ratio: float = 1.0
+
+
+@dataclass
+class LatencyReport:
+    """Every variant at every shape, with the machine and the GEMM ceiling of the same run."""
+
+    config: dict[str, Any]
+    threads: int
+    rows: list[Row] = field(default_factory=list)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gemm_ceiling_gflops: float = 0.0
+    machine: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    baseline: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        shapes = sorted({(r.batch, r.seq) for r in self.rows})
+        head = ["variant", *[f"{b}x{s} ms (ratio)" for b, s in shapes], "GFLOP/s", "cold ms", "MB file"]
+        lines = [head]
+        for name, info in self.variants.items():
+            cells = [name]
+            best_gflops = 0.0
+            for b, s in shapes:
+                row = next((r for r in self.rows if r.variant == name and (r.batch, r.seq) == (b, s)), None)
+                if row is None:
+                    cells.append("-")
+                    continue
+                cells.append(f"{row.timing.median:.2f} ({row.ratio:.2f})")
+                best_gflops = max(best_gflops, row.gflops)
+            cells += [f"{best_gflops:.0f}", f"{info['cold_start_ms']:.0f}", f"{info['file_bytes'] / 1e6:.1f}"]
+            lines.append(cells)
+        widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+        text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines]
+        text.insert(1, "  ".join("-" * w for w in widths))
+        text.append(
+            f"median of interleaved runs, {self.threads} threads; ratio = median / {self.baseline}'s; "
+            f"fp32 GEMM ceiling {self.gemm_ceiling_gflops:.0f} GFLOP/s"
+        )
+        for name, why in self.skipped.items():
+            text.append(f"skipped {name}: {why}")
+        return "\n".join(text)
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def encoder_flops(config: ModelConfig, batch: int, seq: int) -> float:
+    """Multiply-add FLOPs (×2) of one encoder forward: projections, feed-forward, attention."""
+    d, f = config.d_model, config.d_ff
+    ff_mats = 3 if config.activation == "gated-gelu" else 2
+    per_layer = 4 * seq * d * d * 2 + ff_mats * seq * d * f * 2 + 2 * seq * seq * d * 2
+    return float(batch * config.n_encoder_layers * per_layer)
+
+
+def gemm_ceiling(threads: int, size: int = 1024, repeats: int = 10) -> float:
+    """Best float32 GFLOP/s of torch.matmul at size³ on ``threads`` threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.matmul(a, b)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - start)
+        return 2 * size**3 / best / 1e9
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _rss_mb() -> float:
+    """Current resident memory of this process (peak where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def eager_variants(model: Any, threads: int, bf16: bool | None = None) -> tuple[list[Variant], dict[str, str]]:
+    """Eager PyTorch float32 (the model's attention), with SDPA, and bf16 autocast where AMX exists."""
+    import torch
+
+    from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
+
+    torch.set_num_threads(threads)
+    model = model.eval()
+    sdpa = __import__("copy").deepcopy(model)
+    for module in sdpa.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.kernel = torch_sdpa_kernel
+
+    def runner(m: Any, autocast: bool = False) -> Runner:
+        def run(ids: np.ndarray, mask: np.ndarray) -> object:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                return m.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+
+        return run
+
+    variants = [
+        Variant("eager fp32", runner(model)),
+        Variant("eager fp32 SDPA", runner(sdpa)),
+    ]
+    skipped: dict[str, str] = {}
+    has_amx = "amx_bf16" in cpu_flags()
+    if bf16 or (bf16 is None and has_amx):
+        variants.append(Variant("eager bf16 autocast SDPA", runner(sdpa, autocast=True)))
+    else:
+        skipped["eager bf16 autocast"] = "this CPU has no AMX (bf16 would be emulated)"
+    return variants, skipped
+
+
+def onnx_variants(
+    export_dir: Path, precisions: list[str], providers: list[str], threads: int
+) -> tuple[list[Variant], dict[str, str]]:
+    """The exported encoder at each precision the export holds, on each provider asked for."""
+    import onnxruntime as ort
+
+    from edgeattn.runtime.manifest import graph_entry, read_manifest
+    from edgeattn.runtime.session import create_session
+
+    manifest = read_manifest(export_dir)
+    entry = manifest["graphs"].get("encoder")
+    skipped: dict[str, str] = {}
+    if entry is None:
+        return [], {"onnx": f"{export_dir} has no encoder graph"}
+    available = ort.get_available_providers()
+    variants: list[Variant] = []
+    for provider in providers:
+        short = provider.replace("ExecutionProvider", "")
+        if provider not in available:
+            skipped[f"onnx {short}"] = f"{provider} is not in this onnxruntime"
+            continue
+        for precision in precisions:
+            name = f"onnx {precision} {short}"
+            if precision == "fp16" and provider == "CPUExecutionProvider":
+                skipped[name] = "fp16 is a GPU precision (the CPU runs it through casts)"
+                continue
+            try:
+                variant_entry = graph_entry(manifest, "encoder", precision)
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                skipped[name] = str(exc)
+                continue
+            path = export_dir / variant_entry["file"]
+            gc.collect()
+            before = _rss_mb()
+            start = time.perf_counter()
+            session = create_session(path, providers=[provider], threads=threads, spinning=False)
+
+            def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
+                return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
+
+            run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
+            cold = (time.perf_counter() - start) * 1e3
+            variants.append(Variant(name, run, cold, _rss_mb() - before, int(variant_entry.get("bytes", 0))))
+    return variants, skipped
+
+
+def bench_latency(
+    variants: list[Variant],
+    config: ModelConfig,
+    shapes: list[tuple[int, int]],
+    threads: int,
+    repeats: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    progress: bool = False,
+    skipped: dict[str, str] | None = None,
+) -> LatencyReport:
+    """Time every variant at every (batch, seq) shape, interleaved; ratios against the first variant."""
+    from tqdm import tqdm
+
+    report = LatencyReport(config.to_dict(), threads, machine=machine_info(), skipped=dict(skipped or {}))
+    report.gemm_ceiling_gflops = gemm_ceiling(threads)
+    report.baseline = variants[0].name
+    for v in variants:
+        report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "memory_mb": v.memory_mb,
+                                   "file_bytes": v.file_bytes, "note": v.note}  # fmt: skip
+    rng = np.random.default_rng(seed)
+    bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
+    for batch, seq in shapes:
+        ids = rng.integers(3, config.vocab_size, size=(batch, seq), dtype=np.int64)
+        mask = np.ones_like(ids)
+        mask[1:, seq - seq // 4 :] = 0  # rows after the first carry padding
+        timings = interleaved(
+            {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in variants},
+            repeats,
+            warmup,
+            on_round=lambda: bar.update(),
+        )
+        flops = encoder_flops(config, batch, seq)
+        base = timings[variants[0].name].median
+        for v in variants:
+            t = timings[v.name]
+            report.rows.append(Row(v.name, batch, seq, t, batch / (t.median / 1e3), batch * seq / (t.median / 1e3),
+                                   flops / (t.median / 1e3) / 1e9, t.median / base))  # fmt: skip
+    bar.close()
+    return report
+
+
+def plot_report(report: LatencyReport, path: str | Path) -> Path:
+    """PNG of median latency against sequence length, one line per variant (largest batch if several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len({r.batch for r in report.rows}), figsize=(11, 4.5), squeeze=False)
+    for ax, batch in zip(axes[0], sorted({r.batch for r in report.rows}), strict=True):
+        for name in report.variants:
+            rows = sorted((r for r in report.rows if r.variant == name and r.batch == batch), key=lambda r: r.seq)
+            if rows:
+                ax.plot([r.seq for r in rows], [r.timing.median for r in rows], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("median latency (ms)")
+        ax.set_title(f"batch {batch}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"edgeattn encoder, {report.threads} threads, {report.machine.get('cpu', '')}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

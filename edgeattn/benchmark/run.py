@@ -1,0 +1,101 @@
+"""One benchmark run as ``edgeattn bench`` and ``benchmarks/latency.py`` make it: export (or open)
+a model, time eager PyTorch and every exported precision side by side, write JSON and a plot."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRECISIONS = ["fp32", "fp32-opt", "int8", "int8-static", "int4", "fp16"]
+
+
+@dataclass
+class BenchOptions:
+    batches: tuple[int, ...] = (1, 8)
+    seqs: tuple[int, ...] = (32, 128, 512)
+    threads: int = 2
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    precisions: tuple[str, ...] = tuple(DEFAULT_PRECISIONS)
+    repeats: int = 20
+    warmup: int = 3
+    eager: bool = True
+    generation: bool = False
+
+
+def run_benchmark(
+    export_dir: str | Path | None = None,
+    preset: str | None = None,
+    options: BenchOptions | None = None,
+    json_path: str | Path | None = None,
+    plot_path: str | Path | None = None,
+    progress: bool = False,
+) -> tuple[LatencyReport, Any]:
+    """Benchmark an export directory, or a preset exported on the fly (default: the demo).
+
+    Returns the latency report and, with ``options.generation``, the generation report.
+    """
+    from edgeattn.runtime.manifest import check_file, manifest_config, read_manifest
+    from edgeattn.weights import load_model
+
+    options = options or BenchOptions()
+    with tempfile.TemporaryDirectory(prefix="edgeattn-bench-") as scratch:
+        if export_dir is None:
+            from edgeattn.exporters.package import export_model
+            from edgeattn.exporters.precisions import PrecisionOptions
+            from edgeattn.sources import resolve_model
+
+            source = resolve_model(preset)
+            export_dir = Path(scratch) / "export"
+            wanted = [p for p in options.precisions if p != "fp32"]
+            log.info("exporting %s with %s", preset or "demo", ", ".join(options.precisions))
+            export_model(
+                source.model, export_dir, verify=False, precisions=wanted, heldout_texts=source.heldout,
+                precision_options=PrecisionOptions(allow_degraded=True), tokenizer=source.tokenizer,
+                progress=progress,
+            )  # fmt: skip
+        export_dir = Path(export_dir)
+        manifest = read_manifest(export_dir)
+        config = manifest_config(manifest)
+        variants, skipped = [], {}
+        if options.eager:
+            if manifest.get("weights"):
+                model = load_model(check_file(export_dir, manifest["weights"]), config)
+                variants, skipped = eager_variants(model, options.threads)
+            else:
+                skipped["eager"] = "the export holds no weights"
+        onnx_vars, onnx_skipped = onnx_variants(export_dir, list(options.precisions), list(options.providers),
+                                                options.threads)  # fmt: skip
+        variants += onnx_vars
+        skipped.update(onnx_skipped)
+        shapes = [(b, s) for b in options.batches for s in options.seqs if s <= config.max_len]
+        for b in options.batches:
+            for s in options.seqs:
+                if s > config.max_len:
+                    skipped[f"{b}x{s}"] = f"longer than the model's max_len {config.max_len}"
+        report = bench_latency(variants, config, shapes, options.threads, options.repeats, options.warmup,
+                               progress=progress, skipped=skipped)  # fmt: skip
+        generation = None
+        if options.generation and "decoder" in manifest["graphs"]:
+            from edgeattn.benchmark.generation import bench_generation
+
+            positions = tuple(p for p in (16, 64, 256) if p < config.max_len)
+            generation = bench_generation(export_dir, positions, threads=options.threads, repeats=options.repeats,
+                                          src_len=min(128, config.max_len))  # fmt: skip
+    if json_path is not None:
+        data = report.to_dict()
+        if generation is not None:
+            data["generation"] = generation.to_dict()
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        import json
+
+        Path(json_path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    if plot_path is not None:
+        plot_report(report, plot_path)
+    return report, generation
