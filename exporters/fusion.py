@@ -13,6 +13,7 @@ attention has no fused kernel and stays unfused.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections import Counter
 from pathlib import Path
@@ -139,16 +140,19 @@ def ort_attention_kernel(
     mask: Tensor | None = None,
     bias: Tensor | None = None,
     x: Tensor | None = None,
+    packed: bool = True,
 ) -> tuple[Tensor, KeyValue]:
     """The :attr:`MultiHeadAttention.kernel` that exports as one fused attention node.
 
-    Plain self-attention (no cache, no causal mask, no position bias: the encoder's with absolute
-    positions) becomes ``Attention`` with packed QKV weights; everything else becomes
+    With ``packed``, plain self-attention (no cache, no causal mask, no position bias: the
+    encoder's with absolute positions) becomes ``Attention`` with packed QKV weights, which int8
+    dynamic quantisation turns into QAttention; everything else, and everything without
+    ``packed`` (whose separate projections weight-only quantisers can reach), becomes
     ``MultiHeadAttention``. Masks must be key-padding masks (B, 1, 1, S), as the encoder and
     decoder build them.
     """
     padding = None if mask is None else mask[:, 0, 0, :].to(torch.int32)  # (B, S)
-    packed = static_kv is None and past is None and not mha.causal and bias is None and x is not None
+    packed = packed and static_kv is None and past is None and not mha.causal and bias is None and x is not None
     if packed and kv_in is not None:
         weight = torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight], dim=0).t()  # (d, 3d)
         if mha.q_proj.bias is not None:
@@ -176,14 +180,16 @@ def can_fuse(model: Seq2SeqTransformer | EncoderModel) -> tuple[bool, str]:
     return True, ""
 
 
-def fused_copy(model: Seq2SeqTransformer | EncoderModel) -> Seq2SeqTransformer | EncoderModel:
-    """A copy of ``model`` whose attention blocks export as fused MultiHeadAttention nodes."""
+def fused_copy(model: Seq2SeqTransformer | EncoderModel, packed: bool = True) -> Seq2SeqTransformer | EncoderModel:
+    """A copy of ``model`` whose attention blocks export as fused attention nodes (see
+    :func:`ort_attention_kernel` for ``packed``)."""
     fused = copy.deepcopy(model).eval()
     ok, _ = can_fuse(fused)
     if ok:
+        kernel = ort_attention_kernel if packed else functools.partial(ort_attention_kernel, packed=False)
         for module in fused.modules():
             if isinstance(module, MultiHeadAttention):
-                module.kernel = ort_attention_kernel
+                module.kernel = kernel
     return fused
 
 

@@ -63,6 +63,8 @@ class LatencyReport:
     machine: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     baseline: str = ""
+    #: the export's accuracy-gate figures per precision, when it has them
+    accuracy: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

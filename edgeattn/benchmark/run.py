@@ -81,6 +81,7 @@ def run_benchmark(
                     skipped[f"{b}x{s}"] = f"longer than the model's max_len {config.max_len}"
         report = bench_latency(variants, config, shapes, options.threads, options.repeats, options.warmup,
                                progress=progress, skipped=skipped)  # fmt: skip
+        report.accuracy = manifest.get("gates") or {}
         generation = None
         if options.generation and "decoder" in manifest["graphs"]:
             from edgeattn.benchmark.generation import bench_generation
