@@ -33,6 +33,7 @@ FUSED_OPS = frozenset(
         "DynamicQuantizeMatMul",
         "MatMulIntegerToFloat",
         "QLinearMatMul",
+        "GatherBlockQuantized",
         "DynamicQuantizeLinear",
         "QuantizeLinear",
         "DequantizeLinear",

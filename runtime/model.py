@@ -74,7 +74,8 @@ class ExportedModel:
     ``providers`` None means CUDA when this onnxruntime has it, else CPU; a requested provider
     that is missing gives a warning and the CPU. ``precision`` selects which exported files run
     (``fp32``, or a reduced precision the export holds). ``optimized_cache`` is a directory where
-    ONNX Runtime's optimised graphs are kept between loads.
+    ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
+    unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class ExportedModel:
         spinning: bool = True,
         optimized_cache: str | Path | None = None,
         io_binding: bool | None = None,
+        tf32: bool = False,
     ) -> None:
         self.export_dir = Path(export_dir)
         self.manifest = read_manifest(self.export_dir)
@@ -102,7 +104,7 @@ class ExportedModel:
                 cache = Path(optimized_cache) / f"{entry['sha256'][:24]}.{name}.opt.onnx"
             self.specs[name] = graph_spec(name, self.config)
             self.sessions[name] = create_session(
-                path, providers=providers, threads=threads, spinning=spinning, optimized_cache=cache
+                path, providers=providers, threads=threads, spinning=spinning, optimized_cache=cache, tf32=tf32
             )
         first = next(iter(self.sessions.values()))
         self.providers: list[str] = first.get_providers()
