@@ -299,6 +299,9 @@ def run(
 )
 @click.option("--repeats", default=20, show_default=True, type=int)
 @click.option("--no-eager", is_flag=True, help="Skip the eager PyTorch variants.")
+@click.option(
+    "--no-peers", is_flag=True, help="Skip the Hugging Face BERT peer (timed when transformers is installed)."
+)
 @click.option("--generation", is_flag=True, help="Also run the generation benchmark (encoder-decoder models).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Write a PNG plot.")
@@ -312,6 +315,7 @@ def bench(
     precisions: str,
     repeats: int,
     no_eager: bool,
+    no_peers: bool,
     generation: bool,
     json_path: Path | None,
     plot_path: Path | None,
@@ -325,7 +329,7 @@ def bench(
         options = BenchOptions(
             batches=tuple(int(b) for b in batches.split(",")), seqs=tuple(int(s) for s in seqs.split(",")),
             threads=threads, providers=tuple(_split(providers) or []), precisions=tuple(_split(precisions) or []),
-            repeats=repeats, eager=not no_eager, generation=generation,
+            repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(f"--batch and --seq take comma-separated integers: {exc}") from exc

@@ -27,6 +27,7 @@ class BenchOptions:
     warmup: int = 3
     eager: bool = True
     generation: bool = False
+    peers: bool = True
 
 
 def run_benchmark(
@@ -74,6 +75,12 @@ def run_benchmark(
                                                 options.threads)  # fmt: skip
         variants += onnx_vars
         skipped.update(onnx_skipped)
+        if options.peers:
+            from edgeattn.benchmark.peers import bert_peer_variants
+
+            peer_vars, peer_skipped = bert_peer_variants(config, options.threads, Path(scratch))
+            variants += peer_vars
+            skipped.update(peer_skipped)
         shapes = [(b, s) for b in options.batches for s in options.seqs if s <= config.max_len]
         for b in options.batches:
             for s in options.seqs:
