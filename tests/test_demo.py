@@ -87,3 +87,15 @@ def test_train_demo_command_writes_a_loadable_checkpoint(tmp_path):
     model = load_model(tmp_path / "ckpt" / "demo.safetensors")
     assert model.config.vocab_size == len(demo_tokenizer().vocab)
     assert np.isfinite(next(model.parameters()).detach().numpy()).all()
+
+
+def test_the_main_job_with_no_arguments(tmp_path):
+    """`edgeattn export` exactly as the README's first line runs it."""
+    result = edgeattn("export", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "greedy decode" in result.stdout and "FAIL" not in result.stdout
+    out = tmp_path / "edgeattn-export"
+    assert {"encoder.onnx", "cross_kv.onnx", "decoder.onnx", "attention.onnx", "manifest.json", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert edgeattn("run", str(out), "7 3 5").stdout.strip() == "3 5 7"
