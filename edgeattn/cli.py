@@ -146,6 +146,7 @@ def export(
         precisions=_split(precisions),
         precision_options=PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded),
         heldout_texts=source.heldout,
+        task=source.task,
     )
     if result.report is not None:
         click.echo(result.report.table())
@@ -179,15 +180,10 @@ def quantize(export_dir: Path, precisions: str, calibration_method: str, allow_d
     """Add reduced-precision graphs to an export, each gated against eager float32."""
     from edgeattn.exporters.package import quantize_export
     from edgeattn.exporters.precisions import PrecisionOptions
-
-    heldout = None
     from edgeattn.runtime import read_manifest
+    from edgeattn.sources import heldout_for_task
 
-    manifest = read_manifest(export_dir)
-    if manifest.get("tokenizer") and "demo" in str(manifest.get("source", "")):
-        from edgeattn.demo import heldout_ids
-
-        heldout = heldout_ids()
+    heldout = heldout_for_task(read_manifest(export_dir).get("task"))
     gates = quantize_export(
         export_dir, _split(precisions) or [],
         PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded),

@@ -23,8 +23,25 @@ class ModelSource:
     model: Seq2SeqTransformer | EncoderModel
     description: str
     tokenizer: WordTokenizer | None = None
-    #: held-out task inputs (token id lists) for the accuracy gate, when the model has a task
-    heldout: list[list[int]] | None = None
+    #: the task the model was trained for, if any (recorded in the manifest)
+    task: str | None = None
+
+    @property
+    def heldout(self) -> list[list[int]] | None:
+        """Held-out task inputs (token id lists) for the accuracy gate, when the model has a task."""
+        return heldout_for_task(self.task)
+
+
+DEMO_TASK = "demo-sort"
+
+
+def heldout_for_task(task: str | None) -> list[list[int]] | None:
+    """The held-out inputs of a known task (the demo's digit sorting), else None."""
+    if task == DEMO_TASK:
+        from edgeattn.demo import heldout_ids
+
+        return heldout_ids()
+    return None
 
 
 def resolve_model(
@@ -50,12 +67,12 @@ def resolve_model(
     name = preset or "demo"
     config = get_preset(name)
     if name == "demo":
-        from edgeattn.demo import demo_tokenizer, heldout_ids, shipped_checkpoint
+        from edgeattn.demo import demo_tokenizer, shipped_checkpoint
 
         path = shipped_checkpoint()
         if path.is_file():
             return ModelSource(
-                load_model(path, config), "demo preset: trained digit sorter", demo_tokenizer(), heldout_ids()
+                load_model(path, config), "demo preset: trained digit sorter", demo_tokenizer(), DEMO_TASK
             )
         log.warning("the trained demo checkpoint %s is missing; using random weights", path)
     return ModelSource(build_model(config, seed=seed), f"preset {name}, random weights (seed {seed})")

@@ -82,6 +82,7 @@ def export_model(
     precisions: list[str] | None = None,
     precision_options: PrecisionOptions | None = None,
     heldout_texts: list[list[int]] | None = None,
+    task: str | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
@@ -111,6 +112,7 @@ def export_model(
             "edgeattn_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": source or "random weights",
+            "task": task,
             "exporter": {
                 "torch": torch.__version__,
                 "onnx": onnx.__version__,

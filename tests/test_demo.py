@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -99,3 +100,4 @@ def test_the_main_job_with_no_arguments(tmp_path):
         p.name for p in out.iterdir()
     }
     assert edgeattn("run", str(out), "7 3 5").stdout.strip() == "3 5 7"
+    assert json.loads((out / "manifest.json").read_text())["task"] == "demo-sort"  # quantize gates on its held-out set

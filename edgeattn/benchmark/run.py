@@ -58,7 +58,7 @@ def run_benchmark(
             log.info("exporting %s with %s", preset or "demo", ", ".join(options.precisions))
             export_model(
                 source.model, export_dir, verify=False, precisions=wanted, heldout_texts=source.heldout,
-                precision_options=PrecisionOptions(allow_degraded=True), tokenizer=source.tokenizer,
+                precision_options=PrecisionOptions(allow_degraded=True), tokenizer=source.tokenizer, task=source.task,
                 progress=progress,
             )  # fmt: skip
         export_dir = Path(export_dir)
