@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -113,9 +112,3 @@ def load_model(path: str | Path, config: ModelConfig | None = None) -> Seq2SeqTr
     model = build_model(config)
     load_weights(model, path)
     return model.eval()
-
-
-def checkpoint_summary(path: str | Path) -> dict[str, object]:
-    """Tensor count and config of a checkpoint, for logs and manifests."""
-    tensors, metadata = _read(Path(path))
-    return {"tensors": len(tensors), "config": json.loads(metadata.get(CONFIG_KEY, "null"))}

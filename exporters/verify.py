@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from edgeattn.errors import VerificationError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.onnx_export import EXPORT_SIZES
 from edgeattn.exporters.sampling import padding, sample_inputs
@@ -206,8 +207,6 @@ def verify_export(
         manifest = read_manifest(export_dir)
         entry = manifest.get("weights")
         if not entry:
-            from edgeattn.errors import VerificationError
-
-            raise VerificationError(f"{export_dir} holds no weights to compare with; export it without --no-weights")
+            raise VerificationError(f"{export_dir} holds no weights.safetensors to compare the graphs with")
         model = load_model(check_file(export_dir, entry), runtime.config)
     return verify_graphs(model, runtime, progress=progress, **kwargs)

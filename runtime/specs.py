@@ -15,7 +15,6 @@ from edgeattn.errors import ConfigError
 
 #: Named dynamic axes used across every graph.
 BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "past_len", "total_len"
-DYNAMIC_AXES = (BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN)
 
 #: Every graph an export can hold, in the order they are written.
 GRAPH_NAMES = ("attention", "encoder", "cross_kv", "decoder")
