@@ -158,11 +158,18 @@ def export(
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
-def verify(export_dir: Path, as_json: bool) -> None:
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "fp32-opt"]),
+    default="fp32",
+    show_default=True,
+    help="Which float32 graphs to check.",
+)
+def verify(export_dir: Path, as_json: bool, precision: str) -> None:
     """Compare an export with eager PyTorch on fresh shapes; exit 1 on any mismatch."""
     from edgeattn.exporters.verify import verify_export
 
-    report = verify_export(export_dir, progress=sys.stderr.isatty())
+    report = verify_export(export_dir, progress=sys.stderr.isatty(), precision=precision)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
         click.echo("edgeattn: error: verification failed", err=True)

@@ -119,6 +119,12 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
             "parity": entry.get("parity"),
             "precision": entry["precision"],
         }
+        for precision, variant in (entry.get("precisions") or {}).items():
+            graphs[f"{name}.{precision}"] = {
+                **inspect_file(path / variant["file"]),
+                "parity": variant.get("parity"),
+                "precision": precision + (" (degraded)" if variant.get("degraded") else ""),
+            }
     return {
         "export_dir": str(path),
         "format_version": manifest["format_version"],
@@ -127,6 +133,7 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
         "source": manifest.get("source"),
         "config": manifest["config"],
         "greedy_parity": manifest.get("greedy_parity"),
+        "gates": manifest.get("gates") or {},
         "graphs": graphs,
     }
 
@@ -181,6 +188,11 @@ def format_report(info: dict[str, Any]) -> str:
     if g:
         lines.append(
             f"greedy decode parity: {g['rows']} rows x {g['tokens']} tokens, " + ("ok" if g["passed"] else "FAILED")
+        )
+    for precision, gate in info.get("gates", {}).items():
+        state = "ok" if gate["passed"] else ("DEGRADED" if gate.get("degraded") else "FAILED")
+        lines.append(
+            f"accuracy gate {precision}: {state}" + (f" ({'; '.join(gate['failures'])})" if gate["failures"] else "")
         )
     for name, graph in info["graphs"].items():
         lines.append(f"\n[{name}] precision {graph['precision']}")

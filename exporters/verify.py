@@ -29,6 +29,8 @@ ATOL = 1e-4
 RTOL = 1e-5
 GREEDY_TOKENS = 24
 WEIGHTS_NAME = "weights.safetensors"
+#: Precisions held to float32 parity.
+FLOAT32_PRECISIONS = ("fp32", "fp32-opt")
 
 
 @dataclass
@@ -194,15 +196,21 @@ def verify_export(
     model: Seq2SeqTransformer | EncoderModel | None = None,
     providers: tuple[str, ...] = (CPU,),
     progress: bool = False,
+    precision: str = "fp32",
     **kwargs: Any,
 ) -> VerifyReport:
-    """Verify an export directory against eager PyTorch, with the weights the export holds
-    (``weights.safetensors``) unless a model is given."""
+    """Verify an export directory's float32 graphs (``fp32``, or the fused ``fp32-opt``) against
+    eager PyTorch, with the weights the export holds (``weights.safetensors``) unless a model is
+    given. Reduced precisions are judged by the accuracy gate instead."""
     from edgeattn.runtime.manifest import check_file, read_manifest
     from edgeattn.weights import load_model
 
+    if precision not in FLOAT32_PRECISIONS:
+        raise VerificationError(
+            f"float32 parity applies to {', '.join(FLOAT32_PRECISIONS)}; {precision!r} is judged by the accuracy gate"
+        )
     export_dir = Path(export_dir)
-    runtime = ExportedModel(export_dir, providers=providers)
+    runtime = ExportedModel(export_dir, providers=providers, precision=precision)
     if model is None:
         manifest = read_manifest(export_dir)
         entry = manifest.get("weights")

@@ -117,5 +117,10 @@ def test_export_with_precisions_and_quantize_command(tmp_path):
     assert "added int4" in added.stdout
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert set(manifest["gates"]) == {"fp32-opt", "int8", "int4"}
+    fused = edgeattn("verify", "out", "--precision", "fp32-opt", cwd=tmp_path)
+    assert fused.returncode == 0, fused.stderr
+    assert "greedy decode" in fused.stdout
+    info = json.loads(edgeattn("inspect", "out", "--json", cwd=tmp_path).stdout)
+    assert info["graphs"]["encoder"]["precision"] == "fp32"
     bad = edgeattn("quantize", "out", "--precision", "int3", cwd=tmp_path)
     assert bad.returncode == 1 and "unknown precision 'int3'" in bad.stderr
