@@ -114,7 +114,7 @@ def quantize_int8_static(
         quantize_static(
             str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
             reduce_range=settings["reduce_range"], activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude or [], calibrate_method=methods[method],
+            op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=exclude or [], calibrate_method=methods[method],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
             calibration_providers=["CPUExecutionProvider"],
         )  # fmt: skip
