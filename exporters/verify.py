@@ -102,8 +102,8 @@ class VerifyReport:
             )
         if self.greedy is not None:
             g = self.greedy
-            detail = f"{g.rows} rows x {g.tokens} tokens"
-            rows.append(("greedy decode", "1", detail, "", "ok" if g.passed else f"FAIL rows {g.mismatched_rows}"))
+            verdict = "tokens identical" if g.passed else f"FAIL rows {g.mismatched_rows}"
+            rows.append(("greedy decode", f"{g.rows}x{g.tokens}", "-", "-", verdict))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
