@@ -183,14 +183,28 @@ class ExportedModel:
         shape = (rows, c.n_heads, 0, c.head_dim)
         return {n: np.zeros(shape, np.float32) for n in cache_names("past", c.n_decoder_layers)}
 
-    def _gen_config(self, max_new_tokens: int, strategy: str, **options: Any) -> GenerationConfig:
+    def _decoding(
+        self, input_ids: Any, attention_mask: Any, max_new_tokens: int, strategy: str, eos_id: int | None,
+        options: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
+        """Checked settings and inputs as the keyword arguments of the search functions."""
         if not {"encoder", "cross_kv", "decoder"} <= set(self.sessions):
             raise EdgeattnError(
                 "generation needs the encoder, cross_kv and decoder graphs; export with --graphs decoder"
             )
         if max_new_tokens > self.config.max_len:
             raise InputError(f"max_new_tokens={max_new_tokens} exceeds the model's max_len {self.config.max_len}")
-        return GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
+        ids, mask = self.check_source(input_ids, attention_mask)
+        c = self.config
+        return {
+            "make": lambda n: self.stepper(ids, mask, n),
+            "batch": ids.shape[0],
+            "bos_id": c.bos_id,
+            "eos_id": c.eos_id if eos_id is None else eos_id,
+            "pad_id": c.pad_id,
+            "cfg": cfg,
+        }
 
     def stepper(self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1) -> OnnxStepper:
         """A decoding state for checked inputs: the encoder and cross projections run here, once."""
@@ -211,11 +225,7 @@ class ExportedModel:
         (``temperature``, ``top_k``, ``top_p``, ``seed``). Each row stops at ``eos_id``
         (default: the model's). Returns tokens (B, N) padded with ``pad_id`` and per-row scores.
         """
-        cfg = self._gen_config(max_new_tokens, strategy, **options)
-        ids, mask = self.check_source(input_ids, attention_mask)
-        c = self.config
-        eos = c.eos_id if eos_id is None else eos_id
-        return generate(lambda n: self.stepper(ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)
+        return generate(**self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options))
 
     def stream(
         self,
@@ -227,13 +237,8 @@ class ExportedModel:
         **options: Any,
     ) -> Iterator[np.ndarray]:
         """Greedy or sampled generation that yields each step's tokens (B,) as they are produced."""
-        cfg = self._gen_config(max_new_tokens, strategy, **options)
-        ids, mask = self.check_source(input_ids, attention_mask)
-        c = self.config
-        eos = c.eos_id if eos_id is None else eos_id
-        for tokens, _ in stream_tokens(
-            lambda n: self.stepper(ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg
-        ):
+        settings = self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options)
+        for tokens, _ in stream_tokens(**settings):
             yield tokens
 
     def greedy(
