@@ -155,38 +155,56 @@ def evaluate(
     return result
 
 
+@dataclass
+class TeacherForced:
+    """Decoder inputs under teacher forcing and eager PyTorch's answers to them."""
+
+    feeds: dict[str, np.ndarray]  # the decoder graph's inputs: targets shifted right, empty cache, cross K/V
+    cross: dict[str, np.ndarray]  # eager cross-attention keys/values by input name
+    logits: np.ndarray  # eager float32 logits for ``feeds``
+
+
+def teacher_forced(
+    model: Seq2SeqTransformer, ids: np.ndarray, mask: np.ndarray, new_tokens: int, hidden: torch.Tensor | None = None
+) -> TeacherForced:
+    """The eager model's own greedy continuation of each source, fed back as decoder input."""
+    from edgeattn.runtime.specs import cache_names
+
+    c = model.config
+    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    with torch.no_grad():
+        hidden = model.encode(t_ids, t_mask) if hidden is None else hidden
+        cross = model.cross_kv(hidden)
+        targets = model.greedy(t_ids, t_mask, new_tokens, stop_at_eos=False)
+        dec_in = torch.cat([torch.full_like(targets[:, :1], c.bos_id), targets[:, :-1]], dim=1)
+        logits, _ = model.decode(dec_in, cross_kv=cross, memory_mask=t_mask)
+    names = cache_names("cross", c.n_decoder_layers)
+    cross_np = {n: t.numpy() for n, t in zip(names, (t for kv in cross for t in kv), strict=True)}
+    past = {n: np.zeros((ids.shape[0], c.n_heads, 0, c.head_dim), np.float32)
+            for n in cache_names("past", c.n_decoder_layers)}  # fmt: skip
+    feeds = {"input_ids": dec_in.numpy(), "encoder_attention_mask": mask, **past, **cross_np}
+    return TeacherForced(feeds, cross_np, logits.numpy())
+
+
 def _decoder_metrics(
     model: Seq2SeqTransformer, runtime: ExportedModel, heldout: HeldOut, hidden: torch.Tensor, new_tokens: int,
     result: GateResult, graphs: list[str],
 ) -> None:  # fmt: skip
-    from edgeattn.runtime.specs import cache_names
-
     c = model.config
     ids, mask = heldout.ids, heldout.mask
-    t_mask = torch.from_numpy(mask)
-    with torch.no_grad():
-        cross = model.cross_kv(hidden)
-        targets = model.greedy(torch.from_numpy(ids), t_mask, new_tokens, stop_at_eos=False)
-        dec_in = torch.cat([torch.full_like(targets[:, :1], c.bos_id), targets[:, :-1]], dim=1)
-        ref_logits, _ = model.decode(dec_in, cross_kv=cross, memory_mask=t_mask)
-    cross_np = {name: t.numpy() for name, t in zip(cache_names("cross", c.n_decoder_layers),
-                                                     (t for kv in cross for t in kv), strict=True)}  # fmt: skip
+    forced = teacher_forced(model, ids, mask, new_tokens, hidden)
     if "cross_kv" in graphs:
         got = runtime.run("cross_kv", {"encoder_hidden_states": hidden.numpy()})
         rows = np.repeat(mask.astype(bool)[:, None, :], c.n_heads, axis=1)
         worst = {"cosine_mean": 1.0, "cosine_min": 1.0}
-        for name, ref in cross_np.items():
+        for name, ref in forced.cross.items():
             m = _cosine_metrics(got[name], ref, rows)
             worst = {k: min(worst[k], m[k]) for k in worst}
         result.metrics["cross_kv"] = worst
-    feeds = {
-        "input_ids": dec_in.numpy(),
-        "encoder_attention_mask": mask,
-        **runtime.empty_cache(ids.shape[0]),
-        **cross_np,
-    }
-    logits = runtime.run("decoder", feeds)["logits"]
-    ref = ref_logits.numpy()
+    if "decoder" not in graphs:
+        return
+    logits = runtime.run("decoder", forced.feeds)["logits"]
+    ref = forced.logits
     agree = logits.argmax(-1) == ref.argmax(-1)
     metrics = {
         "teacher_top1": float(agree.mean()),
@@ -194,7 +212,7 @@ def _decoder_metrics(
     }
     result.metrics["decoder"] = metrics
     if {"encoder", "cross_kv"} <= set(graphs):
-        eager = model.greedy(torch.from_numpy(ids), t_mask, new_tokens).numpy()
+        eager = model.greedy(torch.from_numpy(ids), torch.from_numpy(mask), new_tokens).numpy()
         got_tokens = runtime.generate(ids, mask, new_tokens).tokens
         width = max(eager.shape[1], got_tokens.shape[1])
         eager = np.pad(eager, ((0, 0), (0, width - eager.shape[1])), constant_values=c.pad_id)

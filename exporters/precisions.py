@@ -30,7 +30,7 @@ from edgeattn.exporters.fusion import (
     operator_counts,
     optimize_fused,
 )
-from edgeattn.exporters.gate import GateResult, HeldOut, evaluate
+from edgeattn.exporters.gate import GateResult, HeldOut, evaluate, teacher_forced
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
 from edgeattn.exporters.quantize import (
     PRECISIONS,
@@ -44,7 +44,7 @@ from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.manifest import sha256_file, write_manifest
 from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.specs import cache_names, graph_spec
+from edgeattn.runtime.specs import graph_spec
 
 log = logging.getLogger(__name__)
 
@@ -198,22 +198,13 @@ class PrecisionBuilder:
             elif graph == "attention":
                 spec = graph_spec("attention", c)
                 feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))
-            else:
-                t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+            elif graph == "cross_kv":
                 with torch.no_grad():
-                    hidden = self.model.encode(t_ids, t_mask)
-                    if graph == "cross_kv":
-                        feeds.append({"encoder_hidden_states": hidden.numpy()})
-                        continue
-                    assert isinstance(self.model, Seq2SeqTransformer)
-                    cross = self.model.cross_kv(hidden)
-                    targets = self.model.greedy(t_ids, t_mask, self.options.new_tokens, stop_at_eos=False)
-                dec_in = torch.cat([torch.full_like(targets[:, :1], c.bos_id), targets[:, :-1]], dim=1)
-                names = cache_names("cross", c.n_decoder_layers)
-                cross_np = {n: t.numpy() for n, t in zip(names, (t for kv in cross for t in kv), strict=True)}
-                past = {n: np.zeros((len(rows), c.n_heads, 0, c.head_dim), np.float32)
-                        for n in cache_names("past", c.n_decoder_layers)}  # fmt: skip
-                feeds.append({"input_ids": dec_in.numpy(), "encoder_attention_mask": mask, **past, **cross_np})
+                    hidden = self.model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+                feeds.append({"encoder_hidden_states": hidden.numpy()})
+            else:
+                assert isinstance(self.model, Seq2SeqTransformer)
+                feeds.append(teacher_forced(self.model, ids, mask, self.options.new_tokens).feeds)
         return feeds
 
     def _refresh(self, precision: str) -> ExportedModel:
