@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,25 @@ from edgeattn.config import ModelConfig
 from edgeattn.positional import RelativePosition, build_relative
 
 KeyValue = tuple[Tensor, Tensor]
-AttentionKernel = Callable[..., tuple[Tensor, KeyValue]]
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """Everything one attention call has computed before its core, for a replacement kernel."""
+
+    x: Tensor  # the block's input (B, T, d_model)
+    q_in: Tensor  # projected queries (B, T, d_model)
+    q: Tensor  # per-head queries (B, H, T, D)
+    kv_in: tuple[Tensor, Tensor] | None  # this call's projected keys/values (B, S_new, d_model), if any
+    k: Tensor  # every key the queries see (B, H, S, D): static, or past + new
+    v: Tensor
+    static_kv: KeyValue | None  # precomputed cross-attention keys/values
+    past: KeyValue | None  # the self-attention cache before this call
+    mask: Tensor | None  # key mask (B, 1, 1, S); the causal part is the kernel's to add
+    bias: Tensor | None  # position term, broadcasting to (B, H, T, S)
+
+
+AttentionKernel = Callable[["MultiHeadAttention", AttentionCall], tuple[Tensor, KeyValue]]
 
 
 def padding_mask(attention_mask: Tensor) -> Tensor:
@@ -132,10 +151,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.relative: RelativePosition | None = None if cross else build_relative(config, bidirectional=not causal)
         #: An optional replacement for the attention core (after the projections), for example a
-        #: fused kernel an exporter substitutes; it gets this module, the projected query and new
-        #: keys/values, the static or past keys/values, the mask, the position bias and the block's
-        #: input ``x``, and returns the attended values (B, T, d_model) before ``out_proj`` and the
-        #: present keys/values.
+        #: fused kernel an exporter substitutes: ``kernel(module, AttentionCall)`` returns the
+        #: attended values (B, T, d_model) before ``out_proj`` and the present keys/values.
         self.kernel: AttentionKernel | None = None
 
     def _split(self, x: Tensor) -> Tensor:
@@ -181,16 +198,8 @@ class MultiHeadAttention(nn.Module):
             q_pos = torch.arange(t, device=x.device) + (s - t)
             bias = self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
         if self.kernel is not None and not need_weights:
-            out, present = self.kernel(
-                self,
-                q_in,
-                kv_in,
-                static_kv=static_kv,
-                past=past if memory is None else None,
-                mask=mask,
-                bias=bias,
-                x=x,
-            )
+            call = AttentionCall(x, q_in, q, kv_in, k, v, static_kv, past if memory is None else None, mask, bias)
+            out, present = self.kernel(self, call)
             return self.out_proj(out), None, present
         if self.causal:
             mask = combine_masks(mask, causal_mask(t, s, device=x.device))
@@ -210,34 +219,18 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out), weights, (k, v)
 
 
-def torch_sdpa_kernel(
-    mha: MultiHeadAttention,
-    q_in: Tensor,
-    kv_in: tuple[Tensor, Tensor] | None,
-    static_kv: KeyValue | None = None,
-    past: KeyValue | None = None,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-    x: Tensor | None = None,
-) -> tuple[Tensor, KeyValue]:
+def torch_sdpa_kernel(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Tensor, KeyValue]:
     """A :attr:`MultiHeadAttention.kernel` running ``torch.nn.functional.scaled_dot_product_attention``
     (PyTorch's fused kernels), for eager speed comparisons. Unlike the default core it has no
     top-k, and a query row with every key masked gives NaN rather than zeros."""
     if mha.topk is not None:
         raise ValueError("the SDPA kernel has no top-k sparse attention")
-    q = mha._split(q_in)
-    if static_kv is not None:
-        k, v = static_kv
-    else:
-        assert kv_in is not None
-        k, v = mha._split(kv_in[0]), mha._split(kv_in[1])
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    q, k, v = call.q, call.k, call.v
     t, s = q.shape[2], k.shape[2]
-    keep = combine_masks(mask, causal_mask(t, s, device=q.device) if mha.causal else None)
+    keep = combine_masks(call.mask, causal_mask(t, s, device=q.device) if mha.causal else None)
     attn_mask: Tensor | None = keep
-    if bias is not None:
-        attn_mask = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+    if call.bias is not None:
+        attn_mask = call.bias if keep is None else call.bias.masked_fill(~keep, float("-inf"))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=mha.dropout.p if mha.training else 0.0, scale=mha.scale
     )

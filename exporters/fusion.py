@@ -23,7 +23,14 @@ import onnx
 import torch
 from torch import Tensor
 
-from edgeattn.attention import KeyValue, MultiHeadAttention, causal_mask, combine_masks, scaled_dot_product_attention
+from edgeattn.attention import (
+    AttentionCall,
+    KeyValue,
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    scaled_dot_product_attention,
+)
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
 
 log = logging.getLogger(__name__)
@@ -131,17 +138,7 @@ class _OrtAttention(torch.autograd.Function):
         return out
 
 
-def ort_attention_kernel(
-    mha: MultiHeadAttention,
-    q_in: Tensor,
-    kv_in: tuple[Tensor, Tensor] | None,
-    static_kv: KeyValue | None = None,
-    past: KeyValue | None = None,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-    x: Tensor | None = None,
-    packed: bool = True,
-) -> tuple[Tensor, KeyValue]:
+def ort_attention_kernel(mha: MultiHeadAttention, call: AttentionCall, packed: bool = True) -> tuple[Tensor, KeyValue]:
     """The :attr:`MultiHeadAttention.kernel` that exports as one fused attention node.
 
     With ``packed``, plain self-attention (no cache, no causal mask, no position bias: the
@@ -151,26 +148,24 @@ def ort_attention_kernel(
     ``MultiHeadAttention``. Masks must be key-padding masks (B, 1, 1, S), as the encoder and
     decoder build them.
     """
-    padding = None if mask is None else mask[:, 0, 0, :].to(torch.int32)  # (B, S)
-    packed = packed and static_kv is None and past is None and not mha.causal and bias is None and x is not None
-    if packed and kv_in is not None:
+    padding = None if call.mask is None else call.mask[:, 0, 0, :].to(torch.int32)  # (B, S)
+    plain = call.static_kv is None and call.past is None and not mha.causal and call.bias is None
+    if packed and plain and call.kv_in is not None:
         weight = torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight], dim=0).t()  # (d, 3d)
         if mha.q_proj.bias is not None:
             qkv_bias = torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias])
         else:
             qkv_bias = torch.zeros(weight.shape[1], dtype=weight.dtype)
-        out = _OrtAttention.apply(x, weight, qkv_bias, padding, mha.n_heads, float(mha.scale))
-        return out, (mha._split(kv_in[0]), mha._split(kv_in[1]))
-    key, value = static_kv if static_kv is not None else kv_in  # type: ignore[misc]
-    past_k, past_v = past if past is not None else (None, None)
+        out = _OrtAttention.apply(call.x, weight, qkv_bias, padding, mha.n_heads, float(mha.scale))
+        return out, (call.k, call.v)
+    key, value = call.static_kv if call.static_kv is not None else call.kv_in  # type: ignore[misc]
+    past_k, past_v = call.past if call.past is not None else (None, None)
     outs = _OrtMultiHeadAttention.apply(
-        q_in, key, value, padding, bias, past_k, past_v, mha.n_heads, float(mha.scale), mha.causal
+        call.q_in, key, value, padding, call.bias, past_k, past_v, mha.n_heads, float(mha.scale), mha.causal
     )
-    if past is not None:
+    if call.past is not None:
         return outs[0], (outs[1], outs[2])
-    if static_kv is not None:
-        return outs[0], static_kv
-    return outs[0], (mha._split(key), mha._split(value))
+    return outs[0], (call.k, call.v)
 
 
 def can_fuse(model: Seq2SeqTransformer | EncoderModel) -> tuple[bool, str]:
