@@ -81,7 +81,7 @@ class GenerationBench:
         return "\n".join(lines)
 
 
-def _decoder_feeds(rt: ExportedModel, tokens: np.ndarray, past: dict[str, np.ndarray], fixed: dict[str, Any]) -> dict:
+def _decoder_feeds(tokens: np.ndarray, past: dict[str, np.ndarray], fixed: dict[str, Any]) -> dict[str, Any]:
     return {"input_ids": tokens, **fixed, **past}
 
 
@@ -91,7 +91,7 @@ def _recompute_decode(rt: ExportedModel, fixed: dict[str, Any], batch: int, n: i
     prefix = np.full((batch, 1), c.bos_id, dtype=np.int64)
     empty = rt.empty_cache(batch)
     for _ in range(n):
-        out = rt.sessions["decoder"].run(["logits"], _decoder_feeds(rt, prefix, empty, fixed))[0]
+        out = rt.sessions["decoder"].run(["logits"], _decoder_feeds(prefix, empty, fixed))[0]
         nxt = out[:, -1].argmax(-1)[:, None].astype(np.int64)
         prefix = np.concatenate([prefix, nxt], axis=1)
 
@@ -119,19 +119,15 @@ def bench_generation(
     result = GenerationBench(str(export_dir), batch, src_len, threads, machine=machine_info())
     for p in positions:
         prefix = rng.integers(3, c.vocab_size, size=(batch, p), dtype=np.int64)
-        outs = dict(
-            zip(names, session.run(names, _decoder_feeds(rt, prefix, rt.empty_cache(batch), fixed)), strict=True)
-        )
+        outs = dict(zip(names, session.run(names, _decoder_feeds(prefix, rt.empty_cache(batch), fixed)), strict=True))
         past = {k: outs["present" + k[4:]] for k in rt.empty_cache(batch)}
         new = prefix[:, -1:]
         full = np.concatenate([prefix, new], axis=1)
         empty = rt.empty_cache(batch)
         timings = interleaved(
             {
-                "cached": lambda new=new, past=past: session.run(["logits"], _decoder_feeds(rt, new, past, fixed)),
-                "recompute": lambda full=full, empty=empty: session.run(
-                    ["logits"], _decoder_feeds(rt, full, empty, fixed)
-                ),
+                "cached": lambda new=new, past=past: session.run(["logits"], _decoder_feeds(new, past, fixed)),
+                "recompute": lambda full=full, empty=empty: session.run(["logits"], _decoder_feeds(full, empty, fixed)),
             },
             repeats=repeats,
         )
