@@ -23,6 +23,7 @@ import torch
 
 from edgeattn.errors import ExportError
 from edgeattn.exporters.fusion import (
+    FusedForm,
     can_fuse,
     expected_attention_blocks,
     fused_attention_count,
@@ -49,9 +50,16 @@ from edgeattn.runtime.specs import graph_spec
 log = logging.getLogger(__name__)
 
 Model = Seq2SeqTransformer | EncoderModel
-#: Precisions made from the packed-QKV fused graph (int8 dynamic quantises Attention to QAttention);
-#: the others start from the MultiHeadAttention form, whose separate projections they can quantise.
-PACKED_SOURCE = ("fp32-opt", "int8", "fp16")
+#: The fused graph each precision is made from: packed QKV where int8 dynamic quantises Attention to
+#: QAttention, separate projections where static and weight-only quantisers reach them;
+#: SkipLayerNormalization only for fp16, the GPU precision (see :class:`FusedForm`).
+SOURCE_FORM = {
+    "fp32-opt": FusedForm(),
+    "int8": FusedForm(),
+    "fp16": FusedForm(skip_layer_norm=True),
+    "int8-static": FusedForm(packed=False),
+    "int4": FusedForm(packed=False),
+}
 
 
 @dataclass
@@ -114,25 +122,25 @@ class PrecisionBuilder:
         path.with_name(path.name + ".data").unlink(missing_ok=True)
         save_checked(proto, path, self.options.external_threshold)
 
-    def source(self, graph: str, packed: bool = True) -> Path:
-        """The graph reduced precisions start from: fp32-opt (fused) when this model fuses, else fp32.
-        ``packed=False`` keeps self-attention's Q/K/V projections as separate MatMuls, which
-        static and weight-only quantisers reach. A fused graph made only as a source stays out of
-        the export."""
-        if packed and "fp32-opt" in self.manifest["graphs"][graph].get("precisions", {}):
+    def source(self, graph: str, precision: str) -> Path:
+        """The graph ``precision`` starts from: the fused graph of its :data:`SOURCE_FORM` when
+        this model fuses, else fp32. A fused graph made only as a source stays out of the export."""
+        form = SOURCE_FORM[precision]
+        if form == SOURCE_FORM["fp32-opt"] and "fp32-opt" in self.manifest["graphs"][graph].get("precisions", {}):
             return self._path(graph, "fp32-opt")
         if can_fuse(self.model)[0]:
-            fused = self._scratch / f"{graph}.fp32-opt{'' if packed else '-mha'}.onnx"
-            return fused if fused.exists() else self._fused(graph, fused, packed)
+            fused = self._scratch / f"{graph}.fp32-opt-{form.tag}.onnx"
+            return fused if fused.exists() else self._fused(graph, fused, form)
         return self.dir / self.manifest["graphs"][graph]["file"]
 
     # -------------------------------------------------------------- fp32-opt
-    def _fused(self, graph: str, dst: Path, packed: bool = True) -> Path:
+    def _fused(self, graph: str, dst: Path, form: FusedForm) -> Path:
         raw = self._scratch / f"{graph}.fused.onnx"
         has_attention = expected_attention_blocks(graph, self.model) > 0
-        export_graph(fused_copy(self.model, packed), graph, raw, opset=min(self.manifest["graphs"][graph]["opset"], 20),
+        export_graph(fused_copy(self.model, form.packed), graph, raw,
+                     opset=min(self.manifest["graphs"][graph]["opset"], 20),
                      external_threshold=self.options.external_threshold, fused=has_attention)  # fmt: skip
-        proto = optimize_fused(raw, self.model)
+        proto = optimize_fused(raw, self.model, form)
         finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
         save_checked(proto, dst, self.options.external_threshold)
         counts = operator_counts(proto)
@@ -148,7 +156,7 @@ class PrecisionBuilder:
         for graph in self.graphs:
             path = self._path(graph, "fp32-opt")
             if ok:
-                self._fused(graph, path)
+                self._fused(graph, path, SOURCE_FORM["fp32-opt"])
             else:
                 shutil.copyfile(self.dir / self.manifest["graphs"][graph]["file"], path)
                 self._stamp(graph, "fp32-opt", path)
@@ -162,7 +170,7 @@ class PrecisionBuilder:
 
     # ------------------------------------------------------------ quantised
     def _convert(self, precision: str, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
-        src, dst = self.source(graph, packed=precision in PACKED_SOURCE), self._path(graph, precision)
+        src, dst = self.source(graph, precision), self._path(graph, precision)
         if precision == "int8":
             info = quantize_int8_dynamic(src, dst, exclude=exclude)
         elif precision == "int8-static":
@@ -245,7 +253,7 @@ class PrecisionBuilder:
     def _exclude_sensitive(self, precision: str, result: GateResult) -> GateResult:
         """Keep in float32 the fewest most-sensitive nodes of each failing graph that make it pass."""
         for graph in self._failing_graphs(result):
-            nodes = quantizable_nodes(self.source(graph, packed=precision in PACKED_SOURCE))
+            nodes = quantizable_nodes(self.source(graph, precision))
             scores: dict[str, float] = {}
             for node in nodes:  # each node quantised alone: how much does the graph's metric drop?
                 self._convert_only(precision, graph, node)
@@ -261,7 +269,7 @@ class PrecisionBuilder:
         return self._gate(precision)
 
     def _convert_only(self, precision: str, graph: str, node: str) -> None:
-        src, dst = self.source(graph, packed=precision in PACKED_SOURCE), self._path(graph, precision)
+        src, dst = self.source(graph, precision), self._path(graph, precision)
         others = [n for n in quantizable_nodes(src) if n != node]
         if precision == "int8":
             info = quantize_int8_dynamic(src, dst, exclude=others)

@@ -63,10 +63,7 @@ def _quantizable(model: onnx.ModelProto) -> list[str]:
 def quantize_int8_dynamic(
     src: Path, dst: Path, exclude: list[str] | None = None, only: list[str] | None = None
 ) -> dict[str, Any]:
-    """Dynamic int8 quantisation of ``src`` into ``dst``; returns the settings used.
-
-    Dynamic int8 is a CPU precision, so its layer norms are also decomposed into primitive ops
-    (see :func:`decompose_layernorm`)."""
+    """Dynamic int8 quantisation of ``src`` into ``dst``; returns the settings used."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     settings = int8_settings()
@@ -77,10 +74,7 @@ def quantize_int8_dynamic(
             nodes_to_quantize=only or [],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
         )  # fmt: skip
-    model = onnx.load(str(dst))
-    decomposed = decompose_layernorm(model)
-    onnx.save(model, str(dst))
-    return {**settings, "excluded_nodes": list(exclude or []), "layernorm_decomposed": decomposed}
+    return {**settings, "excluded_nodes": list(exclude or [])}
 
 
 class _Reader:
@@ -184,74 +178,3 @@ def _quiet_quantization() -> Iterator[None]:
         for handler in root.handlers[:]:
             if handler not in handlers:  # handlers a module's logging.basicConfig() added meanwhile
                 root.removeHandler(handler)
-
-
-def decompose_layernorm(model: onnx.ModelProto) -> int:
-    """Replace (Skip)LayerNormalization nodes by their primitive ops, in place; returns how many.
-
-    Measured on this project's CPU with onnxruntime 1.32: its CPU (Skip)LayerNormalization kernel
-    took about 300 µs for a 128 x 512 block, where Add/ReduceMean/Sub/Mul/Sqrt/Div took about
-    100 µs; the int8 reference encoder went from 14.5 to 11.6 ms at 1 x 128. Nodes whose mean or
-    inverse-deviation outputs are used are left alone.
-    """
-    from onnx import helper, numpy_helper
-
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-    graph = model.graph
-    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    eps_names: dict[float, str] = {}
-    axes_name = "edgeattn_ln_axes"
-    if opset >= 18:
-        graph.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), axes_name))
-
-    def eps(value: float) -> str:
-        if value not in eps_names:
-            eps_names[value] = f"edgeattn_ln_eps_{len(eps_names)}"
-            graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.float32), eps_names[value]))
-        return eps_names[value]
-
-    def mean(src: str, dst: str) -> onnx.NodeProto:
-        if opset >= 18:
-            return helper.make_node("ReduceMean", [src, axes_name], [dst])
-        return helper.make_node("ReduceMean", [src], [dst], axes=[-1])
-
-    nodes, count = [], 0
-    for node in graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        skip = node.op_type == "SkipLayerNormalization" and node.domain == "com.microsoft"
-        plain = node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") and attrs.get("axis", -1) == -1
-        stats = node.output[1:3] if skip else node.output[1:]
-        if not (skip or plain) or any(o and o in used for o in stats):
-            nodes.append(node)
-            continue
-        p = f"{node.name or node.output[0]}/decomposed"
-        if skip:
-            x, residual, gamma = node.input[0], node.input[1], node.input[2]
-            beta = node.input[3] if len(node.input) > 3 else ""
-            bias = node.input[4] if len(node.input) > 4 else ""
-            total = f"{p}/sum"
-            nodes.append(helper.make_node("Add", [x, residual], [total]))
-            if bias:
-                nodes.append(helper.make_node("Add", [total, bias], [f"{p}/sum_bias"]))
-                total = f"{p}/sum_bias"
-            if len(node.output) > 3 and node.output[3]:
-                nodes.append(helper.make_node("Identity", [total], [node.output[3]]))
-        else:
-            total, gamma = node.input[0], node.input[1]
-            beta = node.input[2] if len(node.input) > 2 else ""
-        nodes += [
-            mean(total, f"{p}/mean"),
-            helper.make_node("Sub", [total, f"{p}/mean"], [f"{p}/centred"]),
-            helper.make_node("Mul", [f"{p}/centred", f"{p}/centred"], [f"{p}/square"]),
-            mean(f"{p}/square", f"{p}/var"),
-            helper.make_node("Add", [f"{p}/var", eps(float(attrs.get("epsilon", 1e-5)))], [f"{p}/var_eps"]),
-            helper.make_node("Sqrt", [f"{p}/var_eps"], [f"{p}/std"]),
-            helper.make_node("Div", [f"{p}/centred", f"{p}/std"], [f"{p}/normed"]),
-            helper.make_node("Mul", [f"{p}/normed", gamma], [f"{p}/scaled" if beta else node.output[0]]),
-        ]
-        if beta:
-            nodes.append(helper.make_node("Add", [f"{p}/scaled", beta], [node.output[0]]))
-        count += 1
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return count
