@@ -32,6 +32,39 @@ def test_generation_benchmark_reports_every_position(tiny_export, tmp_path):
     assert data["steps"][1]["speedup"] > 0 and data["flatness"] > 0
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_floor_graph_computes_every_projection_of_a_layer(int8):
+    """The floor is timed on real products of the layer's shapes: its outputs match numpy's."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from edgeattn.benchmark.floors import _layer_graph, projection_shapes
+    from edgeattn.runtime.session import create_session
+
+    config = get_preset("tiny")
+    data = _layer_graph(config, int8)
+    model = onnx.load_from_string(data)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "layer.onnx"
+        path.write_bytes(data)
+        session = create_session(path)
+    rng = np.random.default_rng(0)
+    feeds = {f"x_{k}": rng.standard_normal((5, k)).astype(np.float32) for k, _ in projection_shapes(config)}
+    outputs = session.run(None, feeds)
+    assert len(outputs) == len(projection_shapes(config)) == 4
+    for i, ((k, n), y) in enumerate(zip(projection_shapes(config), outputs, strict=True)):
+        w = weights[f"w{i}"].astype(np.float32) * (weights[f"s{i}"] if int8 else 1.0)
+        expected = feeds[f"x_{k}"] @ w
+        assert y.shape == (5, n)
+        tol = 0.02 * np.abs(expected).max() if int8 else 1e-4
+        np.testing.assert_allclose(y, expected, atol=tol)
+
+
 def test_bench_command_smoke(tmp_path):
     """The whole `edgeattn bench` path on a tiny preset: every variant timed, JSON and PNG written."""
     import subprocess
@@ -53,6 +86,10 @@ def test_bench_command_smoke(tmp_path):
         for r in rows:
             assert r["timing"]["median"] > 0 and r["tokens_per_s"] > 0 and r["gflops"] > 0
     assert data["gemm_ceiling_gflops"] > 0 and data["machine"]["cores"] >= 1
+    assert [(f["batch"], f["seq"]) for f in data["floors"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
+    for f in data["floors"]:
+        assert 0 < f["attention_ms"] < f["fp32_ms"] and f["int8_ms"] > f["attention_ms"] and f["fp32_ratio"] > 0
+    assert "floors (projections alone" in result.stdout
     assert data["generation"]["steps"] and data["generation"]["cached_tokens_per_s"] > 0
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio = median / eager fp32" in result.stdout

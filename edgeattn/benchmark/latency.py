@@ -4,7 +4,8 @@ All variants run in one process, interleaved run by run so machine drift hits th
 ONNX Runtime's intra-op spinning off (several sessions spinning on two cores fight each other).
 Figures per variant and shape: median/p90/p99 ms, sequences and tokens per second, achieved
 GFLOP/s against a float32 GEMM ceiling measured in the same run, cold start (session creation
-to first result), resident memory added by the variant, and file size.
+to first result), resident memory added by the variant, and file size; and per shape the
+matrix-product floors of float32 and int8 (see :mod:`edgeattn.benchmark.floors`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeattn.benchmark.floors import Floor, measure_floor
 from edgeattn.benchmark.machine import cpu_flags, machine_info
 from edgeattn.benchmark.timing import Timing, interleaved
 from edgeattn.config import ModelConfig
@@ -65,6 +67,8 @@ class LatencyReport:
     baseline: str = ""
     #: the export's accuracy-gate figures per precision, when it has them
     accuracy: dict[str, Any] = field(default_factory=dict)
+    #: matrix-product floors per shape, ratios against the baseline
+    floors: list[Floor] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +96,11 @@ class LatencyReport:
             f"median of interleaved runs, {self.threads} threads; ratio = median / {self.baseline}'s; "
             f"fp32 GEMM ceiling {self.gemm_ceiling_gflops:.0f} GFLOP/s"
         )
+        if self.floors:
+            cells = [f"{f.batch}x{f.seq} fp32 {f.fp32_ms:.2f} ({f.fp32_ratio:.2f}), int8 {f.int8_ms:.2f} "
+                     f"({f.int8_ratio:.2f})" for f in self.floors]  # fmt: skip
+            text.append("floors (projections alone at ONNX Runtime's own GEMM speed, + attention at the ceiling): "
+                        + "; ".join(cells))  # fmt: skip
         for name, why in self.skipped.items():
             text.append(f"skipped {name}: {why}")
         return "\n".join(text)
@@ -225,8 +234,10 @@ def bench_latency(
     seed: int = 0,
     progress: bool = False,
     skipped: dict[str, str] | None = None,
+    floors: bool = True,
 ) -> LatencyReport:
-    """Time every variant at every (batch, seq) shape, interleaved; ratios against the first variant."""
+    """Time every variant at every (batch, seq) shape, interleaved; ratios against the first variant.
+    With ``floors``, also each shape's matrix-product floors (see :mod:`edgeattn.benchmark.floors`)."""
     from tqdm import tqdm
 
     report = LatencyReport(config.to_dict(), threads, machine=machine_info(), skipped=dict(skipped or {}))
@@ -253,6 +264,10 @@ def bench_latency(
             t = timings[v.name]
             report.rows.append(Row(v.name, batch, seq, t, batch / (t.median / 1e3), batch * seq / (t.median / 1e3),
                                    flops / (t.median / 1e3) / 1e9, t.median / base))  # fmt: skip
+        if floors:
+            floor = measure_floor(config, batch, seq, threads, report.gemm_ceiling_gflops)
+            floor.fp32_ratio, floor.int8_ratio = floor.fp32_ms / base, floor.int8_ms / base
+            report.floors.append(floor)
     bar.close()
     return report
 

@@ -1,0 +1,105 @@
+"""Latency floors: what one encoder forward costs in matrix products alone, measured in-run.
+
+A layer's projections (packed QKV, output, feed-forward) are timed as one small ONNX graph of
+those products alone, at the benchmark's own row count, on ONNX Runtime with the same threads and
+spinning as the variants: float32 ``MatMul`` and the ``DynamicQuantizeMatMul`` that int8 graphs
+run. Attention scores and weighted values are added at the float32 GEMM ceiling. No variant of
+that precision can run faster than its floor with these kernels on this machine, so a floor's
+ratio to eager PyTorch bounds what any graph rewrite can reach.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeattn.config import ModelConfig
+
+
+@dataclass
+class Floor:
+    """Matrix-product floors of one encoder forward at one shape, in milliseconds."""
+
+    batch: int
+    seq: int
+    fp32_ms: float
+    int8_ms: float
+    attention_ms: float
+    fp32_ratio: float = 0.0
+    int8_ratio: float = 0.0
+
+
+def projection_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of every weight matrix in one encoder layer."""
+    d, f = config.d_model, config.d_ff
+    ff_in = [(d, f), (d, f)] if config.activation == "gated-gelu" else [(d, f)]
+    return [(d, 3 * d), (d, d), *ff_in, (f, d)]
+
+
+def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0) -> bytes:
+    """One layer's projections side by side, reading inputs ``x_<in>`` of shape (rows, in)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, outputs = [], [], []
+    inputs = {k for k, _ in projection_shapes(config)}
+    for i, (k, n) in enumerate(projection_shapes(config)):
+        w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+        if int8:
+            scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+            q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+            inits += [numpy_helper.from_array(q, f"w{i}"), numpy_helper.from_array(scale, f"s{i}"),
+                      numpy_helper.from_array(np.zeros(n, np.int8), f"z{i}")]  # fmt: skip
+            nodes.append(helper.make_node("DynamicQuantizeMatMul", [f"x_{k}", f"w{i}", f"s{i}", f"z{i}"], [f"y{i}"],
+                                          domain="com.microsoft"))  # fmt: skip
+        else:
+            inits.append(numpy_helper.from_array(w, f"w{i}"))
+            nodes.append(helper.make_node("MatMul", [f"x_{k}", f"w{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["rows", n]))
+    graph = helper.make_graph(
+        nodes, "projections", [helper.make_tensor_value_info(f"x_{k}", TensorProto.FLOAT, ["rows", k]) for k in inputs],
+        outputs, inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opsets)).SerializeToString()
+
+
+def _time_layer(config: ModelConfig, rows: int, int8: bool, threads: int, repeats: int) -> float:
+    from edgeattn.runtime.session import create_session
+
+    with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
+        path = Path(tmp) / "layer.onnx"
+        path.write_bytes(_layer_graph(config, int8))
+        session = create_session(path, threads=threads, spinning=False)
+    rng = np.random.default_rng(1)
+    feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
+    session.run(None, feeds)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
+    """FLOPs of attention scores and weighted values over all layers."""
+    return float(batch * config.n_encoder_layers * 2 * seq * seq * config.d_model * 2)
+
+
+def measure_floor(
+    config: ModelConfig, batch: int, seq: int, threads: int, fp32_ceiling_gflops: float, repeats: int = 10
+) -> Floor:
+    """Floors of one forward at (batch, seq): best-of-``repeats`` projection time per layer times the
+    layer count, plus attention at ``fp32_ceiling_gflops``."""
+    rows = batch * seq
+    attention_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
+    layers = config.n_encoder_layers
+    fp32 = _time_layer(config, rows, False, threads, repeats) * layers + attention_ms
+    int8 = _time_layer(config, rows, True, threads, repeats) * layers + attention_ms
+    return Floor(batch, seq, fp32, int8, attention_ms)
