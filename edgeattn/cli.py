@@ -52,7 +52,28 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 def _split(value: str | None) -> list[str] | None:
-    return None if value is None else [v for v in value.split(",") if v.strip()]
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _precision_options(
+    precisions: list[str],
+    calibration_method: str,
+    calibration_file: Path | None,
+    allow_degraded: bool,
+    config: Any,
+    tokenizer: Any,
+) -> Any:
+    """PrecisionOptions from the command's flags; a calibration file is read (and checked) here."""
+    from edgeattn.exporters.calibration import read_calibration_file
+    from edgeattn.exporters.precisions import PrecisionOptions
+
+    options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded)
+    if calibration_file is not None:
+        if "int8-static" not in precisions:
+            raise click.UsageError("--calibration is for int8-static; add it to --precision")
+        options.calibration_data = read_calibration_file(calibration_file, config, tokenizer)
+        options.calibration_source = f"file {calibration_file.name}"
+    return options
 
 
 @cli.command()
@@ -105,6 +126,14 @@ def _split(value: str | None) -> list[str] | None:
     help="Calibration for int8-static.",
 )
 @click.option(
+    "--calibration",
+    "calibration_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Calibration sequences for int8-static, one per line: text when the model has a tokenizer, else token "
+    "ids (default: drawn from the model's vocabulary).",
+)
+@click.option(
     "--allow-degraded", is_flag=True, help="Keep precisions that miss their accuracy thresholds, marked degraded."
 )
 def export(
@@ -119,11 +148,11 @@ def export(
     force: bool,
     precisions: str,
     calibration_method: str,
+    calibration_file: Path | None,
     allow_degraded: bool,
 ) -> None:
     """Export the model's attention, encoder and decoder graphs to ONNX, verified."""
     from edgeattn.exporters.package import export_model
-    from edgeattn.exporters.precisions import PrecisionOptions
     from edgeattn.sources import resolve_model
 
     if preset and config_file:
@@ -131,6 +160,10 @@ def export(
     if preset and checkpoint:
         raise click.UsageError("--checkpoint carries its own config; use --config to override it, not --preset")
     source = resolve_model(preset, config_file, checkpoint, seed)
+    options = _precision_options(
+        _split(precisions) or [], calibration_method, calibration_file, allow_degraded, source.model.config,
+        source.tokenizer,
+    )  # fmt: skip
     # An earlier export in the output directory may be replaced without --force.
     replace = force or (output / "manifest.json").is_file()
     result = export_model(
@@ -144,7 +177,7 @@ def export(
         source=source.description,
         tokenizer=source.tokenizer,
         precisions=_split(precisions),
-        precision_options=PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded),
+        precision_options=options,
         heldout_texts=source.heldout,
         task=source.task,
     )
@@ -182,19 +215,33 @@ def verify(export_dir: Path, as_json: bool, precision: str) -> None:
 @click.option(
     "--calibration-method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax", show_default=True
 )
+@click.option(
+    "--calibration",
+    "calibration_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Calibration sequences for int8-static, one per line: text when the export has a tokenizer, else token ids.",
+)
 @click.option("--allow-degraded", is_flag=True, help="Keep precisions that miss their thresholds, marked degraded.")
-def quantize(export_dir: Path, precisions: str, calibration_method: str, allow_degraded: bool) -> None:
+def quantize(
+    export_dir: Path, precisions: str, calibration_method: str, calibration_file: Path | None, allow_degraded: bool
+) -> None:
     """Add reduced-precision graphs to an export, each gated against eager float32."""
     from edgeattn.exporters.package import quantize_export
-    from edgeattn.exporters.precisions import PrecisionOptions
     from edgeattn.runtime import read_manifest
+    from edgeattn.runtime.manifest import manifest_config
+    from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
     from edgeattn.sources import heldout_for_task
 
-    heldout = heldout_for_task(read_manifest(export_dir).get("task"))
+    manifest = read_manifest(export_dir)
+    heldout = heldout_for_task(manifest.get("task"))
+    tokenizer = WordTokenizer.load(export_dir / TOKENIZER_NAME) if manifest.get("tokenizer") else None
+    options = _precision_options(
+        _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest_config(manifest),
+        tokenizer,
+    )  # fmt: skip
     gates = quantize_export(
-        export_dir, _split(precisions) or [],
-        PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded),
-        heldout_texts=heldout, progress=sys.stderr.isatty(),
+        export_dir, _split(precisions) or [], options, heldout_texts=heldout, progress=sys.stderr.isatty()
     )  # fmt: skip
     for gate in gates.values():
         click.echo(gate.table())

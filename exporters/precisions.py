@@ -61,12 +61,20 @@ SOURCE_FORM = {
     "int4": FusedForm(packed=False),
 }
 
+#: Static int8 calibration: batches, and rows per batch when sequences are drawn from the vocabulary.
+CALIBRATION_BATCHES = 8
+CALIBRATION_ROWS = 8
+
 
 @dataclass
 class PrecisionOptions:
     """How reduced precisions are made and judged."""
 
     calibration_method: str = "minmax"
+    #: static int8 calibration sequences (token ids); None draws them from the model's vocabulary
+    calibration_data: list[list[int]] | None = None
+    #: where ``calibration_data`` came from, recorded in the manifest
+    calibration_source: str = ""
     allow_degraded: bool = False
     new_tokens: int = 16
     external_threshold: int = PROTOBUF_LIMIT
@@ -177,6 +185,7 @@ class PrecisionBuilder:
             info = quantize_int8_static(
                 src, dst, self.calibration(graph), self.options.calibration_method, exclude=exclude
             )
+            info["calibration_data"] = self._calibration_source()
         elif precision == "fp16":
             info = convert_fp16(src, dst)
         elif precision == "int4":
@@ -187,13 +196,18 @@ class PrecisionBuilder:
         self._record(graph, precision, dst, {"quantization": info, "source": src.name})
         return info
 
-    def calibration(self, graph: str, batches: int = 8) -> list[dict[str, np.ndarray]]:
-        """Representative feeds for ``graph``, built from the held-out distribution of the model's
-        own vocabulary and lengths (calibration uses other sequences than the gate)."""
+    def calibration(self, graph: str, batches: int = CALIBRATION_BATCHES) -> list[dict[str, np.ndarray]]:
+        """Representative feeds for ``graph`` in up to ``batches`` batches: from the user's
+        calibration sequences when given, else drawn from the model's own vocabulary and length
+        range (other sequences than the gate's)."""
         from edgeattn.exporters.gate import heldout_sources
 
         c = self.model.config
-        calib = heldout_sources(c, n=8 * batches, seed=1234)
+        if self.options.calibration_data:
+            calib = heldout_sources(c, texts=self.options.calibration_data)
+            batches = min(batches, len(self.options.calibration_data))
+        else:
+            calib = heldout_sources(c, n=CALIBRATION_ROWS * batches, seed=1234)
         chunks = np.array_split(np.arange(calib.ids.shape[0]), batches)
         feeds: list[dict[str, np.ndarray]] = []
         rng = np.random.default_rng(7)
@@ -214,6 +228,13 @@ class PrecisionBuilder:
                 assert isinstance(self.model, Seq2SeqTransformer)
                 feeds.append(teacher_forced(self.model, ids, mask, self.options.new_tokens).feeds)
         return feeds
+
+    def _calibration_source(self) -> str:
+        data = self.options.calibration_data
+        if not data:
+            drawn = CALIBRATION_ROWS * CALIBRATION_BATCHES
+            return f"drawn from the model's vocabulary and length range ({drawn} sequences)"
+        return f"{self.options.calibration_source or 'user sequences'} ({len(data)} sequences)"
 
     def _refresh(self, precision: str) -> ExportedModel:
         write_manifest(self.dir, self.manifest)
@@ -275,5 +296,6 @@ class PrecisionBuilder:
             info = quantize_int8_dynamic(src, dst, exclude=others)
         else:
             info = quantize_int8_static(src, dst, self.calibration(graph), self.options.calibration_method, others)
+            info["calibration_data"] = self._calibration_source()
         self._stamp(graph, precision, dst)
         self._record(graph, precision, dst, {"quantization": info, "source": src.name})

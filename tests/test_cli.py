@@ -124,3 +124,15 @@ def test_export_with_precisions_and_quantize_command(tmp_path):
     assert info["graphs"]["encoder"]["precision"] == "fp32"
     bad = edgeattn("quantize", "out", "--precision", "int3", cwd=tmp_path)
     assert bad.returncode == 1 and "unknown precision 'int3'" in bad.stderr
+    (tmp_path / "calib.txt").write_text("5 6 7\n8 9\n10\n")
+    static = edgeattn("quantize", "out", "--precision", "int8-static", "--calibration", "calib.txt", cwd=tmp_path)
+    assert static.returncode == 0, static.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    info = manifest["graphs"]["encoder"]["precisions"]["int8-static"]["quantization"]
+    assert info["calibration_data"] == "file calib.txt (3 sequences)"
+    (tmp_path / "calib.txt").write_text("5 6 7\n8 nine\n")
+    bad_file = edgeattn("quantize", "out", "--precision", "int8-static", "--calibration", "calib.txt", cwd=tmp_path)
+    assert bad_file.returncode == 1 and "calib.txt line 2" in bad_file.stderr
+    assert "Traceback" not in bad_file.stderr and len(bad_file.stderr.strip().splitlines()) == 1
+    unused = edgeattn("quantize", "out", "--precision", "int8", "--calibration", "calib.txt", cwd=tmp_path)
+    assert unused.returncode == 2 and "--calibration is for int8-static" in unused.stderr

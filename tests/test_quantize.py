@@ -180,3 +180,52 @@ def test_quantize_an_existing_export(tmp_path):
     with pytest.raises(ExportError, match="unknown precision 'int3'"):
         quantize_export(out, ["int3"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_calibration_file_reads_ids_or_text_and_names_bad_lines(tmp_path):
+    from edgeattn.exporters.calibration import read_calibration_file
+    from edgeattn.runtime.tokenizer import WordTokenizer
+
+    path = tmp_path / "calib.txt"
+    path.write_text("# token ids\n5 6 7\n\n39 3\n")
+    assert read_calibration_file(path, CFG) == [[5, 6, 7], [39, 3]]
+    tokenizer = WordTokenizer(["<pad>", "<bos>", "<eos>", "a", "b"])
+    path.write_text("a b\nb\n")
+    assert read_calibration_file(path, CFG, tokenizer) == [[3, 4], [4]]
+    cases = {
+        "5 6\n5 x\n": "calib.txt line 2: expected whitespace-separated token ids",
+        "5 40\n": "calib.txt line 1: token id 40 is outside the vocabulary 0..39",
+        "5\n" + " ".join(["5"] * 65) + "\n": "calib.txt line 2: 65 tokens, more than the model's max_len 64",
+        "# nothing\n\n": "holds no sequences",
+    }
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(ExportError, match=message):
+            read_calibration_file(path, CFG)
+    path.write_text("a\nc\n")
+    with pytest.raises(ExportError, match="calib.txt line 2: unknown token"):
+        read_calibration_file(path, CFG, tokenizer)
+    with pytest.raises(ExportError, match="cannot read calibration file"):
+        read_calibration_file(tmp_path / "missing.txt", CFG)
+
+
+def test_static_int8_is_calibrated_on_the_users_sequences(tmp_path):
+    """Two calibration sets give different activation scales; the manifest says which was used."""
+    model = build_model(CFG, seed=3)
+
+    def scales(name: str, data: list[list[int]] | None) -> tuple[dict[str, np.ndarray], dict]:
+        out = tmp_path / name
+        options = PrecisionOptions(allow_degraded=True, calibration_data=data, calibration_source="file c.txt")
+        export_model(
+            model, out, graphs=["encoder"], verify=False, precisions=["int8-static"], precision_options=options
+        )
+        proto = onnx.load(str(out / "encoder.int8-static.onnx"))
+        found = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer if t.name.endswith("_scale")}
+        return found, read_manifest(out)["graphs"]["encoder"]["precisions"]["int8-static"]["quantization"]
+
+    drawn, drawn_info = scales("drawn", None)
+    narrow, narrow_info = scales("narrow", [[5, 5, 5, 5]] * 4)
+    assert "drawn from the model's vocabulary" in drawn_info["calibration_data"]
+    assert narrow_info["calibration_data"] == "file c.txt (4 sequences)"
+    shared = set(drawn) & set(narrow)
+    assert shared and any(not np.allclose(drawn[k], narrow[k]) for k in shared)
