@@ -86,6 +86,10 @@ def test_bench_command_smoke(tmp_path):
         for r in rows:
             assert r["timing"]["median"] > 0 and r["tokens_per_s"] > 0 and r["gflops"] > 0
     assert data["gemm_ceiling_gflops"] > 0 and data["machine"]["cores"] >= 1
+    for name, info in data["variants"].items():  # each variant alone in a fresh process, at 2 x 16
+        assert info["memory_shape"] == "2x16", (name, info.get("memory_error"))
+        assert 0 < info["baseline_rss_mb"] < info["peak_rss_mb"] and info["added_rss_mb"] > 0
+    assert "peak MB" in result.stdout
     assert [(f["batch"], f["seq"]) for f in data["floors"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
     for f in data["floors"]:
         assert 0 < f["attention_ms"] < f["fp32_ms"] and f["int8_ms"] > f["attention_ms"] and f["fp32_ratio"] > 0
@@ -93,3 +97,34 @@ def test_bench_command_smoke(tmp_path):
     assert data["generation"]["steps"] and data["generation"]["cached_tokens_per_s"] > 0
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio = median / eager fp32" in result.stdout
+
+
+def test_memory_probe_counts_the_variants_own_memory_not_its_parents(tmp_path):
+    """A 40 MB embedding table shows up in the child's added memory; the 400 MB this (parent)
+    process holds does not leak into the child's peak."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeattn.benchmark.memory import measure_peak, onnx_probe
+
+    table = np.random.default_rng(0).standard_normal((10_000, 1024)).astype(np.float32)  # 41 MB
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["rows"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "axis"], ["m3"]),
+        helper.make_node("Mul", ["rows", "m3"], ["last_hidden_state"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"]) for n in ("input_ids", "attention_mask")],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["b", "s", 1024])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([-1], np.int64), "axis")],
+    )  # fmt: skip
+    path = tmp_path / "table.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    ballast = np.ones(100_000_000, dtype=np.float32)  # 400 MB resident in this process
+    peak = measure_peak(onnx_probe(str(path), "CPUExecutionProvider", 1), 2, 16, vocab_size=10_000)
+    assert ballast.sum() > 0
+    assert 38 < peak["added_mb"] < 300, peak
+    assert peak["peak_mb"] < 350, peak

@@ -4,15 +4,14 @@ All variants run in one process, interleaved run by run so machine drift hits th
 ONNX Runtime's intra-op spinning off (several sessions spinning on two cores fight each other).
 Figures per variant and shape: median/p90/p99 ms, sequences and tokens per second, achieved
 GFLOP/s against a float32 GEMM ceiling measured in the same run, cold start (session creation
-to first result), resident memory added by the variant, and file size; and per shape the
-matrix-product floors of float32 and int8 (see :mod:`edgeattn.benchmark.floors`).
+to first result), peak resident memory (each variant alone in a fresh process, see
+:mod:`edgeattn.benchmark.memory`), and file size; and per shape the matrix-product floors of
+float32 and int8 (see :mod:`edgeattn.benchmark.floors`).
 """
 
 from __future__ import annotations
 
-import gc
 import json
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ import numpy as np
 
 from edgeattn.benchmark.floors import Floor, measure_floor
 from edgeattn.benchmark.machine import cpu_flags, machine_info
+from edgeattn.benchmark.memory import Probe, eager_probe, measure_peak, onnx_probe
 from edgeattn.benchmark.timing import Timing, interleaved
 from edgeattn.config import ModelConfig
 
@@ -36,9 +36,10 @@ class Variant:
     name: str
     run: Runner
     cold_start_ms: float = 0.0
-    memory_mb: float = 0.0
     file_bytes: int = 0
     note: str = ""
+    #: how to rebuild the variant in a fresh process, for its peak memory (None: not measured)
+    probe: Probe | None = None
 
 
 @dataclass
@@ -75,7 +76,7 @@ class LatencyReport:
 
     def table(self) -> str:
         shapes = sorted({(r.batch, r.seq) for r in self.rows})
-        head = ["variant", *[f"{b}x{s} ms (ratio)" for b, s in shapes], "GFLOP/s", "cold ms", "MB file"]
+        head = ["variant", *[f"{b}x{s} ms (ratio)" for b, s in shapes], "GFLOP/s", "cold ms", "MB file", "peak MB"]
         lines = [head]
         for name, info in self.variants.items():
             cells = [name]
@@ -87,7 +88,9 @@ class LatencyReport:
                     continue
                 cells.append(f"{row.timing.median:.2f} ({row.ratio:.2f})")
                 best_gflops = max(best_gflops, row.gflops)
-            cells += [f"{best_gflops:.0f}", f"{info['cold_start_ms']:.0f}", f"{info['file_bytes'] / 1e6:.1f}"]
+            peak = info.get("peak_rss_mb")
+            cells += [f"{best_gflops:.0f}", f"{info['cold_start_ms']:.0f}", f"{info['file_bytes'] / 1e6:.1f}",
+                      "-" if peak is None else f"{peak:.0f}"]  # fmt: skip
             lines.append(cells)
         widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
         text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines]
@@ -96,6 +99,9 @@ class LatencyReport:
             f"median of interleaved runs, {self.threads} threads; ratio = median / {self.baseline}'s; "
             f"fp32 GEMM ceiling {self.gemm_ceiling_gflops:.0f} GFLOP/s"
         )
+        memory_shape = next((v.get("memory_shape") for v in self.variants.values() if v.get("memory_shape")), None)
+        if memory_shape:
+            text.append(f"peak MB: resident memory of the whole process running the variant alone at {memory_shape}")
         if self.floors:
             cells = [f"{f.batch}x{f.seq} fp32 {f.fp32_ms:.2f} ({f.fp32_ratio:.2f}), int8 {f.int8_ms:.2f} "
                      f"({f.int8_ratio:.2f})" for f in self.floors]  # fmt: skip
@@ -136,17 +142,11 @@ def gemm_ceiling(threads: int, size: int = 1024, repeats: int = 10) -> float:
         torch.set_num_threads(previous)
 
 
-def _rss_mb() -> float:
-    """Current resident memory of this process (peak where /proc is missing)."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def eager_variants(model: Any, threads: int, bf16: bool | None = None) -> tuple[list[Variant], dict[str, str]]:
-    """Eager PyTorch float32 (the model's attention), with SDPA, and bf16 autocast where AMX exists."""
+def eager_variants(
+    model: Any, threads: int, bf16: bool | None = None, weights: str | Path | None = None
+) -> tuple[list[Variant], dict[str, str]]:
+    """Eager PyTorch float32 (the model's attention), with SDPA, and bf16 autocast where AMX exists.
+    ``weights`` (the model's safetensors file) lets the memory probe rebuild them."""
     import torch
 
     from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
@@ -165,14 +165,18 @@ def eager_variants(model: Any, threads: int, bf16: bool | None = None) -> tuple[
 
         return run
 
+    def probe(sdpa: bool = False, autocast: bool = False) -> Probe | None:
+        config = model.config.to_dict()
+        return None if weights is None else eager_probe(str(weights), config, threads, sdpa, autocast)
+
     variants = [
-        Variant("eager fp32", runner(model)),
-        Variant("eager fp32 SDPA", runner(sdpa)),
+        Variant("eager fp32", runner(model), probe=probe()),
+        Variant("eager fp32 SDPA", runner(sdpa), probe=probe(sdpa=True)),
     ]
     skipped: dict[str, str] = {}
     has_amx = "amx_bf16" in cpu_flags()
     if bf16 or (bf16 is None and has_amx):
-        variants.append(Variant("eager bf16 autocast SDPA", runner(sdpa, autocast=True)))
+        variants.append(Variant("eager bf16 autocast SDPA", runner(sdpa, autocast=True), probe=probe(True, True)))
     else:
         skipped["eager bf16 autocast"] = "this CPU has no AMX (bf16 would be emulated)"
     return variants, skipped
@@ -210,8 +214,6 @@ def onnx_variants(
                 skipped[name] = str(exc)
                 continue
             path = export_dir / variant_entry["file"]
-            gc.collect()
-            before = _rss_mb()
             start = time.perf_counter()
             session = create_session(path, providers=[provider], threads=threads, spinning=False)
 
@@ -220,7 +222,8 @@ def onnx_variants(
 
             run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
             cold = (time.perf_counter() - start) * 1e3
-            variants.append(Variant(name, run, cold, _rss_mb() - before, int(variant_entry.get("bytes", 0))))
+            variants.append(Variant(name, run, cold, int(variant_entry.get("bytes", 0)),
+                                    probe=onnx_probe(str(path), provider, threads)))  # fmt: skip
     return variants, skipped
 
 
@@ -235,17 +238,18 @@ def bench_latency(
     progress: bool = False,
     skipped: dict[str, str] | None = None,
     floors: bool = True,
+    memory: bool = True,
 ) -> LatencyReport:
     """Time every variant at every (batch, seq) shape, interleaved; ratios against the first variant.
-    With ``floors``, also each shape's matrix-product floors (see :mod:`edgeattn.benchmark.floors`)."""
+    With ``floors``, also each shape's matrix-product floors (see :mod:`edgeattn.benchmark.floors`);
+    with ``memory``, each variant's peak memory at the largest shape, alone in a fresh process."""
     from tqdm import tqdm
 
     report = LatencyReport(config.to_dict(), threads, machine=machine_info(), skipped=dict(skipped or {}))
     report.gemm_ceiling_gflops = gemm_ceiling(threads)
     report.baseline = variants[0].name
     for v in variants:
-        report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "memory_mb": v.memory_mb,
-                                   "file_bytes": v.file_bytes, "note": v.note}  # fmt: skip
+        report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "file_bytes": v.file_bytes, "note": v.note}
     rng = np.random.default_rng(seed)
     bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
     for batch, seq in shapes:
@@ -269,7 +273,27 @@ def bench_latency(
             floor.fp32_ratio, floor.int8_ratio = floor.fp32_ms / base, floor.int8_ms / base
             report.floors.append(floor)
     bar.close()
+    if memory:
+        _measure_memory(report, variants, config, max(shapes, key=lambda bs: bs[0] * bs[1]))
     return report
+
+
+def _measure_memory(report: LatencyReport, variants: list[Variant], config: ModelConfig,
+                    shape: tuple[int, int]) -> None:  # fmt: skip
+    for v in variants:
+        info = report.variants[v.name]
+        if v.probe is None:
+            info["memory_error"] = "no probe: the variant cannot be rebuilt in a fresh process"
+            continue
+        try:
+            info.update(measure_peak(v.probe, shape[0], shape[1], config.vocab_size))
+        except Exception as exc:  # noqa: BLE001 - a failed probe is reported, not fatal
+            info["memory_error"] = str(exc)
+            continue
+        info["peak_rss_mb"] = info.pop("peak_mb")
+        info["baseline_rss_mb"] = info.pop("baseline_mb")
+        info["added_rss_mb"] = info.pop("added_mb")
+        info["memory_shape"] = f"{shape[0]}x{shape[1]}"
 
 
 def plot_report(report: LatencyReport, path: str | Path) -> Path:

@@ -27,6 +27,7 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
         return [], {"peer HF BERT": "transformers is not installed (pip install 'edgeattn[peers]')"}
     from onnxruntime.transformers.optimizer import optimize_model
 
+    from edgeattn.benchmark.memory import onnx_probe
     from edgeattn.exporters.quantize import _quiet_quantization
     from edgeattn.runtime.session import create_session
 
@@ -66,5 +67,7 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
 
         run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
         note = f"attention fused {stats.get('Attention', 0)} of {config.n_encoder_layers}"
-        variants.append(Variant(name, run, (time.perf_counter() - start) * 1e3, 0.0, path.stat().st_size, note))
+        cold = (time.perf_counter() - start) * 1e3
+        probe = onnx_probe(str(path), "CPUExecutionProvider", threads)
+        variants.append(Variant(name, run, cold, path.stat().st_size, note, probe=probe))
     return variants, {}

@@ -67,8 +67,9 @@ def run_benchmark(
         variants, skipped = [], {}
         if options.eager:
             if manifest.get("weights"):
-                model = load_model(check_file(export_dir, manifest["weights"]), config)
-                variants, skipped = eager_variants(model, options.threads)
+                weights = check_file(export_dir, manifest["weights"])
+                model = load_model(weights, config)
+                variants, skipped = eager_variants(model, options.threads, weights=weights)
             else:
                 skipped["eager"] = "the export holds no weights"
         onnx_vars, onnx_skipped = onnx_variants(export_dir, list(options.precisions), list(options.providers),

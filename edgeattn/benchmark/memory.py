@@ -1,0 +1,97 @@
+"""Peak resident memory of one variant, measured alone in a fresh process.
+
+Memory cannot be told apart between variants that share a process (freed memory is reused, not
+returned), so each variant is rebuilt from a small JSON probe in a child process: the child
+imports what the variant needs, notes its peak resident set, builds the variant (loads the
+weights or creates the session), runs it once at the benchmark's largest shape, and reports the
+peak again. ``peak_mb`` is the whole process (interpreter and libraries included: what a
+deployment pays); ``added_mb`` is what the variant itself needed beyond its imports.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from typing import Any
+
+Probe = dict[str, Any]
+
+
+def onnx_probe(path: str, provider: str, threads: int) -> Probe:
+    """How to rebuild an ONNX Runtime variant: the file, the provider and the threads."""
+    return {"kind": "onnx", "path": str(path), "provider": provider, "threads": threads}
+
+
+def eager_probe(
+    weights: str, config: dict[str, Any], threads: int, sdpa: bool = False, autocast: bool = False
+) -> Probe:
+    """How to rebuild an eager PyTorch variant: the weights file and config, the attention kernel."""
+    return {"kind": "eager", "weights": str(weights), "config": config, "threads": threads, "sdpa": sdpa,
+            "autocast": autocast}  # fmt: skip
+
+
+def _peak_mb() -> float:
+    """This process's peak resident set. VmHWM belongs to the process's own address space;
+    ru_maxrss would also carry the high-water mark of the parent that spawned it (Linux keeps it
+    across fork and exec), so it is only the fallback where /proc is missing."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure_peak(probe: Probe, batch: int, seq: int, vocab_size: int, timeout: float = 600) -> dict[str, float]:
+    """Peak resident memory (MB) of ``probe``'s variant running once at (batch, seq), alone."""
+    spec = {**probe, "batch": batch, "seq": seq, "vocab_size": vocab_size}
+    result = subprocess.run(
+        [sys.executable, "-m", "edgeattn.benchmark.memory", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise RuntimeError(f"memory probe failed: {lines[-1] if lines else result.returncode}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _run_probe(spec: dict[str, Any]) -> dict[str, float]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, spec["vocab_size"], size=(spec["batch"], spec["seq"]), dtype=np.int64)
+    mask = np.ones_like(ids)
+    if spec["kind"] == "onnx":
+        from edgeattn.runtime.session import create_session
+
+        baseline = _peak_mb()
+        session = create_session(spec["path"], providers=[spec["provider"]], threads=spec["threads"], spinning=False)
+        session.run(None, {"input_ids": ids, "attention_mask": mask})
+    elif spec["kind"] == "eager":
+        import torch
+
+        from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
+        from edgeattn.config import ModelConfig
+        from edgeattn.weights import load_model
+
+        torch.set_num_threads(spec["threads"])
+        baseline = _peak_mb()
+        model = load_model(spec["weights"], ModelConfig.from_dict(spec["config"])).eval()
+        if spec["sdpa"]:
+            for module in model.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.kernel = torch_sdpa_kernel
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["autocast"]):
+            model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+    else:
+        raise ValueError(f"unknown probe kind {spec['kind']!r}")
+    peak = _peak_mb()
+    return {"baseline_mb": baseline, "peak_mb": peak, "added_mb": peak - baseline}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_run_probe(json.loads(sys.argv[1]))))
