@@ -55,6 +55,19 @@ def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _shapes(value: str | None) -> tuple[tuple[int, int], ...] | None:
+    """``1x128,32x128`` as ((1, 128), (32, 128)); ValueError on anything else."""
+    if value is None:
+        return None
+    shapes = []
+    for item in _split(value) or []:
+        batch, _, seq = item.lower().partition("x")
+        shapes.append((int(batch), int(seq)))
+    if not shapes or any(b < 1 or s < 1 for b, s in shapes):
+        raise ValueError(f"bad shapes {value!r}")
+    return tuple(shapes)
+
+
 def _precision_options(
     precisions: list[str],
     calibration_method: str,
@@ -338,8 +351,18 @@ def run(
 @click.option("--preset", default=None, help="Export this preset first (default without EXPORT_DIR: demo).")
 @click.option("--batch", "batches", default="1,8", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--seq", "seqs", default="32,128,512", show_default=True, help="Comma-separated sequence lengths.")
+@click.option(
+    "--shapes", default=None, help="Comma-separated BATCHxSEQ shapes (e.g. 1x128,32x128) instead of --batch/--seq."
+)
 @click.option("--threads", default=2, show_default=True, type=int)
 @click.option("--providers", default="CPUExecutionProvider", show_default=True, help="Comma-separated providers.")
+@click.option(
+    "--io-binding/--no-io-binding",
+    default=None,
+    help="Keep ONNX Runtime inputs and outputs on the device (default: on CUDA only).",
+)
+@click.option("--no-cuda-graph", is_flag=True, help="Skip the CUDA-graph variants on the CUDA provider.")
+@click.option("--tf32", is_flag=True, help="Let CUDA float32 matrix products use TF32 (faster, ~1e-3 error).")
 @click.option(
     "--precision",
     "precisions",
@@ -360,8 +383,12 @@ def bench(
     preset: str | None,
     batches: str,
     seqs: str,
+    shapes: str | None,
     threads: int,
     providers: str,
+    io_binding: bool | None,
+    no_cuda_graph: bool,
+    tf32: bool,
     precisions: str,
     repeats: int,
     no_eager: bool,
@@ -380,9 +407,10 @@ def bench(
             batches=tuple(int(b) for b in batches.split(",")), seqs=tuple(int(s) for s in seqs.split(",")),
             threads=threads, providers=tuple(_split(providers) or []), precisions=tuple(_split(precisions) or []),
             repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
+            shapes=_shapes(shapes), io_binding=io_binding, cuda_graph=not no_cuda_graph, tf32=tf32,
         )  # fmt: skip
     except ValueError as exc:
-        raise click.UsageError(f"--batch and --seq take comma-separated integers: {exc}") from exc
+        raise click.UsageError(f"--batch and --seq take comma-separated integers, --shapes BATCHxSEQ: {exc}") from exc
     report, gen = run_benchmark(export_dir, preset, options, json_path, plot_path, progress=sys.stderr.isatty())
     click.echo(report.table())
     if gen is not None:

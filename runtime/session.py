@@ -60,15 +60,19 @@ def create_session(
     spinning: bool = True,
     optimized_cache: str | Path | None = None,
     tf32: bool = False,
+    cuda_graph: bool = False,
 ) -> ort.InferenceSession:
     """An inference session for one ONNX file.
 
     With ``optimized_cache`` (a file path), the optimised graph is saved there on first load and
     loaded from there afterwards, skipping the optimisation passes. The CUDA provider runs
     float32 matrix products in full float32 unless ``tf32`` (faster, about 1e-3 relative error).
+    ``cuda_graph`` turns on the CUDA provider's graph capture: the session must then always be
+    run through IO binding with the same device buffers (one input shape per session).
     """
+    cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
     chosen: list[str | tuple[str, dict[str, str]]] = [
-        (p, {"use_tf32": "1" if tf32 else "0"}) if p == CUDA else p for p in pick_providers(providers)
+        (p, cuda_options) if p == CUDA else p for p in pick_providers(providers)
     ]
     source, opts = str(path), session_options(threads, spinning)
     if optimized_cache is not None:

@@ -128,3 +128,21 @@ def test_memory_probe_counts_the_variants_own_memory_not_its_parents(tmp_path):
     assert ballast.sum() > 0
     assert 38 < peak["added_mb"] < 300, peak
     assert peak["peak_mb"] < 350, peak
+
+
+def test_io_bound_runner_matches_a_plain_run(tiny_export):
+    """IO binding on the CPU device: same output as session.run, for two shapes in turn."""
+    import numpy as np
+
+    from edgeattn.benchmark.bound import BoundRunner
+    from edgeattn.runtime.session import create_session
+
+    session = create_session(tiny_export / "encoder.onnx")
+    runner = BoundRunner(session, "cpu")
+    rng = np.random.default_rng(0)
+    for shape in ((1, 16), (3, 8), (1, 16)):
+        ids = rng.integers(3, 50, size=shape, dtype=np.int64)
+        mask = np.ones_like(ids)
+        mask[1:, shape[1] // 2 :] = 0
+        want = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
+        np.testing.assert_array_equal(runner.output(ids, mask), want)

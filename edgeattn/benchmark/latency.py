@@ -143,10 +143,16 @@ def gemm_ceiling(threads: int, size: int = 1024, repeats: int = 10) -> float:
 
 
 def eager_variants(
-    model: Any, threads: int, bf16: bool | None = None, weights: str | Path | None = None
+    model: Any,
+    threads: int,
+    bf16: bool | None = None,
+    weights: str | Path | None = None,
+    cpu: bool = True,
+    cuda: bool = False,
 ) -> tuple[list[Variant], dict[str, str]]:
-    """Eager PyTorch float32 (the model's attention), with SDPA, and bf16 autocast where AMX exists.
-    ``weights`` (the model's safetensors file) lets the memory probe rebuild them."""
+    """Eager PyTorch on the CPU (``cpu``): float32 with the model's attention, with SDPA, and bf16
+    autocast where AMX exists; on the GPU (``cuda``, when torch sees one): float32 and float16 with
+    SDPA. ``weights`` (the model's safetensors file) lets the memory probe rebuild CPU variants."""
     import torch
 
     from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
@@ -169,33 +175,77 @@ def eager_variants(
         config = model.config.to_dict()
         return None if weights is None else eager_probe(str(weights), config, threads, sdpa, autocast)
 
-    variants = [
-        Variant("eager fp32", runner(model), probe=probe()),
-        Variant("eager fp32 SDPA", runner(sdpa), probe=probe(sdpa=True)),
-    ]
+    variants: list[Variant] = []
     skipped: dict[str, str] = {}
-    has_amx = "amx_bf16" in cpu_flags()
-    if bf16 or (bf16 is None and has_amx):
-        variants.append(Variant("eager bf16 autocast SDPA", runner(sdpa, autocast=True), probe=probe(True, True)))
-    else:
-        skipped["eager bf16 autocast"] = "this CPU has no AMX (bf16 would be emulated)"
+    if cpu:
+        variants += [
+            Variant("eager fp32", runner(model), probe=probe()),
+            Variant("eager fp32 SDPA", runner(sdpa), probe=probe(sdpa=True)),
+        ]
+        has_amx = "amx_bf16" in cpu_flags()
+        if bf16 or (bf16 is None and has_amx):
+            variants.append(Variant("eager bf16 autocast SDPA", runner(sdpa, autocast=True), probe=probe(True, True)))
+        else:
+            skipped["eager bf16 autocast"] = "this CPU has no AMX (bf16 would be emulated)"
+    if cuda:
+        if torch.cuda.is_available():
+            variants += [
+                Variant("eager fp32 CUDA", _cuda_runner(model, torch.float32), note="TF32 off"),
+                Variant("eager fp16 SDPA CUDA", _cuda_runner(sdpa, torch.float16)),
+            ]
+        else:
+            skipped["eager CUDA"] = "torch sees no CUDA device"
     return variants, skipped
 
 
+def _cuda_runner(model: Any, dtype: Any) -> Runner:
+    """Eager PyTorch on the GPU in ``dtype``; inputs copied to the device once per input array,
+    the output left there, the device synchronised before returning."""
+    import copy
+
+    import torch
+
+    gpu = copy.deepcopy(model).to(device="cuda", dtype=dtype).eval()
+    cached: dict[str, Any] = {}
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> object:
+        key = (ids.__array_interface__["data"][0], ids.shape, mask.__array_interface__["data"][0])
+        if cached.get("key") != key:
+            cached.update(key=key, ids=torch.from_numpy(ids).cuda(), mask=torch.from_numpy(mask).cuda())
+        with torch.inference_mode():
+            out = gpu.encode(cached["ids"], cached["mask"])
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
 def onnx_variants(
-    export_dir: Path, precisions: list[str], providers: list[str], threads: int
+    export_dir: Path,
+    precisions: list[str],
+    providers: list[str],
+    threads: int,
+    io_binding: bool | None = None,
+    cuda_graph: bool = True,
+    tf32: bool = False,
 ) -> tuple[list[Variant], dict[str, str]]:
-    """The exported encoder at each precision the export holds, on each provider asked for."""
+    """The exported encoder at each precision the export holds, on each provider asked for.
+
+    ``io_binding`` (default: on for CUDA) keeps inputs and outputs on the device (see
+    :mod:`edgeattn.benchmark.bound`); on CUDA, ``cuda_graph`` adds a CUDA-graph variant of each
+    precision; ``tf32`` lets CUDA float32 matrix products use TF32."""
     import onnxruntime as ort
 
-    from edgeattn.runtime.manifest import graph_entry, read_manifest
-    from edgeattn.runtime.session import create_session
+    from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner
+    from edgeattn.runtime.manifest import graph_entry, manifest_config, read_manifest
+    from edgeattn.runtime.session import CUDA, create_session
 
     manifest = read_manifest(export_dir)
     entry = manifest["graphs"].get("encoder")
     skipped: dict[str, str] = {}
     if entry is None:
         return [], {"onnx": f"{export_dir} has no encoder graph"}
+    d_model = manifest_config(manifest).d_model
     available = ort.get_available_providers()
     variants: list[Variant] = []
     for provider in providers:
@@ -203,6 +253,7 @@ def onnx_variants(
         if provider not in available:
             skipped[f"onnx {short}"] = f"{provider} is not in this onnxruntime"
             continue
+        bind = provider == CUDA if io_binding is None else io_binding
         for precision in precisions:
             name = f"onnx {precision} {short}"
             if precision == "fp16" and provider == "CPUExecutionProvider":
@@ -214,16 +265,27 @@ def onnx_variants(
                 skipped[name] = str(exc)
                 continue
             path = export_dir / variant_entry["file"]
+            size = int(variant_entry.get("bytes", 0))
             start = time.perf_counter()
-            session = create_session(path, providers=[provider], threads=threads, spinning=False)
+            session = create_session(path, providers=[provider], threads=threads, spinning=False, tf32=tf32)
+            run: Runner
+            if bind:
+                run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
+            else:
 
-            def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
-                return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
+                def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
+                    return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
 
             run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
             cold = (time.perf_counter() - start) * 1e3
-            variants.append(Variant(name, run, cold, int(variant_entry.get("bytes", 0)),
-                                    probe=onnx_probe(str(path), provider, threads)))  # fmt: skip
+            notes = [n for n, on in (("IO binding", bind), ("TF32", tf32 and provider == CUDA)) if on]
+            # a CUDA session's host memory is mostly the CUDA libraries, not the model: not probed
+            probe = None if provider == CUDA else onnx_probe(str(path), provider, threads)
+            variants.append(Variant(name, run, cold, size, ", ".join(notes), probe=probe))
+            if provider == CUDA and cuda_graph:
+                graph_runner = CudaGraphRunner(path, d_model, threads, tf32)
+                note = "CUDA graph, IO binding, one session per shape (cold start not comparable)"
+                variants.append(Variant(f"{name} graph", graph_runner, 0.0, size, note))
     return variants, skipped
 
 
@@ -283,7 +345,10 @@ def _measure_memory(report: LatencyReport, variants: list[Variant], config: Mode
     for v in variants:
         info = report.variants[v.name]
         if v.probe is None:
-            info["memory_error"] = "no probe: the variant cannot be rebuilt in a fresh process"
+            info["memory_error"] = "not measured: " + (
+                "a GPU variant's host memory is mostly the CUDA libraries" if "CUDA" in v.name
+                else "the variant cannot be rebuilt in a fresh process"
+            )  # fmt: skip
             continue
         try:
             info.update(measure_peak(v.probe, shape[0], shape[1], config.vocab_size))

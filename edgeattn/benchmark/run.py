@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.session import CPU, CUDA
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,18 @@ class BenchOptions:
     eager: bool = True
     generation: bool = False
     peers: bool = True
+    #: explicit (batch, seq) shapes instead of the batches x seqs grid
+    shapes: tuple[tuple[int, int], ...] | None = None
+    #: IO binding for ONNX Runtime variants (None: on for CUDA, off for the CPU)
+    io_binding: bool | None = None
+    #: CUDA-graph variants on the CUDA provider
+    cuda_graph: bool = True
+    #: TF32 for float32 matrix products on the CUDA provider
+    tf32: bool = False
+
+    def grid(self) -> list[tuple[int, int]]:
+        """The shapes to time: ``shapes`` when given, else every batch with every sequence length."""
+        return list(self.shapes) if self.shapes else [(b, s) for b in self.batches for s in self.seqs]
 
 
 def run_benchmark(
@@ -46,6 +60,7 @@ def run_benchmark(
     from edgeattn.weights import load_model
 
     options = options or BenchOptions()
+    on_cpu = CPU in options.providers
     with tempfile.TemporaryDirectory(prefix="edgeattn-bench-") as scratch:
         if export_dir is None:
             from edgeattn.exporters.package import export_model
@@ -69,26 +84,32 @@ def run_benchmark(
             if manifest.get("weights"):
                 weights = check_file(export_dir, manifest["weights"])
                 model = load_model(weights, config)
-                variants, skipped = eager_variants(model, options.threads, weights=weights)
+                variants, skipped = eager_variants(model, options.threads, weights=weights, cpu=on_cpu,
+                                                   cuda=CUDA in options.providers)  # fmt: skip
             else:
                 skipped["eager"] = "the export holds no weights"
-        onnx_vars, onnx_skipped = onnx_variants(export_dir, list(options.precisions), list(options.providers),
-                                                options.threads)  # fmt: skip
+        onnx_vars, onnx_skipped = onnx_variants(
+            export_dir, list(options.precisions), list(options.providers), options.threads,
+            io_binding=options.io_binding, cuda_graph=options.cuda_graph, tf32=options.tf32,
+        )  # fmt: skip
         variants += onnx_vars
         skipped.update(onnx_skipped)
-        if options.peers:
+        if options.peers and on_cpu:
             from edgeattn.benchmark.peers import bert_peer_variants
 
             peer_vars, peer_skipped = bert_peer_variants(config, options.threads, Path(scratch))
             variants += peer_vars
             skipped.update(peer_skipped)
-        shapes = [(b, s) for b in options.batches for s in options.seqs if s <= config.max_len]
-        for b in options.batches:
-            for s in options.seqs:
-                if s > config.max_len:
-                    skipped[f"{b}x{s}"] = f"longer than the model's max_len {config.max_len}"
+        shapes = [(b, s) for b, s in options.grid() if s <= config.max_len]
+        for b, s in options.grid():
+            if s > config.max_len:
+                skipped[f"{b}x{s}"] = f"longer than the model's max_len {config.max_len}"
+        if not shapes:
+            raise EdgeattnError(f"no shape to time: every sequence length is over the model's max_len {config.max_len}")
+        if not variants:
+            raise EdgeattnError(f"nothing to time: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
         report = bench_latency(variants, config, shapes, options.threads, options.repeats, options.warmup,
-                               progress=progress, skipped=skipped)  # fmt: skip
+                               progress=progress, skipped=skipped, floors=on_cpu)  # fmt: skip
         report.accuracy = manifest.get("gates") or {}
         generation = None
         if options.generation and "decoder" in manifest["graphs"]:
