@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from pathlib import Path
 
 import onnxruntime as ort
@@ -36,6 +38,22 @@ def pick_providers(requested: list[str] | tuple[str, ...] | None) -> list[str]:
     if CPU not in chosen:
         chosen.append(CPU)
     return chosen
+
+
+@functools.cache
+def preload_cuda_libraries() -> bool:
+    """Load CUDA and cuDNN from the ``nvidia-*`` Python packages (``onnxruntime.preload_dlls``,
+    onnxruntime-gpu 1.21+) so a process without torch finds them; True when it ran. Skipped when
+    torch is already imported (torch loads its own copies, and mixing the two can conflict)."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None or "torch" in sys.modules:
+        return False
+    try:
+        preload()
+    except Exception as exc:  # noqa: BLE001 - the session creation below reports what is missing
+        log.debug("onnxruntime.preload_dlls failed: %s", exc)
+        return False
+    return True
 
 
 def session_options(threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
@@ -74,6 +92,8 @@ def create_session(
     chosen: list[str | tuple[str, dict[str, str]]] = [
         (p, cuda_options) if p == CUDA else p for p in pick_providers(providers)
     ]
+    if any(p == CUDA or (isinstance(p, tuple) and p[0] == CUDA) for p in chosen):
+        preload_cuda_libraries()
     source, opts = str(path), session_options(threads, spinning)
     if optimized_cache is not None:
         cache = Path(optimized_cache)

@@ -100,3 +100,21 @@ def test_bench_on_cuda_times_io_bound_graph_and_eager_fp16_variants(exported, tm
     assert not any(n.startswith("eager fp32") and "CUDA" not in n for n in names)  # no CPU variants
     assert len(report.rows) == 2 * len(names) and all(r.timing.median > 0 for r in report.rows)
     assert "IO binding" in report.variants["onnx fp16 CUDA"]["note"]
+
+
+def test_torch_free_process_runs_on_cuda(exported):
+    """The runtime alone (no torch in the process) finds the CUDA libraries and runs there."""
+    import subprocess
+    import sys
+
+    out, _ = exported
+    code = (
+        "import sys, numpy as np\n"
+        "from edgeattn.runtime import load\n"
+        f"m = load({str(out)!r}, providers=['CUDAExecutionProvider'])\n"
+        "assert m.providers[0] == 'CUDAExecutionProvider', m.providers\n"
+        "assert m.encode(np.ones((2, 7), dtype=np.int64)).shape == (2, 7, 64)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

@@ -96,8 +96,8 @@ class LatencyReport:
         text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines]
         text.insert(1, "  ".join("-" * w for w in widths))
         text.append(
-            f"median of interleaved runs, {self.threads} threads; ratio = median / {self.baseline}'s; "
-            f"fp32 GEMM ceiling {self.gemm_ceiling_gflops:.0f} GFLOP/s"
+            f"median of interleaved runs, {self.threads} threads; ratio = median / {self.baseline}'s"
+            + (f"; fp32 GEMM ceiling {self.gemm_ceiling_gflops:.0f} GFLOP/s" if self.gemm_ceiling_gflops else "")
         )
         memory_shape = next((v.get("memory_shape") for v in self.variants.values() if v.get("memory_shape")), None)
         if memory_shape:
@@ -308,7 +308,8 @@ def bench_latency(
     from tqdm import tqdm
 
     report = LatencyReport(config.to_dict(), threads, machine=machine_info(), skipped=dict(skipped or {}))
-    report.gemm_ceiling_gflops = gemm_ceiling(threads)
+    if floors:  # the ceiling is the CPU's; a GPU run leaves it out
+        report.gemm_ceiling_gflops = gemm_ceiling(threads)
     report.baseline = variants[0].name
     for v in variants:
         report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "file_bytes": v.file_bytes, "note": v.note}
