@@ -22,7 +22,7 @@ import numpy as np
 
 from edgeattn.benchmark.floors import Floor, measure_floor
 from edgeattn.benchmark.machine import cpu_flags, machine_info
-from edgeattn.benchmark.memory import Probe, eager_probe, measure_peak, onnx_probe
+from edgeattn.benchmark.memory import Probe, bench_inputs, eager_probe, measure_peak, onnx_probe
 from edgeattn.benchmark.timing import Timing, interleaved
 from edgeattn.config import ModelConfig
 
@@ -313,12 +313,9 @@ def bench_latency(
     report.baseline = variants[0].name
     for v in variants:
         report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "file_bytes": v.file_bytes, "note": v.note}
-    rng = np.random.default_rng(seed)
     bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
     for batch, seq in shapes:
-        ids = rng.integers(3, config.vocab_size, size=(batch, seq), dtype=np.int64)
-        mask = np.ones_like(ids)
-        mask[1:, seq - seq // 4 :] = 0  # rows after the first carry padding
+        ids, mask = bench_inputs(config.vocab_size, batch, seq, seed)  # rows after the first carry padding
         timings = interleaved(
             {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in variants},
             repeats,

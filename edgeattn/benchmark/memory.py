@@ -14,6 +14,7 @@ import json
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 Probe = dict[str, Any]
@@ -59,19 +60,32 @@ def measure_peak(probe: Probe, batch: int, seq: int, vocab_size: int, timeout: f
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _run_probe(spec: dict[str, Any]) -> dict[str, float]:
+def bench_inputs(vocab_size: int, batch: int, seq: int, seed: int = 0) -> tuple[Any, Any]:
+    """The benchmark's inputs for one shape: random ids, and padding over the last quarter of
+    every row after the first. The same for every variant and every process."""
     import numpy as np
 
-    rng = np.random.default_rng(0)
-    ids = rng.integers(3, spec["vocab_size"], size=(spec["batch"], spec["seq"]), dtype=np.int64)
+    rng = np.random.default_rng([seed, batch, seq])
+    ids = rng.integers(3, vocab_size, size=(batch, seq), dtype=np.int64)
     mask = np.ones_like(ids)
+    mask[1:, seq - seq // 4 :] = 0
+    return ids, mask
+
+
+def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], float]:
+    """The variant a probe describes, as ``run(ids, mask)``, and this process's peak memory (MB)
+    after the imports it needed and before it was built."""
     if spec["kind"] == "onnx":
         from edgeattn.runtime.session import create_session
 
         baseline = _peak_mb()
         session = create_session(spec["path"], providers=[spec["provider"]], threads=spec["threads"], spinning=False)
-        session.run(None, {"input_ids": ids, "attention_mask": mask})
-    elif spec["kind"] == "eager":
+
+        def run(ids: Any, mask: Any) -> object:
+            return session.run(None, {"input_ids": ids, "attention_mask": mask})
+
+        return run, baseline
+    if spec["kind"] == "eager":
         import torch
 
         from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
@@ -85,10 +99,18 @@ def _run_probe(spec: dict[str, Any]) -> dict[str, float]:
             for module in model.modules():
                 if isinstance(module, MultiHeadAttention):
                     module.kernel = torch_sdpa_kernel
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["autocast"]):
-            model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-    else:
-        raise ValueError(f"unknown probe kind {spec['kind']!r}")
+
+        def run_eager(ids: Any, mask: Any) -> object:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["autocast"]):
+                return model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+
+        return run_eager, baseline
+    raise ValueError(f"unknown probe kind {spec['kind']!r}")
+
+
+def _run_probe(spec: dict[str, Any]) -> dict[str, float]:
+    run, baseline = build_variant(spec)
+    run(*bench_inputs(spec["vocab_size"], spec["batch"], spec["seq"]))
     peak = _peak_mb()
     return {"baseline_mb": baseline, "peak_mb": peak, "added_mb": peak - baseline}
 
