@@ -55,6 +55,16 @@ def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
+_calibration_option = click.option(
+    "--calibration",
+    "calibration_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Calibration sequences for int8-static, one per line: text when the model has a tokenizer, else token "
+    "ids (default: drawn from the model's vocabulary).",
+)
+
+
 def _shapes(value: str | None) -> tuple[tuple[int, int], ...] | None:
     """``1x128,32x128`` as ((1, 128), (32, 128)); ValueError on anything else."""
     if value is None:
@@ -138,14 +148,7 @@ def _precision_options(
     show_default=True,
     help="Calibration for int8-static.",
 )
-@click.option(
-    "--calibration",
-    "calibration_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Calibration sequences for int8-static, one per line: text when the model has a tokenizer, else token "
-    "ids (default: drawn from the model's vocabulary).",
-)
+@_calibration_option
 @click.option(
     "--allow-degraded", is_flag=True, help="Keep precisions that miss their accuracy thresholds, marked degraded."
 )
@@ -228,13 +231,7 @@ def verify(export_dir: Path, as_json: bool, precision: str) -> None:
 @click.option(
     "--calibration-method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax", show_default=True
 )
-@click.option(
-    "--calibration",
-    "calibration_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Calibration sequences for int8-static, one per line: text when the export has a tokenizer, else token ids.",
-)
+@_calibration_option
 @click.option("--allow-degraded", is_flag=True, help="Keep precisions that miss their thresholds, marked degraded.")
 def quantize(
     export_dir: Path, precisions: str, calibration_method: str, calibration_file: Path | None, allow_degraded: bool

@@ -11,12 +11,12 @@ ratio to eager PyTorch bounds what any graph rewrite can reach.
 from __future__ import annotations
 
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from edgeattn.benchmark.timing import best_seconds
 from edgeattn.config import ModelConfig
 
 
@@ -78,13 +78,7 @@ def _time_layer(config: ModelConfig, rows: int, int8: bool, threads: int, repeat
         session = create_session(path, threads=threads, spinning=False)
     rng = np.random.default_rng(1)
     feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
-    session.run(None, feeds)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    return best_seconds(lambda: session.run(None, feeds), repeats) * 1e3
 
 
 def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:

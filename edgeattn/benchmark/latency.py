@@ -23,7 +23,7 @@ import numpy as np
 from edgeattn.benchmark.floors import Floor, measure_floor
 from edgeattn.benchmark.machine import cpu_flags, machine_info
 from edgeattn.benchmark.memory import Probe, bench_inputs, eager_probe, measure_peak, onnx_probe
-from edgeattn.benchmark.timing import Timing, interleaved
+from edgeattn.benchmark.timing import Timing, best_seconds, interleaved
 from edgeattn.config import ModelConfig
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
@@ -131,13 +131,7 @@ def gemm_ceiling(threads: int, size: int = 1024, repeats: int = 10) -> float:
     torch.set_num_threads(threads)
     try:
         a, b = torch.randn(size, size), torch.randn(size, size)
-        torch.matmul(a, b)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            best = min(best, time.perf_counter() - start)
-        return 2 * size**3 / best / 1e9
+        return 2 * size**3 / best_seconds(lambda: torch.matmul(a, b), repeats) / 1e9
     finally:
         torch.set_num_threads(previous)
 

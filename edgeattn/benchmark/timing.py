@@ -27,6 +27,17 @@ class Timing:
         )
 
 
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (after one untimed call), in seconds."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def interleaved(
     variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 2, on_round: Callable[[], None] | None = None
 ) -> dict[str, Timing]:
