@@ -17,7 +17,7 @@ import numpy as np
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_tokens
 from edgeattn.runtime.manifest import check_file, graph_entry, manifest_config, read_manifest
-from edgeattn.runtime.session import CUDA, create_session
+from edgeattn.runtime.session import CUDA, Spinning, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, graph_spec
 from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
 
@@ -76,6 +76,8 @@ class ExportedModel:
     (``fp32``, or a reduced precision the export holds). ``optimized_cache`` is a directory where
     ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
     unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
+    ``spinning`` is how ONNX Runtime's intra-op threads wait for work (see
+    :data:`edgeattn.runtime.session.Spinning`).
     """
 
     def __init__(
@@ -84,7 +86,7 @@ class ExportedModel:
         providers: list[str] | tuple[str, ...] | None = None,
         threads: int | None = None,
         precision: str = "fp32",
-        spinning: bool = True,
+        spinning: bool | Spinning = True,
         optimized_cache: str | Path | None = None,
         io_binding: bool | None = None,
         tf32: bool = False,

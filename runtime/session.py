@@ -6,6 +6,7 @@ import functools
 import logging
 import sys
 from pathlib import Path
+from typing import Literal
 
 import onnxruntime as ort
 
@@ -56,9 +57,23 @@ def preload_cuda_libraries() -> bool:
     return True
 
 
-def session_options(threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
+#: How intra-op threads wait for work: "on" (ONNX Runtime's default: they spin, between runs too),
+#: "run" (they spin while a run lasts and stop when it ends, so sessions that share cores do not
+#: fight between their runs), "off" (they never spin). True and False mean "on" and "off".
+Spinning = Literal["on", "run", "off"]
+
+
+def spin_policy(spinning: bool | str) -> str:
+    """``spinning`` as one of "on", "run", "off"."""
+    policy = {True: "on", False: "off"}.get(spinning, spinning) if isinstance(spinning, bool) else spinning
+    if policy not in ("on", "run", "off"):
+        raise EdgeattnError(f"spinning must be 'on', 'run', 'off' or a bool, got {spinning!r}")
+    return policy
+
+
+def session_options(threads: int | None = None, spinning: bool | Spinning = True) -> ort.SessionOptions:
     """Session options: all graph optimisations, ``threads`` intra-op threads (None: ORT decides),
-    intra-op spinning on or off."""
+    intra-op spinning as :data:`Spinning` says."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads is not None:
@@ -66,7 +81,10 @@ def session_options(threads: int | None = None, spinning: bool = True) -> ort.Se
             raise EdgeattnError(f"threads must be a positive integer, got {threads}")
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    policy = spin_policy(spinning)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if policy == "off" else "1")
+    if policy == "run":
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.log_severity_level = 3
     return opts
 
@@ -75,7 +93,7 @@ def create_session(
     path: str | Path,
     providers: list[str] | tuple[str, ...] | None = (CPU,),
     threads: int | None = None,
-    spinning: bool = True,
+    spinning: bool | Spinning = True,
     optimized_cache: str | Path | None = None,
     tf32: bool = False,
     cuda_graph: bool = False,

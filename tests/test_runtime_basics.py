@@ -58,3 +58,24 @@ def test_inputs_are_checked_against_the_spec(export_dir):
         m.run("encoder", {"input_ids": ids, "attention_mask": np.ones((3, 5), dtype=np.int64)})
     with pytest.raises(InputError, match="needs input"):
         m.run("encoder", {"input_ids": ids})
+
+
+def test_spinning_policies_set_onnx_runtime_options(export_dir):
+    from edgeattn.errors import EdgeattnError
+    from edgeattn.runtime.session import session_options
+
+    def entries(spinning):
+        opts = session_options(2, spinning)
+        stop = opts.get_session_config_entry("session.force_spinning_stop") if spinning == "run" else None
+        return opts.get_session_config_entry("session.intra_op.allow_spinning"), stop
+
+    assert entries(True) == entries("on") == ("1", None)
+    assert entries(False) == entries("off") == ("0", None)
+    assert entries("run") == ("1", "1")
+    with pytest.raises(EdgeattnError, match="spinning must be"):
+        session_options(2, "sometimes")
+    out, _ = export_dir
+    ids = np.array([[5, 6, 7]], dtype=np.int64)
+    outputs = [ExportedModel(out, threads=2, spinning=s).encode(ids) for s in ("on", "run", "off")]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_array_equal(outputs[0], outputs[2])

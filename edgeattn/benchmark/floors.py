@@ -75,7 +75,7 @@ def _time_layer(config: ModelConfig, rows: int, int8: bool, threads: int, repeat
     with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
         path = Path(tmp) / "layer.onnx"
         path.write_bytes(_layer_graph(config, int8))
-        session = create_session(path, threads=threads, spinning=False)
+        session = create_session(path, threads=threads, spinning="run")
     rng = np.random.default_rng(1)
     feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
     return best_seconds(lambda: session.run(None, feeds), repeats) * 1e3

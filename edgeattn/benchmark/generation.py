@@ -107,7 +107,7 @@ def bench_generation(
     seed: int = 0,
 ) -> GenerationBench:
     """Measure an export's decoder; see the module docstring."""
-    rt = load(export_dir, providers=[CPU], threads=threads, spinning=False)
+    rt = load(export_dir, providers=[CPU], threads=threads, spinning="run")
     c = rt.config
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, c.vocab_size, size=(batch, src_len), dtype=np.int64)

@@ -1,7 +1,8 @@
 """Encoder latency, variant beside variant: eager PyTorch and every exported precision.
 
 All variants run in one process, interleaved run by run so machine drift hits them alike, with
-ONNX Runtime's intra-op spinning off (several sessions spinning on two cores fight each other).
+ONNX Runtime's intra-op threads spinning only while a run lasts (spinning between runs, several
+sessions on two cores would fight each other; not spinning at all costs every operator a wake-up).
 Figures per variant and shape: median/p90/p99 ms, sequences and tokens per second, achieved
 GFLOP/s against a float32 GEMM ceiling measured in the same run, cold start (session creation
 to first result), peak resident memory (each variant alone in a fresh process, see
@@ -261,7 +262,7 @@ def onnx_variants(
             path = export_dir / variant_entry["file"]
             size = int(variant_entry.get("bytes", 0))
             start = time.perf_counter()
-            session = create_session(path, providers=[provider], threads=threads, spinning=False, tf32=tf32)
+            session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32)
             run: Runner
             if bind:
                 run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")

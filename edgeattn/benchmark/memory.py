@@ -79,7 +79,7 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
         from edgeattn.runtime.session import create_session
 
         baseline = _peak_mb()
-        session = create_session(spec["path"], providers=[spec["provider"]], threads=spec["threads"], spinning=False)
+        session = create_session(spec["path"], providers=[spec["provider"]], threads=spec["threads"], spinning="run")
 
         def run(ids: Any, mask: Any) -> object:
             return session.run(None, {"input_ids": ids, "attention_mask": mask})
