@@ -111,6 +111,7 @@ class PrecisionBuilder:
         self.options = options
         self.graphs = list(manifest["graphs"])
         self.gates: dict[str, GateResult] = {}
+        self._calibration_feeds: dict[str, list[dict[str, np.ndarray]]] = {}
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=export_dir.parent))
 
     def close(self) -> None:
@@ -182,10 +183,7 @@ class PrecisionBuilder:
         if precision == "int8":
             info = quantize_int8_dynamic(src, dst, exclude=exclude)
         elif precision == "int8-static":
-            info = quantize_int8_static(
-                src, dst, self.calibration(graph), self.options.calibration_method, exclude=exclude
-            )
-            info["calibration_data"] = self._calibration_source()
+            info = self._quantize_static(graph, src, dst, exclude)
         elif precision == "fp16":
             info = convert_fp16(src, dst)
         elif precision == "int4":
@@ -228,6 +226,14 @@ class PrecisionBuilder:
                 assert isinstance(self.model, Seq2SeqTransformer)
                 feeds.append(teacher_forced(self.model, ids, mask, self.options.new_tokens).feeds)
         return feeds
+
+    def _quantize_static(self, graph: str, src: Path, dst: Path, exclude: list[str] | None) -> dict[str, Any]:
+        """Static int8 of ``src`` into ``dst``, calibrated on this graph's feeds (made once per graph:
+        the sensitivity search quantises again for every node)."""
+        if graph not in self._calibration_feeds:
+            self._calibration_feeds[graph] = self.calibration(graph)
+        info = quantize_int8_static(src, dst, self._calibration_feeds[graph], self.options.calibration_method, exclude)
+        return {**info, "calibration_data": self._calibration_source()}
 
     def _calibration_source(self) -> str:
         data = self.options.calibration_data
@@ -295,7 +301,6 @@ class PrecisionBuilder:
         if precision == "int8":
             info = quantize_int8_dynamic(src, dst, exclude=others)
         else:
-            info = quantize_int8_static(src, dst, self.calibration(graph), self.options.calibration_method, others)
-            info["calibration_data"] = self._calibration_source()
+            info = self._quantize_static(graph, src, dst, others)
         self._stamp(graph, precision, dst)
         self._record(graph, precision, dst, {"quantization": info, "source": src.name})

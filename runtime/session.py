@@ -65,7 +65,7 @@ Spinning = Literal["on", "run", "off"]
 
 def spin_policy(spinning: bool | str) -> str:
     """``spinning`` as one of "on", "run", "off"."""
-    policy = {True: "on", False: "off"}.get(spinning, spinning) if isinstance(spinning, bool) else spinning
+    policy = ("on" if spinning else "off") if isinstance(spinning, bool) else spinning
     if policy not in ("on", "run", "off"):
         raise EdgeattnError(f"spinning must be 'on', 'run', 'off' or a bool, got {spinning!r}")
     return policy
@@ -106,11 +106,10 @@ def create_session(
     ``cuda_graph`` turns on the CUDA provider's graph capture: the session must then always be
     run through IO binding with the same device buffers (one input shape per session).
     """
+    picked = pick_providers(providers)
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
-    chosen: list[str | tuple[str, dict[str, str]]] = [
-        (p, cuda_options) if p == CUDA else p for p in pick_providers(providers)
-    ]
-    if any(p == CUDA or (isinstance(p, tuple) and p[0] == CUDA) for p in chosen):
+    chosen: list[str | tuple[str, dict[str, str]]] = [(p, cuda_options) if p == CUDA else p for p in picked]
+    if CUDA in picked:
         preload_cuda_libraries()
     source, opts = str(path), session_options(threads, spinning)
     if optimized_cache is not None:
@@ -120,7 +119,7 @@ def create_session(
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         else:
             opts.optimized_model_filepath = str(cache)
-    disabled = CPU_DISABLED_OPTIMIZERS if CUDA not in pick_providers(providers) else []
+    disabled = [] if CUDA in picked else CPU_DISABLED_OPTIMIZERS
     try:
         return ort.InferenceSession(source, sess_options=opts, providers=chosen, disabled_optimizers=disabled)
     except Exception as exc:  # onnxruntime raises its own untyped errors

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -127,9 +128,7 @@ def test_verify_command_path_agrees(exported):
 def test_a_tampered_graph_is_refused(tmp_path, exported):
     out, _, _ = exported
     copy_dir = tmp_path / "copy"
-    copy_dir.mkdir()
-    for f in out.iterdir():
-        (copy_dir / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(out, copy_dir)
     data = bytearray((copy_dir / "decoder.onnx").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (copy_dir / "decoder.onnx").write_bytes(bytes(data))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -145,9 +146,7 @@ def test_gate_catches_corrupted_int4_scales(tmp_path, monkeypatch):
 def test_gate_fails_a_corrupted_int8_graph(quantized, tmp_path):
     out, model, _ = quantized
     copy = tmp_path / "copy"
-    copy.mkdir()
-    for f in out.iterdir():
-        (copy / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(out, copy)
     _corrupt_scales(copy / "encoder.int8.onnx")
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["graphs"]["encoder"]["precisions"]["int8"]["sha256"] = sha256_file(copy / "encoder.int8.onnx")

@@ -18,7 +18,7 @@ import numpy as np
 OUTPUT = "last_hidden_state"
 
 
-def _key(ids: np.ndarray, mask: np.ndarray) -> tuple[Any, ...]:
+def input_key(ids: np.ndarray, mask: np.ndarray) -> tuple[Any, ...]:
     """Identity of an input pair: the benchmark reuses the same arrays for every run of a shape."""
     return (ids.__array_interface__["data"][0], ids.shape, mask.__array_interface__["data"][0], mask.shape)
 
@@ -37,7 +37,7 @@ class BoundRunner:
         """The IO binding for this input pair (inputs copied to the device on first use)."""
         import onnxruntime as ort
 
-        key = _key(ids, mask)
+        key = input_key(ids, mask)
         if self._bound is None or self._bound[0] != key:
             binding = self.session.io_binding()
             values = []
@@ -88,7 +88,7 @@ class CudaGraphRunner:
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(OUTPUT, output)
-        return {"shape": ids.shape, "key": _key(ids, mask), "session": session, "binding": binding,
+        return {"shape": ids.shape, "key": input_key(ids, mask), "session": session, "binding": binding,
                 "inputs": inputs, "output": output}  # fmt: skip
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> Any:
@@ -96,10 +96,10 @@ class CudaGraphRunner:
         if state is None or state["shape"] != ids.shape:
             self._state = None  # free the previous shape's session and buffers first
             state = self._state = self._open(ids, mask)
-        elif state["key"] != _key(ids, mask):
+        elif state["key"] != input_key(ids, mask):
             state["inputs"]["input_ids"].update_inplace(np.ascontiguousarray(ids))
             state["inputs"]["attention_mask"].update_inplace(np.ascontiguousarray(mask))
-            state["key"] = _key(ids, mask)
+            state["key"] = input_key(ids, mask)
         state["session"].run_with_iobinding(state["binding"])
         return state["output"]
 

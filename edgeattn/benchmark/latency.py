@@ -23,7 +23,15 @@ import numpy as np
 
 from edgeattn.benchmark.floors import Floor, measure_floor
 from edgeattn.benchmark.machine import cpu_flags, machine_info
-from edgeattn.benchmark.memory import Probe, bench_inputs, eager_probe, measure_peak, onnx_probe
+from edgeattn.benchmark.memory import (
+    Probe,
+    bench_inputs,
+    eager_probe,
+    eager_runner,
+    measure_peak,
+    onnx_probe,
+    use_sdpa,
+)
 from edgeattn.benchmark.timing import Timing, best_seconds, interleaved
 from edgeattn.config import ModelConfig
 
@@ -148,38 +156,29 @@ def eager_variants(
     """Eager PyTorch on the CPU (``cpu``): float32 with the model's attention, with SDPA, and bf16
     autocast where AMX exists; on the GPU (``cuda``, when torch sees one): float32 and float16 with
     SDPA. ``weights`` (the model's safetensors file) lets the memory probe rebuild CPU variants."""
-    import torch
+    import copy
 
-    from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
+    import torch
 
     torch.set_num_threads(threads)
     model = model.eval()
-    sdpa = __import__("copy").deepcopy(model)
-    for module in sdpa.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.kernel = torch_sdpa_kernel
+    sdpa = use_sdpa(copy.deepcopy(model))
 
-    def runner(m: Any, autocast: bool = False) -> Runner:
-        def run(ids: np.ndarray, mask: np.ndarray) -> object:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                return m.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-
-        return run
-
-    def probe(sdpa: bool = False, autocast: bool = False) -> Probe | None:
+    def probe(with_sdpa: bool = False, autocast: bool = False) -> Probe | None:
         config = model.config.to_dict()
-        return None if weights is None else eager_probe(str(weights), config, threads, sdpa, autocast)
+        return None if weights is None else eager_probe(str(weights), config, threads, with_sdpa, autocast)
 
     variants: list[Variant] = []
     skipped: dict[str, str] = {}
     if cpu:
         variants += [
-            Variant("eager fp32", runner(model), probe=probe()),
-            Variant("eager fp32 SDPA", runner(sdpa), probe=probe(sdpa=True)),
+            Variant("eager fp32", eager_runner(model), probe=probe()),
+            Variant("eager fp32 SDPA", eager_runner(sdpa), probe=probe(with_sdpa=True)),
         ]
         has_amx = "amx_bf16" in cpu_flags()
         if bf16 or (bf16 is None and has_amx):
-            variants.append(Variant("eager bf16 autocast SDPA", runner(sdpa, autocast=True), probe=probe(True, True)))
+            bf16_run = eager_runner(sdpa, autocast=True)
+            variants.append(Variant("eager bf16 autocast SDPA", bf16_run, probe=probe(with_sdpa=True, autocast=True)))
         else:
             skipped["eager bf16 autocast"] = "this CPU has no AMX (bf16 would be emulated)"
     if cuda:
@@ -200,11 +199,13 @@ def _cuda_runner(model: Any, dtype: Any) -> Runner:
 
     import torch
 
+    from edgeattn.benchmark.bound import input_key
+
     gpu = copy.deepcopy(model).to(device="cuda", dtype=dtype).eval()
     cached: dict[str, Any] = {}
 
     def run(ids: np.ndarray, mask: np.ndarray) -> object:
-        key = (ids.__array_interface__["data"][0], ids.shape, mask.__array_interface__["data"][0])
+        key = input_key(ids, mask)
         if cached.get("key") != key:
             cached.update(key=key, ids=torch.from_numpy(ids).cuda(), mask=torch.from_numpy(mask).cuda())
         with torch.inference_mode():

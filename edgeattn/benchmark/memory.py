@@ -72,6 +72,27 @@ def bench_inputs(vocab_size: int, batch: int, seq: int, seed: int = 0) -> tuple[
     return ids, mask
 
 
+def use_sdpa(model: Any) -> Any:
+    """``model`` with every attention module on PyTorch's scaled_dot_product_attention (in place)."""
+    from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
+
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.kernel = torch_sdpa_kernel
+    return model
+
+
+def eager_runner(model: Any, autocast: bool = False) -> Callable[[Any, Any], object]:
+    """``run(ids, mask)`` encoding on the CPU with eager PyTorch, in bf16 autocast if asked."""
+    import torch
+
+    def run(ids: Any, mask: Any) -> object:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+
+    return run
+
+
 def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], float]:
     """The variant a probe describes, as ``run(ids, mask)``, and this process's peak memory (MB)
     after the imports it needed and before it was built."""
@@ -88,23 +109,13 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
     if spec["kind"] == "eager":
         import torch
 
-        from edgeattn.attention import MultiHeadAttention, torch_sdpa_kernel
         from edgeattn.config import ModelConfig
         from edgeattn.weights import load_model
 
         torch.set_num_threads(spec["threads"])
         baseline = _peak_mb()
         model = load_model(spec["weights"], ModelConfig.from_dict(spec["config"])).eval()
-        if spec["sdpa"]:
-            for module in model.modules():
-                if isinstance(module, MultiHeadAttention):
-                    module.kernel = torch_sdpa_kernel
-
-        def run_eager(ids: Any, mask: Any) -> object:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["autocast"]):
-                return model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-
-        return run_eager, baseline
+        return eager_runner(use_sdpa(model) if spec["sdpa"] else model, spec["autocast"]), baseline
     raise ValueError(f"unknown probe kind {spec['kind']!r}")
 
 

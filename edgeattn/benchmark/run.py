@@ -100,9 +100,11 @@ def run_benchmark(
             peer_vars, peer_skipped = bert_peer_variants(config, options.threads, Path(scratch))
             variants += peer_vars
             skipped.update(peer_skipped)
-        shapes = [(b, s) for b, s in options.grid() if s <= config.max_len]
+        shapes = []
         for b, s in options.grid():
-            if s > config.max_len:
+            if s <= config.max_len:
+                shapes.append((b, s))
+            else:
                 skipped[f"{b}x{s}"] = f"longer than the model's max_len {config.max_len}"
         if not shapes:
             raise EdgeattnError(f"no shape to time: every sequence length is over the model's max_len {config.max_len}")
