@@ -146,3 +146,47 @@ def test_io_bound_runner_matches_a_plain_run(tiny_export):
         mask[1:, shape[1] // 2 :] = 0
         want = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
         np.testing.assert_array_equal(runner.output(ids, mask), want)
+
+
+def test_a_variant_that_fails_at_one_shape_is_reported_and_the_rest_are_timed():
+    """A variant that raises (a refused CUDA-graph capture, a shape a provider rejects) is named in
+    ``skipped`` with its error for that shape; every other figure is still measured."""
+    from edgeattn.benchmark.latency import Variant, bench_latency
+    from edgeattn.errors import EdgeattnError
+
+    def fine(ids, mask):
+        return ids.sum()
+
+    def refuses_long(ids, mask):
+        if ids.shape[1] > 8:
+            raise RuntimeError("capture refused")
+        return ids.sum()
+
+    config = get_preset("tiny")
+    variants = [Variant("base", fine), Variant("fragile", refuses_long)]
+    report = bench_latency(variants, config, [(1, 8), (2, 16)], threads=1, repeats=2, warmup=1,
+                           floors=False, memory=False)  # fmt: skip
+    timed = {(r.variant, r.batch, r.seq) for r in report.rows}
+    assert timed == {("base", 1, 8), ("fragile", 1, 8), ("base", 2, 16)}
+    assert report.skipped == {"fragile at 2x16": "failed: capture refused"}
+    assert "skipped fragile at 2x16: failed: capture refused" in report.table()
+    assert "-" in report.table().splitlines()[3]  # the fragile row has no 2x16 figure
+
+    with pytest.raises(EdgeattnError, match="baseline fragile failed at 2x16"):
+        bench_latency([Variant("fragile", refuses_long)], config, [(2, 16)], threads=1, repeats=1,
+                      floors=False, memory=False)  # fmt: skip
+
+
+def test_a_provider_onnx_runtime_leaves_out_is_skipped_not_timed_on_the_cpu(tiny_export, monkeypatch):
+    """When ONNX Runtime builds a session without the provider asked for (it falls back to the CPU
+    when CUDA's libraries are missing), the variant is skipped with the reason, never timed under
+    the provider's name."""
+    import onnxruntime as ort
+
+    from edgeattn.benchmark.latency import onnx_variants
+
+    real = ort.get_available_providers
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real()])
+    variants, skipped = onnx_variants(tiny_export, ["fp32"], ["CUDAExecutionProvider"], threads=1)
+    assert variants == []
+    assert "did not register CUDAExecutionProvider" in skipped["onnx fp32 CUDA"]

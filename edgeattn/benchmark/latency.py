@@ -34,6 +34,7 @@ from edgeattn.benchmark.memory import (
 )
 from edgeattn.benchmark.timing import Timing, best_seconds, interleaved
 from edgeattn.config import ModelConfig
+from edgeattn.errors import EdgeattnError
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
 
@@ -263,16 +264,22 @@ def onnx_variants(
             path = export_dir / variant_entry["file"]
             size = int(variant_entry.get("bytes", 0))
             start = time.perf_counter()
-            session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32)
-            run: Runner
-            if bind:
-                run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
-            else:
+            try:
+                session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32)
+                if provider not in session.get_providers():  # ONNX Runtime fell back to the CPU
+                    raise EdgeattnError(f"onnxruntime did not register {provider} for this session")
+                run: Runner
+                if bind:
+                    run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
+                else:
 
-                def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
-                    return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
+                    def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
+                        return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
 
-            run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
+                run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
+            except Exception as exc:  # noqa: BLE001 - one variant that cannot run must not end the benchmark
+                skipped[name] = f"cannot run: {exc}"
+                continue
             cold = (time.perf_counter() - start) * 1e3
             notes = [n for n, on in (("IO binding", bind), ("TF32", tf32 and provider == CUDA)) if on]
             # a CUDA session's host memory is mostly the CUDA libraries, not the model: not probed
@@ -312,15 +319,16 @@ def bench_latency(
     bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
     for batch, seq in shapes:
         ids, mask = bench_inputs(config.vocab_size, batch, seq, seed)  # rows after the first carry padding
+        running = _runnable(variants, ids, mask, report.skipped)
         timings = interleaved(
-            {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in variants},
+            {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in running},
             repeats,
             warmup,
             on_round=lambda: bar.update(),
         )
         flops = encoder_flops(config, batch, seq)
         base = timings[variants[0].name].median
-        for v in variants:
+        for v in running:
             t = timings[v.name]
             report.rows.append(Row(v.name, batch, seq, t, batch / (t.median / 1e3), batch * seq / (t.median / 1e3),
                                    flops / (t.median / 1e3) / 1e9, t.median / base))  # fmt: skip
@@ -332,6 +340,23 @@ def bench_latency(
     if memory:
         _measure_memory(report, variants, config, max(shapes, key=lambda bs: bs[0] * bs[1]))
     return report
+
+
+def _runnable(variants: list[Variant], ids: np.ndarray, mask: np.ndarray, skipped: dict[str, str]) -> list[Variant]:
+    """The variants that run on these inputs; the others are named in ``skipped`` with their error
+    (a CUDA-graph capture or a shape one provider refuses must not cost the other figures). The
+    baseline has to run: every ratio is against it."""
+    running = []
+    for v in variants:
+        try:
+            v.run(ids, mask)
+        except Exception as exc:  # noqa: BLE001 - reported beside the table
+            if v is variants[0]:
+                raise EdgeattnError(f"the baseline {v.name} failed at {ids.shape[0]}x{ids.shape[1]}: {exc}") from exc
+            skipped[f"{v.name} at {ids.shape[0]}x{ids.shape[1]}"] = f"failed: {exc}"
+            continue
+        running.append(v)
+    return running
 
 
 def _measure_memory(report: LatencyReport, variants: list[Variant], config: ModelConfig,
