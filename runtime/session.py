@@ -97,6 +97,7 @@ def create_session(
     optimized_cache: str | Path | None = None,
     tf32: bool = False,
     cuda_graph: bool = False,
+    require: bool = False,
 ) -> ort.InferenceSession:
     """An inference session for one ONNX file.
 
@@ -104,7 +105,9 @@ def create_session(
     loaded from there afterwards, skipping the optimisation passes. The CUDA provider runs
     float32 matrix products in full float32 unless ``tf32`` (faster, about 1e-3 relative error).
     ``cuda_graph`` turns on the CUDA provider's graph capture: the session must then always be
-    run through IO binding with the same device buffers (one input shape per session).
+    run through IO binding with the same device buffers (one input shape per session). With
+    ``require``, a session that ONNX Runtime built without a requested provider (its CPU fallback
+    when CUDA libraries are missing) is an error instead of a warning.
     """
     picked = pick_providers(providers)
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
@@ -121,6 +124,10 @@ def create_session(
             opts.optimized_model_filepath = str(cache)
     disabled = [] if CUDA in picked else CPU_DISABLED_OPTIMIZERS
     try:
-        return ort.InferenceSession(source, sess_options=opts, providers=chosen, disabled_optimizers=disabled)
+        session = ort.InferenceSession(source, sess_options=opts, providers=chosen, disabled_optimizers=disabled)
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EdgeattnError(f"onnxruntime cannot load {path}: {exc}") from exc
+    missing = [p for p in (providers or []) if p not in session.get_providers()] if require else []
+    if missing:
+        raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(path).name}")
+    return session

@@ -76,12 +76,10 @@ class CudaGraphRunner:
     def _open(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         import onnxruntime as ort
 
-        from edgeattn.errors import EdgeattnError
         from edgeattn.runtime.session import CUDA, create_session
 
-        session = create_session(self.path, providers=[CUDA], threads=self.threads, tf32=self.tf32, cuda_graph=True)
-        if CUDA not in session.get_providers():
-            raise EdgeattnError(f"onnxruntime did not register {CUDA} for {self.path.name}")
+        session = create_session(self.path, providers=[CUDA], threads=self.threads, tf32=self.tf32, cuda_graph=True,
+                                 require=True)  # fmt: skip
         inputs = {
             "input_ids": ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(ids), "cuda", 0),
             "attention_mask": ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(mask), "cuda", 0),

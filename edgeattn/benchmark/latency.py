@@ -265,9 +265,8 @@ def onnx_variants(
             size = int(variant_entry.get("bytes", 0))
             start = time.perf_counter()
             try:
-                session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32)
-                if provider not in session.get_providers():  # ONNX Runtime fell back to the CPU
-                    raise EdgeattnError(f"onnxruntime did not register {provider} for this session")
+                session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32,
+                                         require=True)  # fmt: skip
                 run: Runner
                 if bind:
                     run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
