@@ -1,0 +1,70 @@
+"""What the exporters and the benchmark both ask of this machine and its libraries: the CPU and its
+instruction sets, the int8 weight range its kernels take without saturating, and ONNX Runtime's
+quantisation tools kept quiet. Torch-free; imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform
+from collections.abc import Iterator
+
+#: Instruction-set extensions that matter for transformer kernels.
+INSTRUCTION_SETS = (
+    "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "fma",
+)  # fmt: skip
+#: Any of these gives int8 dot products that accumulate without saturating.
+VNNI_SETS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_model() -> str:
+    """The CPU's model name."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The :data:`INSTRUCTION_SETS` this CPU has."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [w for w in INSTRUCTION_SETS if w in have]
+    except OSError:
+        pass
+    return []
+
+
+def has_vnni(flags: list[str] | None = None) -> bool:
+    """Whether the CPU (or ``flags``) has VNNI or AMX int8 instructions."""
+    return any(f in (cpu_flags() if flags is None else flags) for f in VNNI_SETS)
+
+
+def int8_weight_limit(flags: list[str] | None = None) -> int:
+    """The largest int8 weight magnitude to use on this CPU: 127, or 63 (7-bit weights) where it lacks
+    VNNI/AMX, whose u8 x s8 AVX2 / AVX-512 kernels saturate pairwise sums of full-range products."""
+    return 127 if has_vnni(flags) else 63
+
+
+@contextlib.contextmanager
+def quiet_quantization() -> Iterator[None]:
+    """onnxruntime.quantization logs advice on the root logger (and some of its modules call
+    ``logging.basicConfig`` on import); hold it back while it runs."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler in root.handlers[:]:
+            if handler not in handlers:  # handlers a module's logging.basicConfig() added meanwhile
+                root.removeHandler(handler)
