@@ -118,17 +118,16 @@ class DecoderLayer(nn.Module):
         memory: Tensor | None = None,
         cross_kv: KeyValue | None = None,
         memory_mask: Tensor | None = None,
-        self_mask: Tensor | None = None,
         past: KeyValue | None = None,
     ) -> tuple[Tensor, KeyValue]:
         """x (B, T, d_model) -> (B, T, d_model) and the present self-attention cache.
 
         The source comes as ``memory`` (B, S, d_model) or as its projected ``cross_kv``;
-        ``memory_mask`` broadcasts to (B, H, T, S); ``self_mask`` adds to the causal mask.
+        ``memory_mask`` broadcasts to (B, H, T, S); self-attention is causal.
         """
 
         def sa(h: Tensor) -> tuple[Tensor, KeyValue]:
-            out, _, present = self.self_attn(h, past=past, mask=self_mask)
+            out, _, present = self.self_attn(h, past=past)
             return self.dropout1(out), present
 
         def ca(h: Tensor) -> Tensor:
