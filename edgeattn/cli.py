@@ -16,6 +16,14 @@ import click
 
 from edgeattn import __version__
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.precisions import (
+    CALIBRATION_METHODS,
+    FP32,
+    PRECISIONS,
+    float32_precisions,
+    get_precision,
+    reduced_precisions,
+)
 
 log = logging.getLogger("edgeattn")
 
@@ -60,8 +68,17 @@ _calibration_option = click.option(
     "calibration_file",
     type=click.Path(path_type=Path),
     default=None,
-    help="Calibration sequences for int8-static, one per line: text when the model has a tokenizer, else token "
-    "ids (default: drawn from the model's vocabulary).",
+    help="Calibration sequences for "
+    + ", ".join(p.name for p in PRECISIONS.values() if p.calibrated)
+    + ", one per line: text when the model has a tokenizer, else token ids (default: drawn from the model's "
+    "vocabulary).",
+)
+_calibration_method_option = click.option(
+    "--calibration-method",
+    type=click.Choice(CALIBRATION_METHODS),
+    default=CALIBRATION_METHODS[0],
+    show_default=True,
+    help="How " + ", ".join(p.name for p in PRECISIONS.values() if p.calibrated) + " finds its ranges.",
 )
 
 
@@ -92,8 +109,9 @@ def _precision_options(
 
     options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded)
     if calibration_file is not None:
-        if "int8-static" not in precisions:
-            raise click.UsageError("--calibration is for int8-static; add it to --precision")
+        calibrated = [p.name for p in PRECISIONS.values() if p.calibrated]
+        if not any(get_precision(p).calibrated for p in precisions):
+            raise click.UsageError(f"--calibration is for {', '.join(calibrated)}; add it to --precision")
         options.calibration_data = read_calibration_file(calibration_file, config, tokenizer)
         options.calibration_source = f"file {calibration_file.name}"
     return options
@@ -137,17 +155,11 @@ def _precision_options(
 @click.option(
     "--precision",
     "precisions",
-    default="fp32",
+    default=FP32,
     show_default=True,
-    help="Comma-separated: fp32,fp32-opt,int8,int8-static,fp16,int4 (fp32 is always written).",
+    help=f"Comma-separated: {','.join(PRECISIONS)} ({FP32} is always written).",
 )
-@click.option(
-    "--calibration-method",
-    type=click.Choice(["minmax", "entropy", "percentile"]),
-    default="minmax",
-    show_default=True,
-    help="Calibration for int8-static.",
-)
+@_calibration_method_option
 @_calibration_option
 @click.option(
     "--allow-degraded", is_flag=True, help="Keep precisions that miss their accuracy thresholds, marked degraded."
@@ -209,8 +221,8 @@ def export(
 @click.option("--json", "as_json", is_flag=True, help="Print the full report as JSON.")
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "fp32-opt"]),
-    default="fp32",
+    type=click.Choice(float32_precisions()),
+    default=FP32,
     show_default=True,
     help="Which float32 graphs to check.",
 )
@@ -227,10 +239,8 @@ def verify(export_dir: Path, as_json: bool, precision: str) -> None:
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
-@click.option("--precision", "precisions", required=True, help="Comma-separated: fp32-opt,int8,int8-static,fp16,int4.")
-@click.option(
-    "--calibration-method", type=click.Choice(["minmax", "entropy", "percentile"]), default="minmax", show_default=True
-)
+@click.option("--precision", "precisions", required=True, help=f"Comma-separated: {','.join(reduced_precisions())}.")
+@_calibration_method_option
 @_calibration_option
 @click.option("--allow-degraded", is_flag=True, help="Keep precisions that miss their thresholds, marked degraded.")
 def quantize(
@@ -238,18 +248,16 @@ def quantize(
 ) -> None:
     """Add reduced-precision graphs to an export, each gated against eager float32."""
     from edgeattn.exporters.package import quantize_export
-    from edgeattn.runtime import read_manifest
-    from edgeattn.runtime.manifest import manifest_config
-    from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
+    from edgeattn.runtime.manifest import check_file, read_manifest
+    from edgeattn.runtime.tokenizer import WordTokenizer
     from edgeattn.sources import heldout_for_task
 
     manifest = read_manifest(export_dir)
-    heldout = heldout_for_task(manifest.get("task"))
-    tokenizer = WordTokenizer.load(export_dir / TOKENIZER_NAME) if manifest.get("tokenizer") else None
+    heldout = heldout_for_task(manifest.task)
+    tokenizer = None if manifest.tokenizer is None else WordTokenizer.load(check_file(export_dir, manifest.tokenizer))
     options = _precision_options(
-        _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest_config(manifest),
-        tokenizer,
-    )  # fmt: skip
+        _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest.config, tokenizer
+    )
     gates = quantize_export(
         export_dir, _split(precisions) or [], options, heldout_texts=heldout, progress=sys.stderr.isatty()
     )  # fmt: skip
@@ -280,7 +288,7 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--top-k", default=0, show_default=True)
 @click.option("--top-p", default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Seed for --strategy sample.")
-@click.option("--precision", default="fp32", show_default=True)
+@click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
 @click.option("--threads", type=int, default=None)
 @click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
@@ -304,6 +312,7 @@ def run(
     import numpy as np
 
     from edgeattn.runtime import load
+    from edgeattn.runtime.session import CPU
 
     if (text is None) == (input_file is None):
         raise click.UsageError("give one TEXT argument or --file, not both or neither")
@@ -316,7 +325,7 @@ def run(
             raise click.UsageError(f"{input_file} holds no input lines")
     else:
         texts = [text or ""]
-    model = load(export_dir, providers=["CPUExecutionProvider"] if cpu else None, threads=threads, precision=precision)
+    model = load(export_dir, providers=[CPU] if cpu else None, threads=threads, precision=precision)
     options: dict[str, Any] = {"strategy": strategy}
     if strategy == "beam":
         options["num_beams"] = beams
@@ -330,13 +339,10 @@ def run(
             raise click.UsageError(f"{export_dir} has no tokenizer")
         ids = np.array([tok.encode(texts[0])], dtype=np.int64)
         steps = max_new_tokens or min(model.config.max_len, 2 * ids.shape[1] + 8)
-        words = []
         for tokens in model.stream(ids, max_new_tokens=steps, **options):
-            word = tok.decode(tokens[:1])
             if int(tokens[0]) == model.config.eos_id:
                 break
-            words.append(word)
-            click.echo(word + " ", nl=False)
+            click.echo(tok.decode(tokens[:1]) + " ", nl=False)
         click.echo()
         return
     for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, **options):
@@ -352,7 +358,7 @@ def run(
     "--shapes", default=None, help="Comma-separated BATCHxSEQ shapes (e.g. 1x128,32x128) instead of --batch/--seq."
 )
 @click.option("--threads", default=2, show_default=True, type=int)
-@click.option("--providers", default="CPUExecutionProvider", show_default=True, help="Comma-separated providers.")
+@click.option("--providers", default=None, help="Comma-separated ONNX Runtime providers (default: the CPU provider).")
 @click.option(
     "--io-binding/--no-io-binding",
     default=None,
@@ -363,9 +369,9 @@ def run(
 @click.option(
     "--precision",
     "precisions",
-    default=",".join(["fp32", "fp32-opt", "int8", "int8-static", "int4", "fp16"]),
+    default=",".join(PRECISIONS),
     show_default=True,
-    help="Exported precisions to time (those the export holds).",
+    help="Exported precisions to time (those the export holds; GPU precisions on GPU providers only).",
 )
 @click.option("--repeats", default=20, show_default=True, type=int)
 @click.option("--no-eager", is_flag=True, help="Skip the eager PyTorch variants.")
@@ -382,7 +388,7 @@ def bench(
     seqs: str,
     shapes: str | None,
     threads: int,
-    providers: str,
+    providers: str | None,
     io_binding: bool | None,
     no_cuda_graph: bool,
     tf32: bool,
@@ -402,10 +408,12 @@ def bench(
     try:
         options = BenchOptions(
             batches=tuple(int(b) for b in batches.split(",")), seqs=tuple(int(s) for s in seqs.split(",")),
-            threads=threads, providers=tuple(_split(providers) or []), precisions=tuple(_split(precisions) or []),
+            threads=threads, precisions=tuple(_split(precisions) or []),
             repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
             shapes=_shapes(shapes), io_binding=io_binding, cuda_graph=not no_cuda_graph, tf32=tf32,
         )  # fmt: skip
+        if providers is not None:
+            options.providers = tuple(_split(providers) or [])
     except ValueError as exc:
         raise click.UsageError(f"--batch and --seq take comma-separated integers, --shapes BATCHxSEQ: {exc}") from exc
     report, gen = run_benchmark(export_dir, preset, options, json_path, plot_path, progress=sys.stderr.isatty())

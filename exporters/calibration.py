@@ -1,11 +1,16 @@
-"""A user's calibration file for static int8: representative source sequences, one per line."""
+"""Static int8 calibration data: a user's calibration file (representative source sequences, one
+per line), and the feeds each graph is calibrated on."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
+from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.tokenizer import TokenizerError, WordTokenizer
 
 
@@ -48,3 +53,58 @@ def read_calibration_file(
     if not sequences:
         raise ExportError(f"calibration file {path} holds no sequences")
     return sequences
+
+
+#: Static int8 calibration: batches, and rows per batch when sequences are drawn from the vocabulary.
+CALIBRATION_BATCHES = 8
+CALIBRATION_ROWS = 8
+
+
+def calibration_feeds(
+    model: Seq2SeqTransformer | EncoderModel,
+    graph: str,
+    sequences: list[list[int]] | None = None,
+    new_tokens: int = 16,
+    batches: int = CALIBRATION_BATCHES,
+) -> list[dict[str, np.ndarray]]:
+    """Representative feeds for ``graph`` in up to ``batches`` batches: from the user's
+    calibration ``sequences`` when given, else drawn from the model's own vocabulary and length
+    range (other sequences than the gate's). The attention graph, which takes hidden states, gets
+    random ones of the same sizes either way."""
+    from edgeattn.exporters.gate import heldout_sources, teacher_forced
+    from edgeattn.exporters.sampling import sample_inputs
+    from edgeattn.runtime.specs import graph_spec
+
+    c = model.config
+    if sequences:
+        calib = heldout_sources(c, texts=sequences)
+        batches = min(batches, len(sequences))
+    else:
+        calib = heldout_sources(c, n=CALIBRATION_ROWS * batches, seed=1234)
+    feeds: list[dict[str, np.ndarray]] = []
+    rng = np.random.default_rng(7)
+    for rows in np.array_split(np.arange(calib.ids.shape[0]), batches):
+        ids, mask = calib.ids[rows], calib.mask[rows]
+        width = int(mask.sum(axis=1).max())
+        ids, mask = ids[:, :width], mask[:, :width]
+        if graph == "encoder":
+            feeds.append({"input_ids": ids, "attention_mask": mask})
+        elif graph == "attention":
+            spec = graph_spec("attention", c)
+            feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))
+        elif graph == "cross_kv":
+            with torch.no_grad():
+                hidden = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+            feeds.append({"encoder_hidden_states": hidden.numpy()})
+        else:
+            assert isinstance(model, Seq2SeqTransformer)
+            feeds.append(teacher_forced(model, ids, mask, new_tokens).feeds)
+    return feeds
+
+
+def describe_calibration(sequences: list[list[int]] | None, source: str = "") -> str:
+    """Where static int8 calibration data came from, as the manifest records it."""
+    if not sequences:
+        drawn = CALIBRATION_ROWS * CALIBRATION_BATCHES
+        return f"drawn from the model's vocabulary and length range ({drawn} sequences)"
+    return f"{source or 'user sequences'} ({len(sequences)} sequences)"

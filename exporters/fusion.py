@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +32,12 @@ from edgeattn.attention import (
     scaled_dot_product_attention,
 )
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.precisions import FusedForm
 
 log = logging.getLogger(__name__)
 
 MS_DOMAIN = "com.microsoft"
 FUSED_ATTENTION_OP = "MultiHeadAttention"
-#: Operators the transformer optimizer's fusions produce, counted into the manifest.
-FUSED_OPS = (
-    "MultiHeadAttention", "Attention", "QAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
-    "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "SimplifiedLayerNormalization", "LayerNormalization",
-)  # fmt: skip
 
 
 class _OrtMultiHeadAttention(torch.autograd.Function):
@@ -196,41 +190,7 @@ def expected_attention_blocks(graph: str, model: Seq2SeqTransformer | EncoderMod
     return {"attention": 1, "encoder": c.n_encoder_layers, "cross_kv": 0, "decoder": 2 * c.n_decoder_layers}[graph]
 
 
-def fused_attention_count(counts: dict[str, int]) -> int:
-    """Attention blocks a graph holds as fused operators (float or quantised)."""
-    return sum(counts.get(op, 0) for op in ("MultiHeadAttention", "Attention", "QAttention"))
-
-
-def operator_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """How many of each fused operator the graph holds (zeros omitted)."""
-    ops = Counter(n.op_type for n in model.graph.node)
-    return {op: ops[op] for op in FUSED_OPS if ops[op]}
-
-
-@dataclass(frozen=True)
-class FusedForm:
-    """Which fused graph to build.
-
-    ``packed``: plain self-attention becomes ``Attention`` with one packed QKV weight (which
-    dynamic int8 turns into QAttention); otherwise ``MultiHeadAttention`` after separate Q/K/V
-    MatMuls (which static and weight-only quantisers reach).
-    ``skip_layer_norm``: residual Add + LayerNormalization fused into SkipLayerNormalization. Off
-    for CPU graphs: with onnxruntime 1.32 its CPU kernel took 200 us for a 128 x 512 block and
-    1.6 ms for 1024 x 512, against 35 / 320 us for LayerNormalization plus Add (measured here);
-    on for fp16, a GPU precision, where it saves a kernel launch per norm.
-    """
-
-    packed: bool = True
-    skip_layer_norm: bool = False
-
-    @property
-    def tag(self) -> str:
-        return ("packed" if self.packed else "mha") + ("-sln" if self.skip_layer_norm else "")
-
-
-def optimize_fused(
-    path: Path, model: Seq2SeqTransformer | EncoderModel, form: FusedForm = FusedForm()
-) -> onnx.ModelProto:
+def optimize_fused(path: Path, model: Seq2SeqTransformer | EncoderModel, form: FusedForm) -> onnx.ModelProto:
     """Run ONNX Runtime's transformer optimizer (offline fusions only, portable across machines)
     on an exported graph; returns the optimised model (not saved)."""
     from onnxruntime.transformers.fusion_options import FusionOptions

@@ -7,71 +7,78 @@ Task-level metrics, per graph:
   continuation as targets, the eager cross-attention keys/values as the source);
 - generation: exact-match rate of greedy sequences through the reduced-precision encoder,
   cross_kv and decoder against the eager float32 model.
-The thresholds per precision live in :data:`THRESHOLDS`, the one table the gate reads.
+The thresholds per precision live in the precision registry (``edgeattn.runtime.precisions``).
+Eager PyTorch's side of every measurement is computed once per held-out set (:class:`Reference`)
+and reused for every candidate graph the gate measures.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
 
 import numpy as np
 import torch
 
 from edgeattn.config import ModelConfig
+from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
+from edgeattn.runtime.specs import cache_names
 
 log = logging.getLogger(__name__)
-
-#: Minimum metric values per precision. A graph below any of them fails the gate.
-THRESHOLDS: dict[str, dict[str, float]] = {
-    "fp32-opt": {"cosine_mean": 0.99999, "cosine_min": 0.9999, "top1": 1.0, "teacher_top1": 0.999, "exact_match": 0.99},
-    "int8": {"cosine_mean": 0.999, "cosine_min": 0.98, "top1": 0.95, "teacher_top1": 0.95, "exact_match": 0.90},
-    "int8-static": {"cosine_mean": 0.995, "cosine_min": 0.95, "top1": 0.93, "teacher_top1": 0.93, "exact_match": 0.85},
-    "fp16": {"cosine_mean": 0.9999, "cosine_min": 0.999, "top1": 0.99, "teacher_top1": 0.99, "exact_match": 0.95},
-    "int4": {"cosine_mean": 0.99, "cosine_min": 0.90, "top1": 0.90, "teacher_top1": 0.85, "exact_match": 0.70},
-}
 
 
 @dataclass
 class GateResult:
-    """Metrics of one precision, per graph, and whether each met its threshold."""
+    """Metrics of one precision, per graph, and the verdicts of those below their limits."""
 
     precision: str
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
+    failures: list[Verdict] = field(default_factory=list)
+
+    @property
+    def thresholds(self) -> Thresholds:
+        thresholds = get_precision(self.precision).thresholds
+        if thresholds is None:
+            raise ExportError(f"precision {self.precision!r} is not gated")
+        return thresholds
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
     def check(self) -> None:
-        """Compare every metric with the threshold table."""
-        limits = THRESHOLDS[self.precision]
-        self.failures = [
-            f"{graph} {name} {value:.5f} < {limits[name]}"
-            for graph, values in self.metrics.items()
-            for name, value in values.items()
-            if name in limits and value < limits[name]
-        ]
+        """Compare every metric with the precision's thresholds."""
+        self.failures = self.thresholds.verdicts(self.metrics)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"metrics": self.metrics, "thresholds": THRESHOLDS[self.precision], "passed": self.passed,
-                "failures": self.failures}  # fmt: skip
+    def failing_graphs(self, graphs: list[str]) -> list[str]:
+        """Those of ``graphs`` with a failing metric; a failed generation counts against every
+        graph it runs through."""
+        failing = {v.graph for v in self.failures}
+        if "generation" in failing:
+            failing |= {"encoder", "cross_kv", "decoder"}
+        return [g for g in graphs if g in failing]
+
+    def to_record(self, degraded: bool) -> GateRecord:
+        return GateRecord(metrics=self.metrics, thresholds=self.thresholds.to_dict(), passed=self.passed,
+                          failures=list(self.failures), degraded=degraded)  # fmt: skip
 
     def table(self) -> str:
-        limits = THRESHOLDS[self.precision]
+        thresholds = self.thresholds
         lines = [f"precision {self.precision}: " + ("ok" if self.passed else "FAILED")]
         for graph, values in self.metrics.items():
             cells = []
             for name, value in values.items():
-                mark = "" if name not in limits or value >= limits[name] else " FAIL"
-                limit = f" (>= {limits[name]})" if name in limits else ""
-                cells.append(f"{name} {value:.5f}{limit}{mark}")
+                limit = thresholds.limit(name)
+                mark = "" if limit is None or value >= limit else " FAIL"
+                shown = f" (>= {limit})" if limit is not None else ""
+                cells.append(f"{name} {value:.5f}{shown}{mark}")
             lines.append(f"  {graph:<10} " + ", ".join(cells))
         return "\n".join(lines)
 
@@ -116,6 +123,59 @@ def _cosine_metrics(got: np.ndarray, want: np.ndarray, rows: np.ndarray | None =
     return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min())}
 
 
+class Reference:
+    """Eager float32 PyTorch's side of the gate for one held-out set, each part computed on first
+    use and kept: the gate measures many candidate graphs against the same answers."""
+
+    def __init__(self, model: Seq2SeqTransformer | EncoderModel, heldout: HeldOut, new_tokens: int = 16) -> None:
+        self.model = model.eval()
+        self.heldout = heldout
+        self.new_tokens = new_tokens
+        self.ids, self.mask = heldout.ids, heldout.mask
+        self.valid = heldout.mask.astype(bool)
+
+    @cached_property
+    def hidden(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model.encode(torch.from_numpy(self.ids), torch.from_numpy(self.mask))
+
+    @cached_property
+    def logits(self) -> np.ndarray:
+        """Classification logits of an encoder model with a head."""
+        with torch.no_grad():
+            return self.model(torch.from_numpy(self.ids), torch.from_numpy(self.mask))[1].numpy()
+
+    @cached_property
+    def attention(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Feeds for the attention graph and eager PyTorch's output on them."""
+        module, spec = graph_module("attention", self.model)
+        feeds = sample_inputs(spec, self.model.config, {"batch": 4, "tgt_len": 24, "src_len": 31},
+                              np.random.default_rng(5))  # fmt: skip
+        with torch.no_grad():
+            out = module(*(torch.from_numpy(feeds[n]) for n in spec.input_names)).numpy()
+        return feeds, out
+
+    @cached_property
+    def cross(self) -> dict[str, np.ndarray]:
+        """Every decoder layer's cross-attention keys and values, by cross_kv output name."""
+        assert isinstance(self.model, Seq2SeqTransformer)
+        with torch.no_grad():
+            kv = self.model.cross_kv(self.hidden)
+        names = cache_names("cross", self.model.config.n_decoder_layers)
+        return {n: t.numpy() for n, t in zip(names, (t for pair in kv for t in pair), strict=True)}
+
+    @cached_property
+    def forced(self) -> TeacherForced:
+        assert isinstance(self.model, Seq2SeqTransformer)
+        return teacher_forced(self.model, self.ids, self.mask, self.new_tokens, self.hidden)
+
+    @cached_property
+    def greedy(self) -> np.ndarray:
+        assert isinstance(self.model, Seq2SeqTransformer)
+        with torch.no_grad():
+            return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask), self.new_tokens).numpy()
+
+
 def evaluate(
     model: Seq2SeqTransformer | EncoderModel,
     runtime: ExportedModel,
@@ -123,34 +183,26 @@ def evaluate(
     heldout: HeldOut,
     new_tokens: int = 16,
     graphs: list[str] | None = None,
+    reference: Reference | None = None,
 ) -> GateResult:
-    """Measure ``runtime`` (loaded at ``precision``) against eager float32 ``model``."""
-    model = model.eval()
+    """Measure ``runtime``'s graphs (``graphs``, default all it has) at ``precision`` against eager
+    float32 ``model`` on ``heldout``; ``reference`` reuses eager answers computed before."""
+    ref = reference or Reference(model, heldout, new_tokens)
     result = GateResult(precision)
     graphs = graphs or runtime.graphs
-    ids, mask = heldout.ids, heldout.mask
-    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    with torch.no_grad():
-        hidden = model.encode(t_ids, t_mask)
-    valid = mask.astype(bool)
+    ids, mask = ref.ids, ref.mask
     if "encoder" in graphs:
         out = runtime.run("encoder", {"input_ids": ids, "attention_mask": mask})
-        metrics = _cosine_metrics(out["last_hidden_state"], hidden.numpy(), valid)
+        metrics = _cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
         if "logits" in out:
-            with torch.no_grad():
-                ref = model(t_ids, t_mask)[1].numpy()
-            agree = out["logits"].argmax(-1) == ref.argmax(-1)
-            metrics["top1"] = float(agree[valid].mean() if agree.ndim == 2 else agree.mean())
+            agree = out["logits"].argmax(-1) == ref.logits.argmax(-1)
+            metrics["top1"] = float(agree[ref.valid].mean() if agree.ndim == 2 else agree.mean())
         result.metrics["encoder"] = metrics
     if "attention" in graphs:
-        module, spec = graph_module("attention", model)
-        rng = np.random.default_rng(5)
-        feeds = sample_inputs(spec, model.config, {"batch": 4, "tgt_len": 24, "src_len": 31}, rng)
-        with torch.no_grad():
-            ref = module(*(torch.from_numpy(feeds[n]) for n in spec.input_names)).numpy()
-        result.metrics["attention"] = _cosine_metrics(runtime.run("attention", feeds)["attention_output"], ref)
-    if isinstance(model, Seq2SeqTransformer) and ({"decoder", "cross_kv"} & set(graphs)):
-        _decoder_metrics(model, runtime, heldout, hidden, new_tokens, result, graphs)
+        feeds, want = ref.attention
+        result.metrics["attention"] = _cosine_metrics(runtime.run("attention", feeds)["attention_output"], want)
+    if isinstance(ref.model, Seq2SeqTransformer) and ({"decoder", "cross_kv"} & set(graphs)):
+        _decoder_metrics(ref, runtime, result, graphs)
     result.check()
     return result
 
@@ -168,8 +220,6 @@ def teacher_forced(
     model: Seq2SeqTransformer, ids: np.ndarray, mask: np.ndarray, new_tokens: int, hidden: torch.Tensor | None = None
 ) -> TeacherForced:
     """The eager model's own greedy continuation of each source, fed back as decoder input."""
-    from edgeattn.runtime.specs import cache_names
-
     c = model.config
     t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
     with torch.no_grad():
@@ -186,34 +236,28 @@ def teacher_forced(
     return TeacherForced(feeds, cross_np, logits.numpy())
 
 
-def _decoder_metrics(
-    model: Seq2SeqTransformer, runtime: ExportedModel, heldout: HeldOut, hidden: torch.Tensor, new_tokens: int,
-    result: GateResult, graphs: list[str],
-) -> None:  # fmt: skip
-    c = model.config
-    ids, mask = heldout.ids, heldout.mask
-    forced = teacher_forced(model, ids, mask, new_tokens, hidden)
+def _decoder_metrics(ref: Reference, runtime: ExportedModel, result: GateResult, graphs: list[str]) -> None:
+    c = ref.model.config
     if "cross_kv" in graphs:
-        got = runtime.run("cross_kv", {"encoder_hidden_states": hidden.numpy()})
-        rows = np.repeat(mask.astype(bool)[:, None, :], c.n_heads, axis=1)
+        got = runtime.run("cross_kv", {"encoder_hidden_states": ref.hidden.numpy()})
+        rows = np.repeat(ref.valid[:, None, :], c.n_heads, axis=1)
         worst = {"cosine_mean": 1.0, "cosine_min": 1.0}
-        for name, ref in forced.cross.items():
-            m = _cosine_metrics(got[name], ref, rows)
+        for name, want in ref.cross.items():
+            m = _cosine_metrics(got[name], want, rows)
             worst = {k: min(worst[k], m[k]) for k in worst}
         result.metrics["cross_kv"] = worst
     if "decoder" not in graphs:
         return
-    logits = runtime.run("decoder", forced.feeds)["logits"]
-    ref = forced.logits
-    agree = logits.argmax(-1) == ref.argmax(-1)
-    metrics = {
+    logits = runtime.run("decoder", ref.forced.feeds)["logits"]
+    want = ref.forced.logits
+    agree = logits.argmax(-1) == want.argmax(-1)
+    result.metrics["decoder"] = {
         "teacher_top1": float(agree.mean()),
-        **{f"logits_{k}": v for k, v in _cosine_metrics(logits, ref).items()},
+        **{f"logits_{k}": v for k, v in _cosine_metrics(logits, want).items()},
     }
-    result.metrics["decoder"] = metrics
     if {"encoder", "cross_kv"} <= set(graphs):
-        eager = model.greedy(torch.from_numpy(ids), torch.from_numpy(mask), new_tokens).numpy()
-        got_tokens = runtime.generate(ids, mask, new_tokens).tokens
+        eager = ref.greedy
+        got_tokens = runtime.generate(ref.ids, ref.mask, ref.new_tokens).tokens
         width = max(eager.shape[1], got_tokens.shape[1])
         eager = np.pad(eager, ((0, 0), (0, width - eager.shape[1])), constant_values=c.pad_id)
         got_tokens = np.pad(got_tokens, ((0, 0), (0, width - got_tokens.shape[1])), constant_values=c.pad_id)

@@ -10,37 +10,10 @@ from typing import Any
 import onnx
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.manifest import MANIFEST_NAME, read_manifest
-
-#: Operators that stand for a fused or quantised subgraph (mostly ONNX Runtime's contrib ops).
-FUSED_OPS = frozenset(
-    {
-        "Attention",
-        "MultiHeadAttention",
-        "GroupQueryAttention",
-        "PackedAttention",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "EmbedLayerNormalization",
-        "BiasGelu",
-        "FastGelu",
-        "Gelu",
-        "BiasSoftmax",
-        "QAttention",
-        "QOrderedAttention",
-        "MatMulNBits",
-        "MatMulInteger",
-        "DynamicQuantizeMatMul",
-        "MatMulIntegerToFloat",
-        "QLinearMatMul",
-        "GatherBlockQuantized",
-        "DynamicQuantizeLinear",
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "SimplifiedLayerNormalization",
-        "RotaryEmbedding",
-    }
-)
+from edgeattn.exporters.operators import FUSED_OPS
+from edgeattn.runtime.layout import MANIFEST
+from edgeattn.runtime.manifest import read_manifest
+from edgeattn.runtime.precisions import Verdict
 
 _DTYPES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()} | {
     onnx.TensorProto.FLOAT: "float32",
@@ -109,31 +82,32 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
         raise EdgeattnError(f"{path} does not exist")
     if path.is_file():
         return inspect_file(path)
-    if not (path / MANIFEST_NAME).is_file():
-        raise EdgeattnError(f"{path} is a directory without {MANIFEST_NAME}; pass an ONNX file or an edgeattn export")
+    if not (path / MANIFEST).is_file():
+        raise EdgeattnError(f"{path} is a directory without {MANIFEST}; pass an ONNX file or an edgeattn export")
     manifest = read_manifest(path)
+    data = manifest.to_json()
     graphs = {}
-    for name, entry in manifest["graphs"].items():
+    for name, entry in manifest.graphs.items():
         graphs[name] = {
-            **inspect_file(path / entry["file"]),
-            "parity": entry.get("parity"),
-            "precision": entry["precision"],
+            **inspect_file(path / entry.file),
+            "parity": data["graphs"][name]["parity"],
+            "precision": entry.precision,
         }
-        for precision, variant in (entry.get("precisions") or {}).items():
+        for precision, variant in entry.precisions.items():
             graphs[f"{name}.{precision}"] = {
-                **inspect_file(path / variant["file"]),
-                "parity": variant.get("parity"),
-                "precision": precision + (" (degraded)" if variant.get("degraded") else ""),
+                **inspect_file(path / variant.file),
+                "parity": data["graphs"][name]["precisions"][precision].get("parity"),
+                "precision": precision + (" (degraded)" if variant.degraded else ""),
             }
     return {
         "export_dir": str(path),
-        "format_version": manifest["format_version"],
-        "edgeattn_version": manifest.get("edgeattn_version"),
-        "created": manifest.get("created"),
-        "source": manifest.get("source"),
-        "config": manifest["config"],
-        "greedy_parity": manifest.get("greedy_parity"),
-        "gates": manifest.get("gates") or {},
+        "format_version": manifest.format_version,
+        "edgeattn_version": manifest.edgeattn_version,
+        "created": manifest.created,
+        "source": manifest.source,
+        "config": data["config"],
+        "greedy_parity": data["greedy_parity"],
+        "gates": data["gates"],
         "graphs": graphs,
     }
 
@@ -191,9 +165,8 @@ def format_report(info: dict[str, Any]) -> str:
         )
     for precision, gate in info.get("gates", {}).items():
         state = "ok" if gate["passed"] else ("DEGRADED" if gate.get("degraded") else "FAILED")
-        lines.append(
-            f"accuracy gate {precision}: {state}" + (f" ({'; '.join(gate['failures'])})" if gate["failures"] else "")
-        )
+        failures = "; ".join(str(Verdict(**v)) for v in gate["failures"])
+        lines.append(f"accuracy gate {precision}: {state}" + (f" ({failures})" if failures else ""))
     for name, graph in info["graphs"].items():
         lines.append(f"\n[{name}] precision {graph['precision']}")
         lines.append(format_file(graph, indent="  "))

@@ -30,6 +30,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.layout import external_data_file
 from edgeattn.runtime.manifest import (
     FORMAT_VERSION,
     META_CONFIG,
@@ -259,7 +260,7 @@ def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = P
     shape inference on the saved file. Returns the files written."""
     weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
     external = weight_bytes > external_threshold
-    data_name = path.name + ".data"
+    data_name = external_data_file(path.name)
     if external:
         onnx.save_model(
             proto,

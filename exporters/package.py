@@ -13,7 +13,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import onnx
 import torch
@@ -22,13 +21,15 @@ from edgeattn import __version__
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.gate import GateResult, heldout_sources
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph
-from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions, parse_precisions
-from edgeattn.exporters.verify import WEIGHTS_NAME, VerifyReport, verify_graphs
+from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
+from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.manifest import FORMAT_VERSION, sha256_file, write_manifest
+from edgeattn.runtime.layout import CHECKPOINT_CONFIG, TOKENIZER, WEIGHTS, graph_file, partial_prefix, previous_name
+from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manifest, Parity
 from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.specs import resolve_graphs
-from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
+from edgeattn.runtime.tokenizer import WordTokenizer
 from edgeattn.weights import save_weights
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class ExportResult:
 
     out_dir: Path
     graphs: list[str]
-    manifest: dict[str, Any]
+    manifest: Manifest
     report: VerifyReport | None
     seconds: float
     gates: dict[str, GateResult] = field(default_factory=dict)
@@ -58,14 +59,6 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise ExportError(f"cannot write the output directory {out_dir}: {probe} is not writable")
-
-
-def _file_entry(export_dir: Path, files: list[Path]) -> dict[str, Any]:
-    main, *data = files
-    entry: dict[str, Any] = {"file": main.name, "sha256": sha256_file(main), "bytes": main.stat().st_size}
-    if data:
-        entry["external_data"] = [{"file": d.name, "sha256": sha256_file(d), "bytes": d.stat().st_size} for d in data]
-    return entry
 
 
 def export_model(
@@ -86,9 +79,9 @@ def export_model(
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
-    ``precisions`` adds reduced-precision files (fp32-opt, int8, int8-static, fp16, int4) beside
-    the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``, token id
-    lists, or random sequences from the model's vocabulary).
+    ``precisions`` adds optimised and reduced-precision files (see ``edgeattn.runtime.precisions``)
+    beside the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``,
+    token id lists, or random sequences from the model's vocabulary).
 
     Raises :class:`ExportError` for unusable arguments, a failed export or a failed accuracy gate
     and :class:`VerificationError` when ONNX Runtime disagrees with eager PyTorch; in every case
@@ -105,59 +98,40 @@ def export_model(
     model = model.eval()
     parent = out_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir.name), dir=parent))
     try:
-        manifest: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
-            "edgeattn_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source": source or "random weights",
-            "task": task,
-            "exporter": {
-                "torch": torch.__version__,
-                "onnx": onnx.__version__,
-                "method": "torch.onnx TorchScript (dynamic_axes)"
-                if opset <= 20
-                else "torch.onnx dynamo (dynamic_shapes)",
-            },
-            "config": model.config.to_dict(),
-            "weights": None,
-            "tokenizer": None,
-            "graphs": {},
-        }
+        method = "torch.onnx TorchScript (dynamic_axes)" if opset <= 20 else "torch.onnx dynamo (dynamic_shapes)"
+        manifest = Manifest(
+            edgeattn_version=__version__,
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            source=source or "random weights",
+            task=task,
+            exporter={"torch": torch.__version__, "onnx": onnx.__version__, "method": method},
+            config=model.config,
+        )
         if tokenizer is not None:
-            tokenizer.save(tmp / TOKENIZER_NAME)
-            manifest["tokenizer"] = _file_entry(tmp, [tmp / TOKENIZER_NAME])
-        weights = save_weights(model, tmp / WEIGHTS_NAME)
-        (tmp / "config.json").unlink(missing_ok=True)  # the config lives in the manifest
-        manifest["weights"] = _file_entry(tmp, [weights])
+            tokenizer.save(tmp / TOKENIZER)
+            manifest.tokenizer = FileEntry.describe(tmp / TOKENIZER)
+        weights = save_weights(model, tmp / WEIGHTS)
+        (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
+        manifest.weights = FileEntry.describe(weights)
         for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
-            path = tmp / f"{name}.onnx"
+            path = tmp / graph_file(name)
             spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
-            files = [path] + (
-                [path.with_name(path.name + ".data")] if path.with_name(path.name + ".data").exists() else []
-            )
-            manifest["graphs"][name] = {
-                **_file_entry(tmp, files),
-                "role": name,
-                "opset": opset,
-                "precision": "fp32",
-                **spec.to_dict(),
-                "parity": None,
-            }
-        write_manifest(tmp, manifest)
+            manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset)
+        manifest.write(tmp)
         report = None
         if verify:
             report = verify_graphs(model, ExportedModel(tmp), progress=progress)
             for name, figures in report.summary().items():
-                manifest["graphs"][name]["parity"] = figures
+                manifest.graphs[name].parity = Parity(**figures)
             if report.greedy is not None:
-                manifest["greedy_parity"] = {**vars(report.greedy), "passed": report.greedy.passed}
-            write_manifest(tmp, manifest)
+                manifest.greedy_parity = GreedyParity(**vars(report.greedy), passed=report.greedy.passed)
+            manifest.write(tmp)
             if not report.passed:
                 raise VerificationError("exported graphs disagree with eager PyTorch:\n" + report.table())
         gates = build_precisions(tmp, model, manifest, wanted[1:], precision_options, heldout_texts, progress)
-        write_manifest(tmp, manifest)
+        manifest.write(tmp)
         _move_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -168,37 +142,32 @@ def export_model(
 def build_precisions(
     export_dir: Path,
     model: Seq2SeqTransformer | EncoderModel,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     precisions: list[str],
     options: PrecisionOptions | None = None,
     heldout_texts: list[list[int]] | None = None,
     progress: bool = False,
 ) -> dict[str, GateResult]:
-    """Write and gate each reduced precision into an export directory under construction;
-    fp32-opt also gets the float32 parity check. Updates ``manifest`` in place."""
+    """Make, gate and write each of ``precisions`` into an export directory under construction,
+    recording every graph's new variant and each gate in ``manifest`` (not written here)."""
     from tqdm import tqdm
 
-    if not precisions:
-        return {}
-    builder = PrecisionBuilder(
-        export_dir, model, manifest, heldout_sources(model.config, texts=heldout_texts), options or PrecisionOptions()
-    )
-    try:
-        for precision in tqdm(precisions, desc="precisions", unit="precision", disable=not progress, leave=False):
-            if precision == "fp32":
-                continue
-            write_manifest(export_dir, manifest)
-            builder.build(precision)
-            if precision == "fp32-opt":
-                write_manifest(export_dir, manifest)
-                report = verify_graphs(model, ExportedModel(export_dir, precision="fp32-opt"), progress=progress)
-                for name, figures in report.summary().items():
-                    manifest["graphs"][name]["precisions"]["fp32-opt"]["parity"] = figures
-                if not report.passed:
-                    raise VerificationError("fp32-opt graphs disagree with eager PyTorch:\n" + report.table())
-    finally:
-        builder.close()
-    return builder.gates
+    gates: dict[str, GateResult] = {}
+    wanted = [p for p in precisions if p != FP32]
+    if not wanted:
+        return gates
+    heldout = heldout_sources(model.config, texts=heldout_texts)
+    options = options or PrecisionOptions()
+    with PrecisionBuilder(model, manifest.graphs, export_dir, heldout, options, progress) as builder:
+        for precision in tqdm(wanted, desc="precisions", unit="precision", disable=not progress, leave=False):
+            build = builder.build(precision)
+            for graph, variant in builder.commit(build, export_dir).items():
+                manifest.graphs[graph].precisions[precision] = variant
+            record = build.record()
+            if record is not None and build.gate is not None:
+                manifest.gates[precision] = record
+                gates[precision] = build.gate
+    return gates
 
 
 def quantize_export(
@@ -210,25 +179,25 @@ def quantize_export(
 ) -> dict[str, GateResult]:
     """Add reduced precisions to an existing export (atomically: a copy is built, gated, and
     swapped in), using the weights the export holds as the float32 reference."""
-    from edgeattn.runtime.manifest import check_file, manifest_config, read_manifest
+    from edgeattn.runtime.manifest import check_file, read_manifest
     from edgeattn.weights import load_model
 
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    if not manifest.get("weights"):
+    if manifest.weights is None:
         raise ExportError(f"{export_dir} holds no weights; re-export it to add precisions")
-    wanted = [p for p in parse_precisions(precisions) if p != "fp32"]
+    wanted = [p for p in parse_precisions(precisions) if p != FP32]
     if not wanted:
         raise ExportError("name at least one precision besides fp32")
-    model = load_model(check_file(export_dir, manifest["weights"]), manifest_config(manifest))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{export_dir.name}.partial-", dir=export_dir.resolve().parent))
+    model = load_model(check_file(export_dir, manifest.weights), manifest.config)
+    tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(export_dir.name), dir=export_dir.resolve().parent))
     try:
         shutil.copytree(export_dir, tmp, dirs_exist_ok=True)
-        for entry in manifest["graphs"].values():
+        for entry in manifest.graphs.values():
             for precision in wanted:
-                entry.get("precisions", {}).pop(precision, None)
+                entry.precisions.pop(precision, None)
         gates = build_precisions(tmp, model, manifest, wanted, options, heldout_texts, progress)
-        write_manifest(tmp, manifest)
+        manifest.write(tmp)
         _move_into_place(tmp, export_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -244,7 +213,7 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
     for f in tmp.iterdir():
         os.chmod(f, 0o666 & ~umask)
     if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        old = out_dir.with_name(previous_name(out_dir.name, os.getpid()))
         os.replace(out_dir, old)
         try:
             os.replace(tmp, out_dir)

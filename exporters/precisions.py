@@ -1,10 +1,13 @@
-"""Reduced-precision variants of an export's graphs, each gated against eager float32.
+"""Reduced-precision and optimised variants of an export's graphs, each gated against eager float32.
 
-Files sit beside the fp32 ones as ``<graph>.<precision>.onnx`` and are listed in the manifest
-under each graph's ``precisions``; the gate's figures go under ``gates``. A precision that
-misses its thresholds fails the export unless degraded results are allowed, in which case it is
-marked ``degraded``. When int8 misses, the nodes whose quantisation hurts most (each measured
-quantised alone) are kept in float32, as few as needed to pass, and named in the manifest.
+For every precision the builder makes one candidate graph per exported graph (the fused float32
+graph, or a converter's output from the precision's source form, see
+``edgeattn.runtime.precisions``), stamps it, and measures the candidates from ONNX Runtime
+sessions built in memory: the accuracy gate for every gated precision, float32 parity as well for
+those held to it. When a precision with a sensitive-node search misses its limits, the nodes
+whose quantisation hurts most are kept in float32, as few as needed to pass. Nothing reaches the
+export directory until :meth:`PrecisionBuilder.commit` writes the chosen candidates; the caller
+records the entries it returns in the manifest.
 """
 
 from __future__ import annotations
@@ -12,58 +15,33 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-import torch
 
-from edgeattn.errors import ExportError
-from edgeattn.exporters.fusion import (
-    FusedForm,
-    can_fuse,
-    expected_attention_blocks,
-    fused_attention_count,
-    fused_copy,
-    operator_counts,
-    optimize_fused,
-)
-from edgeattn.exporters.gate import GateResult, HeldOut, evaluate, teacher_forced
+from edgeattn.config import ModelConfig
+from edgeattn.errors import ExportError, VerificationError
+from edgeattn.exporters.calibration import calibration_feeds, describe_calibration
+from edgeattn.exporters.fusion import can_fuse, expected_attention_blocks, fused_copy, optimize_fused
+from edgeattn.exporters.gate import GateResult, HeldOut, Reference, evaluate
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
-from edgeattn.exporters.quantize import (
-    PRECISIONS,
-    convert_fp16,
-    quantizable_nodes,
-    quantize_int4,
-    quantize_int8_dynamic,
-    quantize_int8_static,
-)
-from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.exporters.operators import fused_attention_count, operator_counts
+from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_nodes
+from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
+from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.manifest import sha256_file, write_manifest
+from edgeattn.runtime.layout import external_data_file, graph_file
+from edgeattn.runtime.manifest import GateRecord, GraphEntry, Parity, Variant
 from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision
 from edgeattn.runtime.specs import graph_spec
 
 log = logging.getLogger(__name__)
 
 Model = Seq2SeqTransformer | EncoderModel
-#: The fused graph each precision is made from: packed QKV where int8 dynamic quantises Attention to
-#: QAttention, separate projections where static and weight-only quantisers reach them;
-#: SkipLayerNormalization only for fp16, the GPU precision (see :class:`FusedForm`).
-SOURCE_FORM = {
-    "fp32-opt": FusedForm(),
-    "int8": FusedForm(),
-    "fp16": FusedForm(skip_layer_norm=True),
-    "int8-static": FusedForm(packed=False),
-    "int4": FusedForm(packed=False),
-}
-
-#: Static int8 calibration: batches, and rows per batch when sequences are drawn from the vocabulary.
-CALIBRATION_BATCHES = 8
-CALIBRATION_ROWS = 8
 
 
 @dataclass
@@ -80,227 +58,221 @@ class PrecisionOptions:
     external_threshold: int = PROTOBUF_LIMIT
 
 
-def parse_precisions(value: list[str] | None) -> list[str]:
-    """Requested precisions in canonical order, fp32 always first; unknown ones refused."""
-    requested = [p.strip() for p in (value or []) if p.strip()]
-    for p in requested:
-        if p not in PRECISIONS:
-            raise ExportError(f"unknown precision {p!r}; choose from {', '.join(PRECISIONS)}")
-    return [p for p in PRECISIONS if p == "fp32" or p in requested]
+@dataclass
+class Candidate:
+    """One graph at one precision as its converter wrote it, not yet stamped or in the export."""
+
+    graph: str
+    precision: str
+    #: the serialised graph, or its file where it keeps weights outside (over protobuf's 2 GiB)
+    model: bytes | Path
+    #: manifest fields of the variant besides its file (quantisation settings, source, fusion counts)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, graph: str, precision: str, path: Path, fields: dict[str, Any], keep: bool) -> Candidate:
+        """The candidate in ``path``: its bytes, or the file itself when it has external data (or
+        ``keep``: a file that stays where it is)."""
+        if keep or path.with_name(external_data_file(path.name)).exists():
+            return cls(graph, precision, path, fields)
+        return cls(graph, precision, path.read_bytes(), fields)
+
+    def stamped(self, config: ModelConfig) -> onnx.ModelProto:
+        """The graph with the spec's axis names and edgeattn's metadata, as the export holds it."""
+        if isinstance(self.model, bytes):
+            proto = onnx.load_from_string(self.model)
+        else:
+            proto = onnx.load(str(self.model), load_external_data=True)
+        finalize(proto, config, graph_spec(self.graph, config), self.precision)
+        return proto
 
 
-def _entry(path: Path, precision: str, extra: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
-                             "precision": precision, **extra}  # fmt: skip
-    data = path.with_name(path.name + ".data")
-    if data.exists():
-        entry["external_data"] = [{"file": data.name, "sha256": sha256_file(data), "bytes": data.stat().st_size}]
-        entry["bytes"] += data.stat().st_size
-    return entry
+@dataclass
+class PrecisionBuild:
+    """The graphs chosen for one precision and how they measured."""
+
+    precision: str
+    candidates: dict[str, Candidate]
+    gate: GateResult | None
+    parity: VerifyReport | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.gate is not None and not self.gate.passed
+
+    def record(self) -> GateRecord | None:
+        return None if self.gate is None else self.gate.to_record(self.degraded)
 
 
 class PrecisionBuilder:
-    """Writes and gates reduced-precision graphs inside an export directory under construction."""
+    """Makes and judges every precision of one model's export.
 
-    def __init__(self, export_dir: Path, model: Model, manifest: dict[str, Any], heldout: HeldOut,
-                 options: PrecisionOptions) -> None:  # fmt: skip
-        self.dir = export_dir
+    ``graphs`` are the export's fp32 entries, whose files sit in ``fp32_dir``; ``heldout`` is what
+    the gate measures on; ``progress`` shows the float32 parity check's bar. Scratch files (fused
+    source forms, converter outputs) live in a temporary directory beside ``fp32_dir`` until
+    :meth:`close`.
+    """
+
+    def __init__(self, model: Model, graphs: dict[str, GraphEntry], fp32_dir: Path, heldout: HeldOut,
+                 options: PrecisionOptions, progress: bool = False) -> None:  # fmt: skip
         self.model = model.eval()
-        self.manifest = manifest
-        self.heldout = heldout
+        self.progress = progress
+        self.entries = graphs
+        self.graphs = list(graphs)
+        self.fp32_dir = fp32_dir
         self.options = options
-        self.graphs = list(manifest["graphs"])
-        self.gates: dict[str, GateResult] = {}
-        self._calibration_feeds: dict[str, list[dict[str, np.ndarray]]] = {}
-        self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=export_dir.parent))
+        self.reference = Reference(self.model, heldout, options.new_tokens)
+        self.fusable, self.not_fused_because = can_fuse(self.model)
+        self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
+        self._sources: dict[tuple[str, FusedForm], Path] = {}
+        self._made = 0
+        self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
+        #: the latest sensitive-node search of each graph
+        self.searches: dict[str, SearchResult[Candidate]] = {}
 
     def close(self) -> None:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
-    # ------------------------------------------------------------------ files
-    def _path(self, graph: str, precision: str) -> Path:
-        return self.dir / f"{graph}.{precision}.onnx"
+    def __enter__(self) -> PrecisionBuilder:
+        return self
 
-    def _record(self, graph: str, precision: str, path: Path, extra: dict[str, Any]) -> None:
-        self.manifest["graphs"][graph].setdefault("precisions", {})[precision] = _entry(path, precision, extra)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    def _stamp(self, graph: str, precision: str, path: Path) -> None:
-        """Metadata, checker and shape inference for a converted file (rewritten in place)."""
-        proto = onnx.load(str(path), load_external_data=True)
-        finalize(proto, self.model.config, graph_spec(graph, self.model.config), precision)
-        path.with_name(path.name + ".data").unlink(missing_ok=True)
-        save_checked(proto, path, self.options.external_threshold)
+    # ---------------------------------------------------------------- sources
+    def source(self, graph: str, precision: Precision) -> Path:
+        """The float32 graph ``precision`` is made from: the fused graph of its form when this model
+        fuses (built once per form, in scratch), else the exported fp32 graph."""
+        if not self.fusable or precision.form is None:
+            return self.fp32_dir / self.entries[graph].file
+        key = (graph, precision.form)
+        if key not in self._sources:
+            self._sources[key] = self._fused(graph, precision.form)
+        return self._sources[key]
 
-    def source(self, graph: str, precision: str) -> Path:
-        """The graph ``precision`` starts from: the fused graph of its :data:`SOURCE_FORM` when
-        this model fuses, else fp32. A fused graph made only as a source stays out of the export."""
-        form = SOURCE_FORM[precision]
-        if form == SOURCE_FORM["fp32-opt"] and "fp32-opt" in self.manifest["graphs"][graph].get("precisions", {}):
-            return self._path(graph, "fp32-opt")
-        if can_fuse(self.model)[0]:
-            fused = self._scratch / f"{graph}.fp32-opt-{form.tag}.onnx"
-            return fused if fused.exists() else self._fused(graph, fused, form)
-        return self.dir / self.manifest["graphs"][graph]["file"]
+    def _source_name(self, precision: Precision) -> str:
+        if not self.fusable or precision.form is None:
+            return FP32
+        return f"fp32-opt ({precision.form.describe()})"
 
-    # -------------------------------------------------------------- fp32-opt
-    def _fused(self, graph: str, dst: Path, form: FusedForm) -> Path:
-        raw = self._scratch / f"{graph}.fused.onnx"
-        has_attention = expected_attention_blocks(graph, self.model) > 0
-        export_graph(fused_copy(self.model, form.packed), graph, raw,
-                     opset=min(self.manifest["graphs"][graph]["opset"], 20),
-                     external_threshold=self.options.external_threshold, fused=has_attention)  # fmt: skip
+    def _fused(self, graph: str, form: FusedForm) -> Path:
+        raw = self._scratch / f"{graph}.fused-raw.onnx"
+        dst = self._scratch / f"{graph}.fused-{form.tag}.onnx"
+        export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
+                     external_threshold=self.options.external_threshold,
+                     fused=expected_attention_blocks(graph, self.model) > 0)  # fmt: skip
         proto = optimize_fused(raw, self.model, form)
         finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
         save_checked(proto, dst, self.options.external_threshold)
-        counts = operator_counts(proto)
-        expected = expected_attention_blocks(graph, self.model)
-        if fused_attention_count(counts) != expected:
-            raise ExportError(
-                f"{graph}: {fused_attention_count(counts)} of {expected} attention blocks fused; all must be"
-            )
+        expected, fused = expected_attention_blocks(graph, self.model), fused_attention_count(operator_counts(proto))
+        if fused != expected:
+            raise ExportError(f"{graph}: {fused} of {expected} attention blocks fused; all must be")
         return dst
 
-    def build_fp32_opt(self) -> None:
-        ok, reason = can_fuse(self.model)
-        for graph in self.graphs:
-            path = self._path(graph, "fp32-opt")
-            if ok:
-                self._fused(graph, path, SOURCE_FORM["fp32-opt"])
-            else:
-                shutil.copyfile(self.dir / self.manifest["graphs"][graph]["file"], path)
-                self._stamp(graph, "fp32-opt", path)
-            proto = onnx.load(str(path), load_external_data=False)
-            self._record(graph, "fp32-opt", path, {
-                "fused_operators": operator_counts(proto),
+    # ------------------------------------------------------------- candidates
+    def candidate(self, precision: Precision, graph: str, exclude: list[str] | None = None) -> Candidate:
+        """``graph`` at ``precision``, with ``exclude`` nodes kept in float32 where the converter can."""
+        src = self.source(graph, precision)
+        source = {"source": self._source_name(precision)}
+        if precision.build == "fused":
+            counts = operator_counts(onnx.load(str(src), load_external_data=False))
+            fields: dict[str, Any] = {
+                "fused_operators": counts,
                 "attention_blocks": expected_attention_blocks(graph, self.model),
-                "attention_fused": fused_attention_count(operator_counts(proto)),
-                **({} if ok else {"not_fused_because": reason}),
-            })  # fmt: skip
+                "attention_fused": fused_attention_count(counts),
+                **({} if self.fusable else {"not_fused_because": self.not_fused_because}),
+            }
+            return Candidate.read(graph, precision.name, src, {**fields, **source}, keep=False)
+        if precision.build != "convert":
+            raise ExportError(f"precision {precision.name!r} is the export itself, not a variant of it")
+        self._made += 1
+        work = self._scratch / f"candidate-{self._made}"
+        work.mkdir()
+        dst = work / graph_file(graph, precision.name)
+        job = ConversionJob(
+            exclude=list(exclude or []), calibration=lambda: self._calibration_feeds(graph),
+            calibration_method=self.options.calibration_method,
+            calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
+        )  # fmt: skip
+        info = CONVERTERS[precision.name](src, dst, job)
+        candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)
+        if isinstance(candidate.model, bytes):
+            shutil.rmtree(work)
+        return candidate
 
-    # ------------------------------------------------------------ quantised
-    def _convert(self, precision: str, graph: str, exclude: list[str] | None = None) -> dict[str, Any]:
-        src, dst = self.source(graph, precision), self._path(graph, precision)
-        if precision == "int8":
-            info = quantize_int8_dynamic(src, dst, exclude=exclude)
-        elif precision == "int8-static":
-            info = self._quantize_static(graph, src, dst, exclude)
-        elif precision == "fp16":
-            info = convert_fp16(src, dst)
-        elif precision == "int4":
-            info = quantize_int4(src, dst)
-        else:  # pragma: no cover - guarded by parse_precisions
-            raise ExportError(f"no converter for {precision!r}")
-        self._stamp(graph, precision, dst)
-        self._record(graph, precision, dst, {"quantization": info, "source": src.name})
-        return info
+    def _calibration_feeds(self, graph: str) -> list[dict[str, np.ndarray]]:
+        """Made once per graph: the sensitive-node search quantises again for every node."""
+        if graph not in self._calibration:
+            self._calibration[graph] = calibration_feeds(self.model, graph, self.options.calibration_data,
+                                                         self.options.new_tokens)  # fmt: skip
+        return self._calibration[graph]
 
-    def calibration(self, graph: str, batches: int = CALIBRATION_BATCHES) -> list[dict[str, np.ndarray]]:
-        """Representative feeds for ``graph`` in up to ``batches`` batches: from the user's
-        calibration sequences when given, else drawn from the model's own vocabulary and length
-        range (other sequences than the gate's)."""
-        from edgeattn.exporters.gate import heldout_sources
+    def runtime(self, candidates: dict[str, Candidate]) -> ExportedModel:
+        """ONNX Runtime sessions over candidate graphs, built in memory (CPU provider)."""
+        precision = next(iter(candidates.values())).precision
+        graphs = {name: c.model for name, c in candidates.items()}
+        return ExportedModel.from_graphs(self.model.config, graphs, precision=precision)
 
-        c = self.model.config
-        if self.options.calibration_data:
-            calib = heldout_sources(c, texts=self.options.calibration_data)
-            batches = min(batches, len(self.options.calibration_data))
-        else:
-            calib = heldout_sources(c, n=CALIBRATION_ROWS * batches, seed=1234)
-        chunks = np.array_split(np.arange(calib.ids.shape[0]), batches)
-        feeds: list[dict[str, np.ndarray]] = []
-        rng = np.random.default_rng(7)
-        for rows in chunks:
-            ids, mask = calib.ids[rows], calib.mask[rows]
-            width = int(mask.sum(axis=1).max())
-            ids, mask = ids[:, :width], mask[:, :width]
-            if graph == "encoder":
-                feeds.append({"input_ids": ids, "attention_mask": mask})
-            elif graph == "attention":
-                spec = graph_spec("attention", c)
-                feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))
-            elif graph == "cross_kv":
-                with torch.no_grad():
-                    hidden = self.model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-                feeds.append({"encoder_hidden_states": hidden.numpy()})
-            else:
-                assert isinstance(self.model, Seq2SeqTransformer)
-                feeds.append(teacher_forced(self.model, ids, mask, self.options.new_tokens).feeds)
-        return feeds
+    def gate(self, precision: str, candidates: dict[str, Candidate]) -> GateResult:
+        """The accuracy gate on ``candidates`` (the graphs they hold)."""
+        return evaluate(self.model, self.runtime(candidates), precision, self.reference.heldout,
+                        self.options.new_tokens, list(candidates), self.reference)  # fmt: skip
 
-    def _quantize_static(self, graph: str, src: Path, dst: Path, exclude: list[str] | None) -> dict[str, Any]:
-        """Static int8 of ``src`` into ``dst``, calibrated on this graph's feeds (made once per graph:
-        the sensitivity search quantises again for every node)."""
-        if graph not in self._calibration_feeds:
-            self._calibration_feeds[graph] = self.calibration(graph)
-        info = quantize_int8_static(src, dst, self._calibration_feeds[graph], self.options.calibration_method, exclude)
-        return {**info, "calibration_data": self._calibration_source()}
-
-    def _calibration_source(self) -> str:
-        data = self.options.calibration_data
-        if not data:
-            drawn = CALIBRATION_ROWS * CALIBRATION_BATCHES
-            return f"drawn from the model's vocabulary and length range ({drawn} sequences)"
-        return f"{self.options.calibration_source or 'user sequences'} ({len(data)} sequences)"
-
-    def _refresh(self, precision: str) -> ExportedModel:
-        write_manifest(self.dir, self.manifest)
-        return ExportedModel(self.dir, providers=["CPUExecutionProvider"], precision=precision)
-
-    def _gate(self, precision: str, graphs: list[str] | None = None) -> GateResult:
-        return evaluate(self.model, self._refresh(precision), precision, self.heldout, self.options.new_tokens, graphs)
-
-    def build(self, precision: str, progress: Callable[[str], None] | None = None) -> GateResult:
-        """Write ``precision`` for every graph, gate it, and, for int8, exclude sensitive nodes."""
-        if precision == "fp32-opt":
-            self.build_fp32_opt()
-        else:
-            for graph in self.graphs:
-                self._convert(precision, graph)
-        result = self._gate(precision)
-        if not result.passed and precision in ("int8", "int8-static"):
-            result = self._exclude_sensitive(precision, result)
-        degraded = not result.passed
-        for graph in self.graphs:
-            self.manifest["graphs"][graph]["precisions"][precision]["degraded"] = degraded
-        self.manifest.setdefault("gates", {})[precision] = {**result.to_dict(), "degraded": degraded}
-        self.gates[precision] = result
-        if degraded and not self.options.allow_degraded:
+    # ------------------------------------------------------------------ build
+    def build(self, name: str) -> PrecisionBuild:
+        """Every graph at precision ``name``, gated (and for fp32-opt held to float32 parity);
+        raises ExportError when the gate fails and degraded results are not allowed."""
+        precision = get_precision(name)
+        candidates = {g: self.candidate(precision, g) for g in self.graphs}
+        parity = None
+        if precision.float32_parity:
+            parity = verify_graphs(self.model, self.runtime(candidates), progress=self.progress)
+            if not parity.passed:
+                raise VerificationError(f"{name} graphs disagree with eager PyTorch:\n" + parity.table())
+        result = self.gate(name, candidates) if precision.gated else None
+        if result is not None and not result.passed and precision.sensitive_search:
+            candidates, result = self.exclude_sensitive(precision, candidates, result.failing_graphs(self.graphs))
+        build = PrecisionBuild(name, candidates, result, parity)
+        if build.degraded and not self.options.allow_degraded:
+            assert result is not None
             raise ExportError(
-                f"{precision} graphs miss their accuracy thresholds ({'; '.join(result.failures)}); "
+                f"{name} graphs miss their accuracy thresholds ({'; '.join(map(str, result.failures))}); "
                 "pass --allow-degraded to keep them marked degraded\n" + result.table()
             )
-        return result
+        return build
 
-    def _failing_graphs(self, result: GateResult) -> list[str]:
-        failing = {f.split()[0] for f in result.failures}
-        if "generation" in failing:
-            failing |= {"encoder", "cross_kv", "decoder"}
-        return [g for g in self.graphs if g in failing]
+    def exclude_sensitive(
+        self, precision: Precision, candidates: dict[str, Candidate], graphs: list[str]
+    ) -> tuple[dict[str, Candidate], GateResult]:
+        """``candidates`` with each of ``graphs`` remade with the fewest most sensitive nodes kept in
+        float32 that make it pass (see :mod:`edgeattn.exporters.sensitivity`), and their gate."""
+        candidates = dict(candidates)
+        for graph in graphs:
 
-    def _exclude_sensitive(self, precision: str, result: GateResult) -> GateResult:
-        """Keep in float32 the fewest most-sensitive nodes of each failing graph that make it pass."""
-        for graph in self._failing_graphs(result):
-            nodes = quantizable_nodes(self.source(graph, precision))
-            scores: dict[str, float] = {}
-            for node in nodes:  # each node quantised alone: how much does the graph's metric drop?
-                self._convert_only(precision, graph, node)
-                alone = self._gate(precision, [graph])
-                scores[node] = sum(1.0 - v for v in alone.metrics.get(graph, {}).values())
-            ranked = sorted(nodes, key=lambda n: -scores[n])
-            for k in range(1, len(ranked) + 1):
-                self._convert(precision, graph, exclude=ranked[:k])
-                trial = self._gate(precision, [graph])
-                if trial.passed:
-                    log.info("%s %s: kept %d node(s) in float32: %s", precision, graph, k, ranked[:k])
-                    break
-        return self._gate(precision)
+            def trial(exclude: list[str], graph: str = graph) -> Trial[Candidate]:
+                candidate = self.candidate(precision, graph, exclude)
+                alone = self.gate(precision.name, {graph: candidate})
+                return Trial(candidate, alone.metrics.get(graph, {}), alone.passed)
 
-    def _convert_only(self, precision: str, graph: str, node: str) -> None:
-        src, dst = self.source(graph, precision), self._path(graph, precision)
-        others = [n for n in quantizable_nodes(src) if n != node]
-        if precision == "int8":
-            info = quantize_int8_dynamic(src, dst, exclude=others)
-        else:
-            info = self._quantize_static(graph, src, dst, others)
-        self._stamp(graph, precision, dst)
-        self._record(graph, precision, dst, {"quantization": info, "source": src.name})
+            found = search_sensitive(quantizable_nodes(self.source(graph, precision)), trial)
+            log.info("%s %s: kept %d node(s) in float32 after %d trials: %s", precision.name, graph,
+                     len(found.excluded), found.trials, found.excluded)  # fmt: skip
+            candidates[graph] = found.trial.candidate
+            self.searches[graph] = found
+        return candidates, self.gate(precision.name, candidates)
+
+    # ----------------------------------------------------------------- commit
+    def commit(self, build: PrecisionBuild, export_dir: Path) -> dict[str, Variant]:
+        """Write ``build``'s graphs into ``export_dir`` (checked) and return their manifest entries."""
+        entries = {}
+        for graph, c in build.candidates.items():
+            path = export_dir / graph_file(graph, build.precision)
+            for old in (path, path.with_name(external_data_file(path.name))):
+                old.unlink(missing_ok=True)
+            save_checked(c.stamped(self.model.config), path, self.options.external_threshold)
+            parity = None
+            if build.parity is not None and graph in build.parity.summary():
+                parity = Parity(**build.parity.summary()[graph])
+            entries[graph] = Variant.describe(path, precision=build.precision, degraded=build.degraded, parity=parity,
+                                              **c.fields)  # fmt: skip
+        return entries

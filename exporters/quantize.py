@@ -9,28 +9,30 @@
   softmax kept in float32.
 - ``int4``: block-wise 4-bit weights (``MatMulNBits``).
 
-Each takes the fp32 (preferably fused fp32-opt) graph as its source.
+Each converter takes a fused float32 graph of its precision's source form (see
+``edgeattn.runtime.precisions``), writes the converted graph, and returns the settings it used
+(recorded in the manifest). :data:`CONVERTERS` maps each precision to its converter.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from edgeattn.benchmark.machine import cpu_flags
 from edgeattn.errors import ExportError
+from edgeattn.host import cpu_flags, has_vnni, quiet_quantization
+from edgeattn.runtime.precisions import CALIBRATION_METHODS
+from edgeattn.runtime.session import CPU
 
 log = logging.getLogger(__name__)
 
-#: Every precision an export can hold; fp32 is always written, the others on request.
-PRECISIONS = ("fp32", "fp32-opt", "int8", "int8-static", "fp16", "int4")
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+Feeds = dict[str, np.ndarray]
 #: Embedding tables with at least this many elements are quantised to 4 bits in int4 graphs.
 LARGE_EMBEDDING = 1 << 20
 
@@ -38,7 +40,7 @@ LARGE_EMBEDDING = 1 << 20
 def int8_settings() -> dict[str, Any]:
     """Signedness and range of dynamic int8 from this CPU's instruction set (recorded in the manifest)."""
     flags = cpu_flags()
-    vnni = any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    vnni = has_vnni(flags)
     return {
         "weight_type": "int8",
         "activation_type": "uint8",
@@ -51,27 +53,43 @@ def int8_settings() -> dict[str, Any]:
     }
 
 
+#: Operators dynamic int8 quantises (those with a constant weight).
+QUANTIZED_OPS = ("MatMul", "Gather", "Attention")
+
+
 def _quantizable(model: onnx.ModelProto) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
-    ops = ("MatMul", "Gather", "Attention")
-    return [n.name for n in model.graph.node if n.op_type in ops and any(i in inits for i in n.input)]
+    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS and any(i in inits for i in n.input)]
 
 
-def quantize_int8_dynamic(
-    src: Path, dst: Path, exclude: list[str] | None = None, only: list[str] | None = None
-) -> dict[str, Any]:
+@dataclass
+class ConversionJob:
+    """What a converter may need beyond its source and destination files."""
+
+    #: node names to leave in float32 (the sensitive-node search)
+    exclude: list[str] = field(default_factory=list)
+    #: representative feeds for static calibration, made on first call
+    calibration: Callable[[], list[Feeds]] | None = None
+    calibration_method: str = "minmax"
+    #: where the calibration data came from, in words (recorded in the manifest)
+    calibration_source: str = ""
+
+
+Converter = Callable[[Path, Path, ConversionJob], dict[str, Any]]
+
+
+def quantize_int8_dynamic(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     """Dynamic int8 quantisation of ``src`` into ``dst``; returns the settings used."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     settings = int8_settings()
-    with _quiet_quantization():
+    with quiet_quantization():
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=settings["reduce_range"],
-            op_types_to_quantize=["MatMul", "Gather", "Attention"], nodes_to_exclude=exclude or [],
-            nodes_to_quantize=only or [],
+            op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=job.exclude,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
         )  # fmt: skip
-    return {**settings, "excluded_nodes": list(exclude or [])}
+    return {**settings, "excluded_nodes": list(job.exclude)}
 
 
 class _Reader:
@@ -84,36 +102,35 @@ class _Reader:
         return next(self._it, None)
 
 
-def quantize_int8_static(
-    src: Path,
-    dst: Path,
-    calibration: list[dict[str, np.ndarray]],
-    method: str = "minmax",
-    exclude: list[str] | None = None,
-) -> dict[str, Any]:
-    """Static QDQ int8 quantisation calibrated on ``calibration`` feeds; returns the settings."""
+def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
+    """Static QDQ int8 quantisation calibrated on ``job``'s feeds; returns the settings."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile}  # fmt: skip
-    if method not in methods:
-        raise ExportError(f"calibration method {method!r} is not one of {', '.join(CALIBRATION_METHODS)}")
+    if job.calibration_method not in methods:
+        raise ExportError(
+            f"calibration method {job.calibration_method!r} is not one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    calibration = job.calibration() if job.calibration is not None else []
     if not calibration:
         raise ExportError("static int8 quantisation needs calibration inputs")
     settings = int8_settings()
-    with _quiet_quantization():
+    with quiet_quantization():
         quantize_static(
             str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
             reduce_range=settings["reduce_range"], activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=exclude or [], calibrate_method=methods[method],
+            op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=job.exclude,
+            calibrate_method=methods[job.calibration_method],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
-            calibration_providers=["CPUExecutionProvider"],
+            calibration_providers=[CPU],
         )  # fmt: skip
-    return {**settings, "format": "QDQ", "calibration": method, "calibration_batches": len(calibration),
-            "excluded_nodes": list(exclude or [])}  # fmt: skip
+    return {**settings, "format": "QDQ", "calibration": job.calibration_method,
+            "calibration_batches": len(calibration), "excluded_nodes": list(job.exclude),
+            "calibration_data": job.calibration_source}  # fmt: skip
 
 
-def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
+def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     """Float16 weights and compute, norms and attention included; float32 inputs and outputs.
 
     Only operators with no float16 kernel stay float32 (onnxruntime's default block list). ONNX
@@ -132,7 +149,9 @@ def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
     return {"kept_float32": kept, "io": "float32"}
 
 
-def quantize_int4(src: Path, dst: Path, block_size: int = 32, accuracy_level: int = 0) -> dict[str, Any]:
+def quantize_int4(
+    src: Path, dst: Path, job: ConversionJob, block_size: int = 32, accuracy_level: int = 0
+) -> dict[str, Any]:
     """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)
     and for large embedding tables (GatherBlockQuantized).
 
@@ -140,7 +159,7 @@ def quantize_int4(src: Path, dst: Path, block_size: int = 32, accuracy_level: in
     activations to int8 instead, which measured slower on this project's CPU (34 against 27 ms
     for the reference encoder at 1 x 128): int4 is here for the smallest footprint.
     """
-    with _quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
+    with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load(str(src))
@@ -154,7 +173,7 @@ def quantize_int4(src: Path, dst: Path, block_size: int = 32, accuracy_level: in
         op_types_to_quantize=("MatMul", "Gather"), quant_axes=(("MatMul", 0), ("Gather", 1)),
         nodes_to_exclude=small_tables,
     )  # fmt: skip
-    with _quiet_quantization():
+    with quiet_quantization():
         quantizer.process()
     quantizer.model.save_model_to_file(str(dst))
     return {
@@ -166,20 +185,14 @@ def quantize_int4(src: Path, dst: Path, block_size: int = 32, accuracy_level: in
 
 
 def quantizable_nodes(src: Path) -> list[str]:
-    """Names of the nodes int8 quantisation would change (MatMul and Gather with constant weights)."""
+    """Names of the nodes int8 quantisation would change (its operators with a constant weight)."""
     return _quantizable(onnx.load(str(src), load_external_data=False))
 
 
-@contextlib.contextmanager
-def _quiet_quantization() -> Iterator[None]:
-    """onnxruntime.quantization logs advice on the root logger; hold it back while it runs."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    root.setLevel(max(level, logging.ERROR))
-    try:
-        yield
-    finally:
-        root.setLevel(level)
-        for handler in root.handlers[:]:
-            if handler not in handlers:  # handlers a module's logging.basicConfig() added meanwhile
-                root.removeHandler(handler)
+#: Every precision that is made by converting a fused float32 graph, and its converter.
+CONVERTERS: dict[str, Converter] = {
+    "int8": quantize_int8_dynamic,
+    "int8-static": quantize_int8_static,
+    "fp16": convert_fp16,
+    "int4": quantize_int4,
+}

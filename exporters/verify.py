@@ -20,7 +20,9 @@ from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.onnx_export import EXPORT_SIZES
 from edgeattn.exporters.sampling import padding, sample_inputs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.layout import WEIGHTS
 from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.precisions import FP32, float32_precisions
 from edgeattn.runtime.session import CPU
 
 log = logging.getLogger(__name__)
@@ -28,9 +30,6 @@ log = logging.getLogger(__name__)
 ATOL = 1e-4
 RTOL = 1e-5
 GREEDY_TOKENS = 24
-WEIGHTS_NAME = "weights.safetensors"
-#: Precisions held to float32 parity.
-FLOAT32_PRECISIONS = ("fp32", "fp32-opt")
 
 
 @dataclass
@@ -196,25 +195,24 @@ def verify_export(
     model: Seq2SeqTransformer | EncoderModel | None = None,
     providers: tuple[str, ...] = (CPU,),
     progress: bool = False,
-    precision: str = "fp32",
+    precision: str = FP32,
     **kwargs: Any,
 ) -> VerifyReport:
-    """Verify an export directory's float32 graphs (``fp32``, or the fused ``fp32-opt``) against
-    eager PyTorch, with the weights the export holds (``weights.safetensors``) unless a model is
-    given. Reduced precisions are judged by the accuracy gate instead."""
-    from edgeattn.runtime.manifest import check_file, read_manifest
+    """Verify an export directory's float32 graphs (a precision held to float32 parity: fp32, or
+    the fused fp32-opt) against eager PyTorch, with the weights the export holds unless a model
+    is given. Reduced precisions are judged by the accuracy gate instead."""
+    from edgeattn.runtime.manifest import check_file
     from edgeattn.weights import load_model
 
-    if precision not in FLOAT32_PRECISIONS:
+    if precision not in float32_precisions():
         raise VerificationError(
-            f"float32 parity applies to {', '.join(FLOAT32_PRECISIONS)}; {precision!r} is judged by the accuracy gate"
+            f"float32 parity applies to {', '.join(float32_precisions())}; {precision!r} is judged by the accuracy gate"
         )
     export_dir = Path(export_dir)
     runtime = ExportedModel(export_dir, providers=providers, precision=precision)
     if model is None:
-        manifest = read_manifest(export_dir)
-        entry = manifest.get("weights")
-        if not entry:
-            raise VerificationError(f"{export_dir} holds no weights.safetensors to compare the graphs with")
-        model = load_model(check_file(export_dir, entry), runtime.config)
+        assert runtime.manifest is not None
+        if runtime.manifest.weights is None:
+            raise VerificationError(f"{export_dir} holds no {WEIGHTS} to compare the graphs with")
+        model = load_model(check_file(export_dir, runtime.manifest.weights), runtime.config)
     return verify_graphs(model, runtime, progress=progress, **kwargs)

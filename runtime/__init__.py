@@ -1,13 +1,32 @@
 """edgeattn's embedded runtime: exported graphs run through ONNX Runtime with numpy alone.
 
-Importing this package never imports torch.
+Importing this package never imports torch. Its names load on first use, so that the small
+torch- and onnxruntime-free modules (``precisions``, ``layout``, ``specs``) stay cheap to import
+(the command line reads the precision registry before it knows which command runs).
 """
 
-from edgeattn.runtime.generate import GenerationConfig, GenerationOutput
-from edgeattn.runtime.manifest import ManifestError, read_manifest
-from edgeattn.runtime.model import ExportedModel, InputError, check_feeds, load
-from edgeattn.runtime.specs import GRAPH_NAMES, GraphSpec, TensorSpec, graph_spec
-from edgeattn.runtime.tokenizer import TokenizerError, WordTokenizer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "GenerationConfig": "generate",
+    "GenerationOutput": "generate",
+    "Manifest": "manifest",
+    "ManifestError": "manifest",
+    "read_manifest": "manifest",
+    "ExportedModel": "model",
+    "InputError": "model",
+    "check_feeds": "model",
+    "load": "model",
+    "GRAPH_NAMES": "specs",
+    "GraphSpec": "specs",
+    "TensorSpec": "specs",
+    "graph_spec": "specs",
+    "TokenizerError": "tokenizer",
+    "WordTokenizer": "tokenizer",
+}
 
 __all__ = [
     "GRAPH_NAMES",
@@ -16,6 +35,7 @@ __all__ = [
     "GenerationOutput",
     "GraphSpec",
     "InputError",
+    "Manifest",
     "ManifestError",
     "TensorSpec",
     "TokenizerError",
@@ -25,3 +45,18 @@ __all__ = [
     "load",
     "read_manifest",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from edgeattn.runtime.generate import GenerationConfig, GenerationOutput
+    from edgeattn.runtime.manifest import Manifest, ManifestError, read_manifest
+    from edgeattn.runtime.model import ExportedModel, InputError, check_feeds, load
+    from edgeattn.runtime.specs import GRAPH_NAMES, GraphSpec, TensorSpec, graph_spec
+    from edgeattn.runtime.tokenizer import TokenizerError, WordTokenizer
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'edgeattn.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"edgeattn.runtime.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

@@ -14,12 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_tokens
-from edgeattn.runtime.manifest import check_file, graph_entry, manifest_config, read_manifest
-from edgeattn.runtime.session import CUDA, Spinning, create_session
+from edgeattn.runtime.layout import TOKENIZER, optimized_cache_file
+from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
+from edgeattn.runtime.precisions import FP32
+from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, graph_spec
-from edgeattn.runtime.tokenizer import TOKENIZER_NAME, WordTokenizer
+from edgeattn.runtime.tokenizer import WordTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,8 @@ class ExportedModel:
     ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
     unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
     ``spinning`` is how ONNX Runtime's intra-op threads wait for work (see
-    :data:`edgeattn.runtime.session.Spinning`).
+    :data:`edgeattn.runtime.session.Spinning`). :meth:`from_graphs` builds one from graphs that
+    are not (yet) an export directory.
     """
 
     def __init__(
@@ -85,38 +89,69 @@ class ExportedModel:
         export_dir: str | Path,
         providers: list[str] | tuple[str, ...] | None = None,
         threads: int | None = None,
-        precision: str = "fp32",
+        precision: str = FP32,
         spinning: bool | Spinning = True,
         optimized_cache: str | Path | None = None,
         io_binding: bool | None = None,
         tf32: bool = False,
     ) -> None:
-        self.export_dir = Path(export_dir)
-        self.manifest = read_manifest(self.export_dir)
-        self.config = manifest_config(self.manifest)
-        self.precision = precision
-        self.specs: dict[str, GraphSpec] = {}
-        self.sessions: dict[str, Any] = {}
-        for name in self.manifest["graphs"]:
-            entry = graph_entry(self.manifest, name, precision)
-            path = check_file(self.export_dir, entry)
+        export_dir = Path(export_dir)
+        manifest = read_manifest(export_dir)
+        config = manifest.config
+        sessions: dict[str, Any] = {}
+        for name in manifest.graphs:
+            entry = manifest.entry(name, precision)
+            path = check_file(export_dir, entry)
             cache = None
             if optimized_cache is not None:
                 Path(optimized_cache).mkdir(parents=True, exist_ok=True)
-                cache = Path(optimized_cache) / f"{entry['sha256'][:24]}.{name}.opt.onnx"
-            self.specs[name] = graph_spec(name, self.config)
-            self.sessions[name] = create_session(
+                cache = Path(optimized_cache) / optimized_cache_file(entry.sha256, name)
+            sessions[name] = create_session(
                 path, providers=providers, threads=threads, spinning=spinning, optimized_cache=cache, tf32=tf32
             )
-        first = next(iter(self.sessions.values()))
+        tokenizer = None
+        if manifest.tokenizer is not None:
+            tokenizer = WordTokenizer.load(check_file(export_dir, manifest.tokenizer))
+        self._attach(config, sessions, precision, io_binding, tokenizer)
+        self.export_dir: Path | None = export_dir
+        self.manifest: Manifest | None = manifest
+
+    @classmethod
+    def from_graphs(
+        cls,
+        config: ModelConfig,
+        graphs: dict[str, bytes | Path],
+        precision: str = FP32,
+        providers: list[str] | tuple[str, ...] | None = (CPU,),
+        threads: int | None = None,
+        spinning: bool | Spinning = True,
+    ) -> ExportedModel:
+        """A model over ``graphs`` (serialised ONNX models, or files) by graph name, with no export
+        directory or manifest behind it: what the accuracy gate measures candidate graphs with."""
+        self = cls.__new__(cls)
+        sessions = {
+            name: create_session(graph, providers=providers, threads=threads, spinning=spinning)
+            for name, graph in graphs.items()
+        }
+        self._attach(config, sessions, precision, None, None)
+        self.export_dir, self.manifest = None, None
+        return self
+
+    def _attach(
+        self, config: ModelConfig, sessions: dict[str, Any], precision: str, io_binding: bool | None,
+        tokenizer: WordTokenizer | None,
+    ) -> None:  # fmt: skip
+        if not sessions:
+            raise EdgeattnError("a model needs at least one graph")
+        self.config = config
+        self.precision = precision
+        self.sessions = sessions
+        self.specs: dict[str, GraphSpec] = {name: graph_spec(name, config) for name in sessions}
+        first = next(iter(sessions.values()))
         self.providers: list[str] = first.get_providers()
         self.device = "cuda" if self.providers[0] == CUDA else "cpu"
         self.io_binding = self.device == "cuda" if io_binding is None else io_binding
-        tok = self.export_dir / TOKENIZER_NAME
-        self.tokenizer: WordTokenizer | None = None
-        if self.manifest.get("tokenizer"):
-            check_file(self.export_dir, self.manifest["tokenizer"])
-            self.tokenizer = WordTokenizer.load(tok)
+        self.tokenizer = tokenizer
 
     @property
     def graphs(self) -> list[str]:
@@ -254,7 +289,8 @@ class ExportedModel:
     def generate_text(self, texts: list[str], max_new_tokens: int | None = None, **options: Any) -> list[str]:
         """Tokenize ``texts``, generate, and decode the answers (needs the export's tokenizer)."""
         if self.tokenizer is None:
-            raise EdgeattnError(f"{self.export_dir} has no {TOKENIZER_NAME}; pass token ids to generate() instead")
+            where = self.export_dir or "this model"
+            raise EdgeattnError(f"{where} has no {TOKENIZER}; pass token ids to generate() instead")
         encoded = [self.tokenizer.encode(t) for t in texts]
         width = max(len(e) for e in encoded)
         ids = np.full((len(encoded), width), self.config.pad_id, dtype=np.int64)
@@ -343,7 +379,7 @@ def load(
     export_dir: str | Path,
     providers: list[str] | tuple[str, ...] | None = None,
     threads: int | None = None,
-    precision: str = "fp32",
+    precision: str = FP32,
     **options: Any,
 ) -> ExportedModel:
     """Load an export directory for inference; see :class:`ExportedModel`."""

@@ -90,7 +90,7 @@ def session_options(threads: int | None = None, spinning: bool | Spinning = True
 
 
 def create_session(
-    path: str | Path,
+    path: str | Path | bytes,
     providers: list[str] | tuple[str, ...] | None = (CPU,),
     threads: int | None = None,
     spinning: bool | Spinning = True,
@@ -99,7 +99,7 @@ def create_session(
     cuda_graph: bool = False,
     require: bool = False,
 ) -> ort.InferenceSession:
-    """An inference session for one ONNX file.
+    """An inference session for one ONNX file, or for a serialised graph held in memory (``bytes``).
 
     With ``optimized_cache`` (a file path), the optimised graph is saved there on first load and
     loaded from there afterwards, skipping the optimisation passes. The CUDA provider runs
@@ -114,7 +114,9 @@ def create_session(
     chosen: list[str | tuple[str, dict[str, str]]] = [(p, cuda_options) if p == CUDA else p for p in picked]
     if CUDA in picked:
         preload_cuda_libraries()
-    source, opts = str(path), session_options(threads, spinning)
+    source: str | bytes = path if isinstance(path, bytes) else str(path)
+    name = "a graph in memory" if isinstance(path, bytes) else str(path)
+    opts = session_options(threads, spinning)
     if optimized_cache is not None:
         cache = Path(optimized_cache)
         if cache.is_file():
@@ -126,8 +128,8 @@ def create_session(
     try:
         session = ort.InferenceSession(source, sess_options=opts, providers=chosen, disabled_optimizers=disabled)
     except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise EdgeattnError(f"onnxruntime cannot load {path}: {exc}") from exc
+        raise EdgeattnError(f"onnxruntime cannot load {name}: {exc}") from exc
     missing = [p for p in (providers or []) if p not in session.get_providers()] if require else []
     if missing:
-        raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(path).name}")
+        raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(name).name}")
     return session

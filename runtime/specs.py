@@ -51,11 +51,6 @@ class GraphSpec:
     outputs: tuple[TensorSpec, ...]
 
     @property
-    def file(self) -> str:
-        """File name of the float32 graph in an export directory."""
-        return f"{self.name}.onnx"
-
-    @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
 

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from edgeattn.errors import EdgeattnError
 
-TOKENIZER_NAME = "tokenizer.json"
-
 
 class TokenizerError(EdgeattnError, ValueError):
     """Text the tokenizer cannot encode, or a tokenizer file it cannot read."""

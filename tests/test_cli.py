@@ -33,6 +33,9 @@ def test_help_does_not_import_torch():
         "import sys\nfrom click.testing import CliRunner\nfrom edgeattn.cli import cli\n"
         "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0\n"
         "assert 'torch' not in sys.modules, 'edgeattn --help imported torch'\n"
+        "r = CliRunner().invoke(cli, ['export', '--help'])\nassert r.exit_code == 0\n"
+        "heavy = sorted({'torch', 'onnx', 'onnxruntime'} & set(sys.modules))\n"
+        "assert not heavy, f'edgeattn export --help imported {heavy}'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -108,15 +108,15 @@ def test_onnx_files_carry_their_metadata_and_pass_the_checker(exported):
 def test_manifest_describes_every_graph(exported):
     out, _, _ = exported
     manifest = read_manifest(out)
-    assert manifest["format_version"] == 1 and manifest["config"] == BASE.to_dict()
-    for name, entry in manifest["graphs"].items():
-        assert entry["sha256"] == sha256_file(out / entry["file"])
-        assert entry["opset"] == 17 and entry["precision"] == "fp32"
-        assert entry["parity"]["passed"] and entry["parity"]["max_abs"] < 1e-4
-        assert entry["inputs"] == [t.to_dict() for t in graph_spec(name, BASE).inputs]
-    axes = {a for e in manifest["graphs"].values() for t in e["inputs"] for a in t["shape"] if isinstance(a, str)}
+    assert manifest.format_version == 1 and manifest.config == BASE
+    for name, entry in manifest.graphs.items():
+        assert entry.sha256 == sha256_file(out / entry.file)
+        assert entry.opset == 17 and entry.precision == "fp32"
+        assert entry.parity.passed and entry.parity.max_abs < 1e-4
+        assert entry.inputs == list(graph_spec(name, BASE).inputs)
+    axes = {a for e in manifest.graphs.values() for t in e.inputs for a in t.axes if isinstance(a, str)}
     assert axes == {"batch", "src_len", "tgt_len", "past_len"}
-    assert manifest["greedy_parity"]["passed"]
+    assert manifest.greedy_parity.passed
 
 
 def test_verify_command_path_agrees(exported):
@@ -191,8 +191,8 @@ def test_large_graphs_use_external_data(tmp_path):
     out = tmp_path / "out"
     result = export_model(build_model(BASE), out, graphs=["encoder"], external_threshold=1000)
     assert result.report.passed
-    entry = read_manifest(out)["graphs"]["encoder"]
-    assert entry["external_data"][0]["file"] == "encoder.onnx.data"
+    entry = read_manifest(out).graphs["encoder"]
+    assert entry.external_data[0].file == "encoder.onnx.data"
     assert (out / "encoder.onnx.data").stat().st_size > (out / "encoder.onnx").stat().st_size
     ids = np.ones((2, 40), dtype=np.int64)
     assert ExportedModel(out).encode(ids).shape == (2, 40, 32)

@@ -11,16 +11,17 @@ import onnx
 import pytest
 import torch
 
-import edgeattn.exporters.precisions as precisions_module
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
-from edgeattn.exporters.gate import THRESHOLDS, evaluate, heldout_sources
+from edgeattn.exporters.gate import evaluate, heldout_sources
 from edgeattn.exporters.package import export_model, quantize_export
 from edgeattn.exporters.precisions import PrecisionOptions
+from edgeattn.exporters.quantize import CONVERTERS
 from edgeattn.exporters.reference import eager_generate
 from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest
 from edgeattn.runtime.manifest import sha256_file
+from edgeattn.runtime.precisions import get_precision
 from edgeattn.runtime.session import create_session
 
 CFG = ModelConfig(
@@ -40,33 +41,33 @@ def quantized(tmp_path_factory):
 def test_every_precision_is_written_listed_and_gated(quantized):
     out, _, result = quantized
     manifest = read_manifest(out)
-    for graph, entry in manifest["graphs"].items():
-        assert set(entry["precisions"]) == set(ALL)
-        for precision, variant in entry["precisions"].items():
+    for graph, entry in manifest.graphs.items():
+        assert set(entry.precisions) == set(ALL)
+        for precision, variant in entry.precisions.items():
             path = out / f"{graph}.{precision}.onnx"
-            assert variant["file"] == path.name and variant["sha256"] == sha256_file(path)
+            assert variant.file == path.name and variant.sha256 == sha256_file(path)
             meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
             assert meta["edgeattn.precision"] == precision and meta["edgeattn.graph"] == graph
-    assert set(manifest["gates"]) == set(ALL)
+    assert set(manifest.gates) == set(ALL)
     for precision in ALL:
-        gate = manifest["gates"][precision]
-        assert gate["thresholds"] == THRESHOLDS[precision]
-        assert gate["passed"] and not gate["degraded"], gate["failures"]
-        assert {"encoder", "attention", "cross_kv", "decoder", "generation"} <= set(gate["metrics"])
+        gate = manifest.gates[precision]
+        assert gate.thresholds == get_precision(precision).thresholds.to_dict()
+        assert gate.passed and not gate.degraded, gate.failures
+        assert {"encoder", "attention", "cross_kv", "decoder", "generation"} <= set(gate.metrics)
     assert result.gates["int8"].metrics["encoder"]["cosine_mean"] >= 0.999
 
 
 def test_fp32_opt_fuses_every_attention_block_and_keeps_parity(quantized):
     out, _, _ = quantized
     manifest = read_manifest(out)
-    enc = manifest["graphs"]["encoder"]["precisions"]["fp32-opt"]
-    dec = manifest["graphs"]["decoder"]["precisions"]["fp32-opt"]
-    assert enc["attention_fused"] == enc["attention_blocks"] == 2  # layer 0 included
-    assert dec["attention_fused"] == dec["attention_blocks"] == 4  # self and cross, every layer
+    enc = manifest.graphs["encoder"].precisions["fp32-opt"]
+    dec = manifest.graphs["decoder"].precisions["fp32-opt"]
+    assert enc.attention_fused == enc.attention_blocks == 2  # layer 0 included
+    assert dec.attention_fused == dec.attention_blocks == 4  # self and cross, every layer
     # CPU graphs keep LayerNormalization + Add (ORT's CPU SkipLayerNormalization is slower);
     # fp16, the GPU precision, fuses them
-    assert enc["fused_operators"]["LayerNormalization"] == 4 and "SkipLayerNormalization" not in enc["fused_operators"]
-    assert dec["fused_operators"]["LayerNormalization"] == 6 and "SkipLayerNormalization" not in dec["fused_operators"]
+    assert enc.fused_operators["LayerNormalization"] == 4 and "SkipLayerNormalization" not in enc.fused_operators
+    assert dec.fused_operators["LayerNormalization"] == 6 and "SkipLayerNormalization" not in dec.fused_operators
     fp16 = onnx.load(str(out / "encoder.fp16.onnx")).graph
     assert Counter(n.op_type for n in fp16.node)["SkipLayerNormalization"] == 4
     # fp16 norms run in float16 (their kernels accumulate in float32): no Cast pair around them
@@ -74,8 +75,8 @@ def test_fp32_opt_fuses_every_attention_block_and_keeps_parity(quantized):
     norms = [n for n in fp16.node if n.op_type.endswith("LayerNormalization")]
     assert norms and not any(i in cast_outputs for n in norms for i in n.input[:2])
     for graph in ("attention", "encoder", "cross_kv", "decoder"):
-        parity = manifest["graphs"][graph]["precisions"]["fp32-opt"]["parity"]
-        assert parity["passed"] and parity["max_abs"] < 1e-4
+        parity = manifest.graphs[graph].precisions["fp32-opt"].parity
+        assert parity.passed and parity.max_abs < 1e-4
 
 
 def test_cpu_sessions_do_not_refuse_layer_norms_into_skip_layer_norm(quantized, tmp_path):
@@ -89,16 +90,16 @@ def test_cpu_sessions_do_not_refuse_layer_norms_into_skip_layer_norm(quantized, 
 def test_int8_settings_and_sizes_are_recorded(quantized):
     out, _, _ = quantized
     manifest = read_manifest(out)
-    info = manifest["graphs"]["decoder"]["precisions"]["int8"]["quantization"]
+    info = manifest.graphs["decoder"].precisions["int8"].quantization
     assert info["weight_type"] == "int8" and info["per_channel"] is True
     assert isinstance(info["reduce_range"], bool) and info["reason"]
-    static = manifest["graphs"]["encoder"]["precisions"]["int8-static"]["quantization"]
+    static = manifest.graphs["encoder"].precisions["int8-static"].quantization
     assert static["format"] == "QDQ" and static["calibration"] == "minmax"
-    fp32 = manifest["graphs"]["decoder"]["bytes"]
+    fp32 = manifest.graphs["decoder"].bytes
     assert (
-        manifest["graphs"]["decoder"]["precisions"]["int8"]["bytes"] < 0.55 * fp32
+        manifest.graphs["decoder"].precisions["int8"].bytes < 0.55 * fp32
     )  # tiny graphs: structure weighs; 25% at reference size
-    assert manifest["graphs"]["decoder"]["precisions"]["int4"]["bytes"] < 0.35 * fp32
+    assert manifest.graphs["decoder"].precisions["int4"].bytes < 0.35 * fp32
     ops = {n.op_type for n in onnx.load(str(out / "decoder.int4.onnx")).graph.node}
     assert "MatMulNBits" in ops
 
@@ -127,14 +128,14 @@ def _corrupt_scales(path, factor=60.0):
 
 
 def test_gate_catches_corrupted_int4_scales(tmp_path, monkeypatch):
-    real = precisions_module.quantize_int4
+    real = CONVERTERS["int4"]
 
-    def broken(src, dst, block_size=32):
-        info = real(src, dst, block_size)
+    def broken(src, dst, job):
+        info = real(src, dst, job)
         _corrupt_scales(dst)
         return info
 
-    monkeypatch.setattr(precisions_module, "quantize_int4", broken)
+    monkeypatch.setitem(CONVERTERS, "int4", broken)
     model = build_model(CFG, seed=3)
     with pytest.raises(ExportError, match="int4 graphs miss their accuracy thresholds"):
         export_model(model, tmp_path / "out", precisions=["int4"])
@@ -142,8 +143,8 @@ def test_gate_catches_corrupted_int4_scales(tmp_path, monkeypatch):
     result = export_model(model, tmp_path / "kept", precisions=["int4"],
                           precision_options=PrecisionOptions(allow_degraded=True))  # fmt: skip
     manifest = read_manifest(tmp_path / "kept")
-    assert manifest["gates"]["int4"]["degraded"] and manifest["gates"]["int4"]["failures"]
-    assert manifest["graphs"]["encoder"]["precisions"]["int4"]["degraded"] is True
+    assert manifest.gates["int4"].degraded and manifest.gates["int4"].failures
+    assert manifest.graphs["encoder"].precisions["int4"].degraded is True
     assert not result.gates["int4"].passed
 
 
@@ -157,7 +158,7 @@ def test_gate_fails_a_corrupted_int8_graph(quantized, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     result = evaluate(model, load(copy, precision="int8"), "int8", heldout_sources(CFG, n=16))
     assert not result.passed
-    assert any(f.startswith("encoder cosine") for f in result.failures)
+    assert any(f.graph == "encoder" and f.metric.startswith("cosine") for f in result.failures)
 
 
 def test_sensitive_nodes_are_kept_in_float32_to_pass(tmp_path):
@@ -167,9 +168,7 @@ def test_sensitive_nodes_are_kept_in_float32_to_pass(tmp_path):
         model.encoder.layers[1].norm2.weight[3] = 300.0  # an outlier channel into layer 1's feed-forward
     result = export_model(model, tmp_path / "out", graphs=["encoder"], precisions=["int8"])
     assert result.gates["int8"].passed
-    excluded = read_manifest(tmp_path / "out")["graphs"]["encoder"]["precisions"]["int8"]["quantization"][
-        "excluded_nodes"
-    ]
+    excluded = read_manifest(tmp_path / "out").graphs["encoder"].precisions["int8"].quantization["excluded_nodes"]
     assert "/encoder/layers.1/ff/linear1/MatMul" in excluded and len(excluded) <= 3
 
 
@@ -224,7 +223,7 @@ def test_static_int8_is_calibrated_on_the_users_sequences(tmp_path):
         )
         proto = onnx.load(str(out / "encoder.int8-static.onnx"))
         found = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer if t.name.endswith("_scale")}
-        return found, read_manifest(out)["graphs"]["encoder"]["precisions"]["int8-static"]["quantization"]
+        return found, read_manifest(out).graphs["encoder"].precisions["int8-static"].quantization
 
     drawn, drawn_info = scales("drawn", None)
     narrow, narrow_info = scales("narrow", [[5, 5, 5, 5]] * 4)
@@ -232,3 +231,24 @@ def test_static_int8_is_calibrated_on_the_users_sequences(tmp_path):
     assert narrow_info["calibration_data"] == "file c.txt (4 sequences)"
     shared = set(drawn) & set(narrow)
     assert shared and any(not np.allclose(drawn[k], narrow[k]) for k in shared)
+
+
+def test_candidates_are_gated_in_memory_and_written_once(tmp_path, monkeypatch):
+    """The gate and the sensitive-node search measure candidate graphs from in-memory sessions: the
+    export directory is neither reloaded nor its manifest rewritten until the chosen graphs are in."""
+    from edgeattn.runtime.manifest import Manifest
+    from edgeattn.runtime.model import ExportedModel
+
+    cfg = CFG.replace(architecture="encoder", n_decoder_layers=0, norm_first=True)
+    model = build_model(cfg, seed=0)
+    with torch.no_grad():
+        model.encoder.layers[1].norm2.weight[3] = 300.0  # forces the sensitive-node search
+    out = tmp_path / "out"
+    export_model(model, out, graphs=["encoder"], verify=False)
+    writes, loads = [], []
+    real_write, real_init = Manifest.write, ExportedModel.__init__
+    monkeypatch.setattr(Manifest, "write", lambda self, d: writes.append(d) or real_write(self, d))
+    monkeypatch.setattr(ExportedModel, "__init__", lambda self, *a, **k: loads.append(a) or real_init(self, *a, **k))
+    gates = quantize_export(out, ["int8"])
+    assert gates["int8"].passed and len(writes) == 1 and loads == []
+    assert read_manifest(out).graphs["encoder"].precisions["int8"].quantization["excluded_nodes"]

@@ -12,7 +12,6 @@ float32 and int8 (see :mod:`edgeattn.benchmark.floors`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.benchmark.floors import Floor, measure_floor
-from edgeattn.benchmark.machine import cpu_flags, machine_info
+from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.memory import (
     Probe,
     bench_inputs,
@@ -35,6 +34,9 @@ from edgeattn.benchmark.memory import (
 from edgeattn.benchmark.timing import Timing, best_seconds, interleaved
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
+from edgeattn.host import cpu_flags
+from edgeattn.runtime.manifest import ManifestError
+from edgeattn.runtime.precisions import get_precision
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
 
@@ -120,9 +122,6 @@ class LatencyReport:
         for name, why in self.skipped.items():
             text.append(f"skipped {name}: {why}")
         return "\n".join(text)
-
-    def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
 
 def encoder_flops(config: ModelConfig, batch: int, seq: int) -> float:
@@ -234,15 +233,14 @@ def onnx_variants(
     import onnxruntime as ort
 
     from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner
-    from edgeattn.runtime.manifest import graph_entry, manifest_config, read_manifest
-    from edgeattn.runtime.session import CUDA, create_session
+    from edgeattn.runtime.manifest import read_manifest
+    from edgeattn.runtime.session import CPU, CUDA, create_session
 
     manifest = read_manifest(export_dir)
-    entry = manifest["graphs"].get("encoder")
     skipped: dict[str, str] = {}
-    if entry is None:
+    if "encoder" not in manifest.graphs:
         return [], {"onnx": f"{export_dir} has no encoder graph"}
-    d_model = manifest_config(manifest).d_model
+    d_model = manifest.config.d_model
     available = ort.get_available_providers()
     variants: list[Variant] = []
     for provider in providers:
@@ -253,16 +251,16 @@ def onnx_variants(
         bind = provider == CUDA if io_binding is None else io_binding
         for precision in precisions:
             name = f"onnx {precision} {short}"
-            if precision == "fp16" and provider == "CPUExecutionProvider":
-                skipped[name] = "fp16 is a GPU precision (the CPU runs it through casts)"
+            if get_precision(precision).provider == "gpu" and provider == CPU:
+                skipped[name] = f"{precision} is a GPU precision (the CPU runs it through casts)"
                 continue
             try:
-                variant_entry = graph_entry(manifest, "encoder", precision)
-            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                variant_entry = manifest.entry("encoder", precision)
+            except ManifestError as exc:
                 skipped[name] = str(exc)
                 continue
-            path = export_dir / variant_entry["file"]
-            size = int(variant_entry.get("bytes", 0))
+            path = export_dir / variant_entry.file
+            size = variant_entry.total_bytes
             start = time.perf_counter()
             try:
                 session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32,

@@ -14,6 +14,8 @@ import numpy as np
 
 from edgeattn.benchmark.latency import Variant
 from edgeattn.config import ModelConfig
+from edgeattn.host import quiet_quantization
+from edgeattn.runtime.session import CPU, create_session
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,6 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
     from onnxruntime.transformers.optimizer import optimize_model
 
     from edgeattn.benchmark.memory import onnx_probe
-    from edgeattn.exporters.quantize import _quiet_quantization
-    from edgeattn.runtime.session import create_session
 
     act = "relu" if config.activation == "relu" else "gelu"
     bert_config = BertConfig(
@@ -49,7 +49,7 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
             dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
                           "last_hidden_state": {0: "batch", 1: "seq"}},
         )  # fmt: skip
-    with _quiet_quantization():
+    with quiet_quantization():
         optimized = optimize_model(str(raw), model_type="bert", num_heads=config.n_heads, hidden_size=config.d_model)
         optimized.save_model_to_file(str(fused))
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -60,7 +60,7 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
     variants = []
     for name, path in (("peer HF BERT ORT fused fp32", fused), ("peer HF BERT ORT fused int8", int8)):
         start = time.perf_counter()
-        session = create_session(path, providers=["CPUExecutionProvider"], threads=threads, spinning="run")
+        session = create_session(path, providers=[CPU], threads=threads, spinning="run")
 
         def run(i: np.ndarray, m: np.ndarray, session: Any = session) -> object:
             return session.run(["last_hidden_state"], {"input_ids": i, "attention_mask": m})
@@ -68,6 +68,6 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
         run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
         note = f"attention fused {stats.get('Attention', 0)} of {config.n_encoder_layers}"
         cold = (time.perf_counter() - start) * 1e3
-        probe = onnx_probe(str(path), "CPUExecutionProvider", threads)
+        probe = onnx_probe(str(path), CPU, threads)
         variants.append(Variant(name, run, cold, path.stat().st_size, note, probe=probe))
     return variants, {}

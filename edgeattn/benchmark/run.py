@@ -11,11 +11,10 @@ from typing import Any
 
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.precisions import FP32, PRECISIONS, get_precision
 from edgeattn.runtime.session import CPU, CUDA
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PRECISIONS = ["fp32", "fp32-opt", "int8", "int8-static", "int4", "fp16"]
 
 
 @dataclass
@@ -23,8 +22,8 @@ class BenchOptions:
     batches: tuple[int, ...] = (1, 8)
     seqs: tuple[int, ...] = (32, 128, 512)
     threads: int = 2
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    precisions: tuple[str, ...] = tuple(DEFAULT_PRECISIONS)
+    providers: tuple[str, ...] = (CPU,)
+    precisions: tuple[str, ...] = tuple(PRECISIONS)
     repeats: int = 20
     warmup: int = 3
     eager: bool = True
@@ -56,10 +55,12 @@ def run_benchmark(
 
     Returns the latency report and, with ``options.generation``, the generation report.
     """
-    from edgeattn.runtime.manifest import check_file, manifest_config, read_manifest
+    from edgeattn.runtime.manifest import check_file, read_manifest
     from edgeattn.weights import load_model
 
     options = options or BenchOptions()
+    for name in options.precisions:
+        get_precision(name)
     on_cpu = CPU in options.providers
     with tempfile.TemporaryDirectory(prefix="edgeattn-bench-") as scratch:
         if export_dir is None:
@@ -69,7 +70,7 @@ def run_benchmark(
 
             source = resolve_model(preset)
             export_dir = Path(scratch) / "export"
-            wanted = [p for p in options.precisions if p != "fp32"]
+            wanted = [p for p in options.precisions if p != FP32]
             log.info("exporting %s with %s", preset or "demo", ", ".join(options.precisions))
             export_model(
                 source.model, export_dir, verify=False, precisions=wanted, heldout_texts=source.heldout,
@@ -78,11 +79,11 @@ def run_benchmark(
             )  # fmt: skip
         export_dir = Path(export_dir)
         manifest = read_manifest(export_dir)
-        config = manifest_config(manifest)
+        config = manifest.config
         variants, skipped = [], {}
         if options.eager:
-            if manifest.get("weights"):
-                weights = check_file(export_dir, manifest["weights"])
+            if manifest.weights is not None:
+                weights = check_file(export_dir, manifest.weights)
                 model = load_model(weights, config)
                 variants, skipped = eager_variants(model, options.threads, weights=weights, cpu=on_cpu,
                                                    cuda=CUDA in options.providers)  # fmt: skip
@@ -112,9 +113,9 @@ def run_benchmark(
             raise EdgeattnError(f"nothing to time: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
         report = bench_latency(variants, config, shapes, options.threads, options.repeats, options.warmup,
                                progress=progress, skipped=skipped, floors=on_cpu)  # fmt: skip
-        report.accuracy = manifest.get("gates") or {}
+        report.accuracy = manifest.to_json()["gates"]
         generation = None
-        if options.generation and "decoder" in manifest["graphs"]:
+        if options.generation and "decoder" in manifest.graphs:
             from edgeattn.benchmark.generation import bench_generation
 
             positions = tuple(p for p in (16, 64, 256) if p < config.max_len)

@@ -1,0 +1,241 @@
+"""Every precision an export can hold, one record each: the one place their facts live.
+
+A record says what the precision is (for the CLI's help and the README's table), how its graphs
+are made (the fp32 export itself, the fused graph, or a converter run on a fused source form),
+how it is judged (float32 parity, or the accuracy gate's thresholds) and which provider it is
+for. The CLI, the exporters, the gate, the runtime and the benchmark read these records; a new
+precision is one record here plus its converter in ``edgeattn.exporters.quantize.CONVERTERS``.
+
+Torch-free and onnx-free: the CLI reads it at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from edgeattn.errors import ExportError
+
+#: The precision every export holds: the graphs as torch.onnx wrote them.
+FP32 = "fp32"
+#: How static int8 calibration ranges are found.
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+
+Provider = Literal["any", "cpu", "gpu"]
+Build = Literal["export", "fused", "convert"]
+
+
+class PrecisionError(ExportError, ValueError):
+    """A precision name that is not in the registry (given to an export, quantize or a benchmark)."""
+
+
+@dataclass(frozen=True)
+class FusedForm:
+    """Which fused float32 graph a precision is made from.
+
+    ``packed``: plain self-attention becomes ``Attention`` with one packed QKV weight (which
+    dynamic int8 turns into QAttention); otherwise ``MultiHeadAttention`` after separate Q/K/V
+    MatMuls (which static and weight-only quantisers reach).
+    ``skip_layer_norm``: residual Add + LayerNormalization fused into SkipLayerNormalization. Off
+    for CPU graphs: with onnxruntime 1.32 its CPU kernel took 200 us for a 128 x 512 block and
+    1.6 ms for 1024 x 512, against 35 / 320 us for LayerNormalization plus Add (measured here);
+    on for fp16, a GPU precision, where it saves a kernel launch per norm.
+    """
+
+    packed: bool = True
+    skip_layer_norm: bool = False
+
+    @property
+    def tag(self) -> str:
+        return ("packed" if self.packed else "mha") + ("-sln" if self.skip_layer_norm else "")
+
+    def describe(self) -> str:
+        """How the form differs from plain fused float32, in words (for the manifest)."""
+        parts = ["packed QKV" if self.packed else "separate Q/K/V projections"]
+        if self.skip_layer_norm:
+            parts.append("SkipLayerNormalization")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One metric of one graph below its limit."""
+
+    graph: str
+    metric: str
+    measured: float
+    limit: float
+
+    def __str__(self) -> str:
+        return f"{self.graph} {self.metric} {self.measured:.5f} < {self.limit}"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The accuracy gate's minimum metric values for one precision (see ``edgeattn.exporters.gate``)."""
+
+    cosine_mean: float
+    cosine_min: float
+    top1: float
+    teacher_top1: float
+    exact_match: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def limit(self, metric: str) -> float | None:
+        """The limit of ``metric``, or None for a metric reported but not judged."""
+        return self.to_dict().get(metric)
+
+    def verdicts(self, metrics: dict[str, dict[str, float]]) -> list[Verdict]:
+        """Every graph metric below its limit."""
+        limits = self.to_dict()
+        return [
+            Verdict(graph, name, value, limits[name])
+            for graph, values in metrics.items()
+            for name, value in values.items()
+            if name in limits and value < limits[name]
+        ]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Everything edgeattn knows about one precision."""
+
+    name: str
+    #: what the graphs are, in a line (help text, README)
+    summary: str
+    #: the tools that make them (README)
+    made_with: str
+    #: "export": the fp32 graphs themselves; "fused": the fused float32 graph of ``form``;
+    #: "convert": a converter run on ``form``'s fused graph (plain fp32 where a model cannot fuse)
+    build: Build
+    #: the fused float32 graph it is made from (None for fp32)
+    form: FusedForm | None = None
+    #: held to float32 parity (1e-4) by the verifier; else judged by the gate alone
+    float32_parity: bool = False
+    #: the accuracy gate's limits (None: not gated, fp32 is the reference)
+    thresholds: Thresholds | None = None
+    #: the execution provider the graphs are made for ("gpu" graphs are not timed on the CPU)
+    provider: Provider = "cpu"
+    #: when the gate fails, the most sensitive quantised nodes are kept in float32
+    sensitive_search: bool = False
+    #: quantisation ranges are calibrated on representative inputs (``--calibration``)
+    calibrated: bool = False
+
+    @property
+    def gated(self) -> bool:
+        return self.thresholds is not None
+
+
+_FUSED_CPU = FusedForm()
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision(
+            FP32,
+            "the graphs as exported, float32",
+            "`torch.onnx` (TorchScript exporter up to opset 20, dynamo above)",
+            "export",
+            float32_parity=True,
+            provider="any",
+        ),
+        Precision(
+            "fp32-opt",
+            "every attention block fused, plus BiasGelu / FastGelu; layer norms stay LayerNormalization + Add",
+            "edgeattn's fused export + `onnxruntime.transformers` optimizer",
+            "fused",
+            _FUSED_CPU,
+            float32_parity=True,
+            thresholds=Thresholds(0.99999, 0.9999, 1.0, 0.999, 0.99),
+        ),
+        Precision(
+            "int8",
+            "dynamic int8, per-channel weights, embeddings too",
+            "`onnxruntime.quantization.quantize_dynamic`",
+            "convert",
+            _FUSED_CPU,
+            thresholds=Thresholds(0.999, 0.98, 0.95, 0.95, 0.90),
+            sensitive_search=True,
+        ),
+        Precision(
+            "int8-static",
+            "QDQ int8, calibrated (" + ", ".join(f"`{m}`" for m in CALIBRATION_METHODS) + ")",
+            "`quantize_static`",
+            "convert",
+            FusedForm(packed=False),
+            thresholds=Thresholds(0.995, 0.95, 0.93, 0.93, 0.85),
+            sensitive_search=True,
+            calibrated=True,
+        ),
+        Precision(
+            "fp16",
+            "float16 weights and compute, norms and attention included (their kernels accumulate in float32), "
+            "float32 I/O; SkipLayerNormalization",
+            "`onnxruntime.transformers` float16 conversion",
+            "convert",
+            FusedForm(skip_layer_norm=True),
+            thresholds=Thresholds(0.9999, 0.999, 0.99, 0.99, 0.95),
+            provider="gpu",
+        ),
+        Precision(
+            "int4",
+            "block-wise 4-bit weights (block 32), 4-bit embeddings when large",
+            "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized)",
+            "convert",
+            FusedForm(packed=False),
+            thresholds=Thresholds(0.99, 0.90, 0.90, 0.85, 0.70),
+        ),
+    )
+}
+
+
+def get_precision(name: str) -> Precision:
+    """The record of ``name``, or a PrecisionError listing the known precisions."""
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise PrecisionError(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}") from None
+
+
+def precision_names(where: Iterable[Precision] | None = None) -> list[str]:
+    """Names in registry order (of ``where``'s records, when given)."""
+    chosen = {p.name for p in where} if where is not None else set(PRECISIONS)
+    return [name for name in PRECISIONS if name in chosen]
+
+
+def reduced_precisions() -> list[str]:
+    """Every precision an export may add beside fp32."""
+    return [name for name in PRECISIONS if name != FP32]
+
+
+def float32_precisions() -> list[str]:
+    """The precisions held to float32 parity."""
+    return [p.name for p in PRECISIONS.values() if p.float32_parity]
+
+
+def parse_precisions(value: Iterable[str] | None) -> list[str]:
+    """Requested precisions in registry order, fp32 always first; an unknown one is a PrecisionError."""
+    requested = {get_precision(p.strip()).name for p in (value or []) if p.strip()}
+    return [name for name in PRECISIONS if name == FP32 or name in requested]
+
+
+def markdown_table() -> str:
+    """The README's table of precisions."""
+    rows = ["| precision | what | made with |", "|---|---|---|"]
+    rows += [f"| `{p.name}` | {p.summary} | {p.made_with} |" for p in PRECISIONS.values() if p.name != FP32]
+    return "\n".join(rows)
+
+
+def thresholds_table() -> str:
+    """The README's table of the accuracy gate's thresholds."""
+    rows = [
+        "| precision | cosine mean | cosine worst | top-1 | teacher-forced top-1 | generation exact match |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in PRECISIONS.values():
+        if p.thresholds is not None:
+            cells = [p.name, *(str(v) for v in p.thresholds.to_dict().values())]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
