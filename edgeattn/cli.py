@@ -142,6 +142,19 @@ def _precision_options(
     help="Weights (.safetensors); its config comes from the file unless --config is given.",
 )
 @click.option(
+    "--from-hf",
+    "from_hf",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A local Hugging Face folder (BERT, RoBERTa, DistilBERT: bare, sequence or token classification).",
+)
+@click.option(
+    "--task",
+    type=click.Choice(["encode", "embed", "classify", "tag"]),
+    default=None,
+    help="With --from-hf: what the model is for (default: what its config.json says).",
+)
+@click.option(
     "--graphs", default=None, help="Comma-separated graphs: attention,encoder,decoder (default: all the model has)."
 )
 @click.option(
@@ -169,6 +182,8 @@ def export(
     preset: str | None,
     config_file: Path | None,
     checkpoint: Path | None,
+    from_hf: Path | None,
+    task: str | None,
     graphs: str | None,
     opset: int,
     seed: int,
@@ -187,7 +202,13 @@ def export(
         raise click.UsageError("give --preset or --config, not both")
     if preset and checkpoint:
         raise click.UsageError("--checkpoint carries its own config; use --config to override it, not --preset")
-    source = resolve_model(preset, config_file, checkpoint, seed)
+    if from_hf is not None and (preset or config_file or checkpoint):
+        raise click.UsageError(
+            "--from-hf brings its own config and weights; leave out --preset, --config, --checkpoint"
+        )
+    if task is not None and from_hf is None:
+        raise click.UsageError("--task goes with --from-hf")
+    source = resolve_model(preset, config_file, checkpoint, seed, from_hf=from_hf, task=task)
     options = _precision_options(
         _split(precisions) or [], calibration_method, calibration_file, allow_degraded, source.model.config,
         source.tokenizer,
@@ -208,6 +229,9 @@ def export(
         precision_options=options,
         heldout_texts=source.heldout,
         task=source.task,
+        architecture=source.architecture,
+        labels=source.labels,
+        pooling=source.pooling,
     )
     if result.report is not None:
         click.echo(result.report.table())

@@ -20,6 +20,7 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu"]
 NormKind = Literal["layernorm", "rmsnorm"]
 HeadKind = Literal["none", "sequence", "token"]
 Pooling = Literal["mean", "first"]
+Pooler = Literal["none", "tanh", "relu"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ("encoder-decoder", "encoder"),
@@ -28,6 +29,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "norm": ("layernorm", "rmsnorm"),
     "head": ("none", "sequence", "token"),
     "pooling": ("mean", "first"),
+    "pooler": ("none", "tanh", "relu"),
 }
 
 
@@ -68,6 +70,15 @@ class ModelConfig:
     head: HeadKind = "none"
     num_labels: int = 2
     pooling: Pooling = "mean"
+    #: a dense layer and this activation between the pooled vector and a sequence classifier
+    #: (BERT's pooler and RoBERTa's classification head: tanh; DistilBERT's pre-classifier: relu)
+    pooler: Pooler = "none"
+    #: rows of a token-type (segment) embedding added to every token (BERT: 2); 0: none, and the
+    #: encoder graph takes no ``token_type_ids``
+    token_types: int = 0
+    #: learned positions of real tokens start at this row and count only non-pad tokens, pad tokens
+    #: take row ``position_offset - 1`` (RoBERTa: its padding index + 1); 0: positions 0, 1, 2, ...
+    position_offset: int = 0
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -106,6 +117,12 @@ class ModelConfig:
             raise ConfigError("config relative_clip >= 1, relative_buckets >= 2, relative_max_distance >= 2")
         if self.head != "none" and self.num_labels < 1:
             raise ConfigError(f"config num_labels must be positive, got {self.num_labels}")
+        if self.token_types < 0 or self.position_offset < 0:
+            raise ConfigError("config token_types and position_offset must be non-negative")
+        if (self.token_types or self.position_offset or self.pooler != "none") and self.architecture != "encoder":
+            raise ConfigError("token_types, position_offset and pooler are for architecture='encoder' only")
+        if self.position_offset and self.position != "learned":
+            raise ConfigError("position_offset needs learned positions (position='learned')")
         for name in ("pad_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(

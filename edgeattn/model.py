@@ -24,10 +24,12 @@ class _Stack(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.final_norm = make_norm(config) if config.norm_first else None
 
-    def _prepare(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
-        """Token embeddings (B, T, d) plus positions offset..offset+T-1, normed, dropped out."""
+    def _prepare(self, x: Tensor, offset: Tensor | int = 0, positions: Tensor | None = None) -> Tensor:
+        """Token embeddings (B, T, d) plus positions (``positions`` (B, T), else offset..offset+T-1),
+        normed, dropped out."""
         if self.position is not None:
-            positions = torch.arange(x.shape[1], device=x.device) + offset
+            if positions is None:
+                positions = torch.arange(x.shape[1], device=x.device) + offset
             x = x + self.position(positions)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
@@ -45,11 +47,13 @@ class Encoder(_Stack):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
 
     def forward(
-        self, x: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, list[Tensor]]:
-        """x (B, S, d) embeddings, attention_mask (B, S) 1 for tokens -> (B, S, d), per-layer weights."""
+        self, x: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False,
+        positions: Tensor | None = None,
+    ) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+        """x (B, S, d) embeddings, attention_mask (B, S) 1 for tokens -> (B, S, d), per-layer weights.
+        ``positions`` (B, S) overrides the default 0..S-1."""
         mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, S)
-        x = self._prepare(x)
+        x = self._prepare(x, positions=positions)
         weights: list[Tensor] = []
         for layer in self.layers:
             x, w = layer(x, mask, need_weights=need_weights)
@@ -194,12 +198,32 @@ class EncoderModel(_Embedded):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
+        self.token_type = nn.Embedding(config.token_types, config.d_model) if config.token_types else None
+        if self.token_type is not None:
+            nn.init.normal_(self.token_type.weight, std=0.02)
         self.encoder = Encoder(config)
+        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler != "none" else None
         self.classifier = nn.Linear(config.d_model, config.num_labels) if config.head != "none" else None
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
-        """(B, S) ids -> hidden states (B, S, d_model)."""
-        return self.encoder(self.embed_tokens(input_ids), attention_mask, need_weights=need_weights)[0]
+    def positions(self, input_ids: Tensor) -> Tensor | None:
+        """(B, S) position rows when the config offsets them (counting non-pad tokens only), else None."""
+        c = self.config
+        if not c.position_offset:
+            return None
+        real = (input_ids != c.pad_id).long()  # (B, S)
+        return torch.cumsum(real, dim=1) * real + (c.position_offset - 1)
+
+    def encode(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        """(B, S) ids (and token types, zeros by default) -> hidden states (B, S, d_model)."""
+        x = self.embed_tokens(input_ids)
+        if self.token_type is not None:
+            types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            x = x + self.token_type(types)
+        positions = self.positions(input_ids)
+        return self.encoder(x, attention_mask, need_weights=need_weights, positions=positions)[0]
 
     def pool(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
         """(B, S, d) -> (B, d): the first token, or the mean over real tokens."""
@@ -210,13 +234,19 @@ class EncoderModel(_Embedded):
         m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, S, 1)
         return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Hidden states (B, S, d) and logits: (B, labels) per sequence or (B, S, labels) per token."""
-        hidden = self.encode(input_ids, attention_mask)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids=token_type_ids)
         if self.classifier is None:
             return hidden, None
         if self.config.head == "sequence":
-            return hidden, self.classifier(self.pool(hidden, attention_mask))
+            pooled = self.pool(hidden, attention_mask)
+            if self.pooler is not None:
+                pooled = self.pooler(pooled)
+                pooled = torch.tanh(pooled) if self.config.pooler == "tanh" else torch.relu(pooled)
+            return hidden, self.classifier(pooled)
         return hidden, self.classifier(hidden)
 
 

@@ -39,7 +39,7 @@ class LearnedPosition(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, positions: Tensor) -> Tensor:
-        """(T,) integer positions -> (T, d_model) vectors."""
+        """(T,) or (B, T) integer positions -> (T, d_model) or (B, T, d_model) vectors."""
         return self.weight[positions]
 
 
@@ -48,7 +48,7 @@ def build_absolute(config: ModelConfig) -> nn.Module | None:
     if config.position == "sinusoidal":
         return SinusoidalPosition(config.d_model)
     if config.position == "learned":
-        return LearnedPosition(config.max_len, config.d_model)
+        return LearnedPosition(config.max_len + config.position_offset, config.d_model)
     return None
 
 

@@ -1,5 +1,5 @@
 """Where a model comes from: a preset (the demo preset with its trained weights), a config file,
-or a safetensors checkpoint."""
+a safetensors checkpoint, or a local Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
 from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
+from edgeattn.runtime.manifest import Pooling
 from edgeattn.runtime.tokenizer import WordTokenizer
 from edgeattn.weights import load_model, read_config
 
@@ -25,6 +26,10 @@ class ModelSource:
     tokenizer: WordTokenizer | None = None
     #: the task the model was trained for, if any (recorded in the manifest)
     task: str | None = None
+    #: what an imported checkpoint was, its label names and its embedding pooling
+    architecture: str | None = None
+    labels: list[str] | None = None
+    pooling: Pooling | None = None
 
     @property
     def heldout(self) -> list[list[int]] | None:
@@ -49,12 +54,25 @@ def resolve_model(
     config_file: str | Path | None = None,
     checkpoint: str | Path | None = None,
     seed: int = 0,
+    from_hf: str | Path | None = None,
+    task: str | None = None,
 ) -> ModelSource:
     """The model the user asked for. With nothing given: the demo preset with its shipped weights.
 
     A checkpoint carries its config unless ``config_file`` overrides it; a preset or config
     without a checkpoint gets random weights from ``seed`` (the demo preset gets its trained ones).
+    ``from_hf`` imports a local Hugging Face folder (``task`` overrides the one its config implies).
     """
+    if from_hf is not None:
+        if preset or config_file or checkpoint:
+            raise ConfigError("a Hugging Face folder carries its own config and weights; give it alone")
+        from edgeattn.hf import import_folder
+
+        hf = import_folder(from_hf, task)
+        return ModelSource(hf.model, f"Hugging Face {hf.architecture} from {Path(from_hf).name}", None, hf.task,
+                           hf.architecture, hf.labels, hf.pooling)  # fmt: skip
+    if task is not None:
+        raise ConfigError("a task is for Hugging Face folders (--from-hf)")
     if preset and config_file:
         raise ConfigError("give a preset or a config file, not both")
     if checkpoint is not None:

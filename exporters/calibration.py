@@ -73,7 +73,7 @@ def calibration_feeds(
     random ones of the same sizes either way."""
     from edgeattn.exporters.gate import heldout_sources, teacher_forced
     from edgeattn.exporters.sampling import sample_inputs
-    from edgeattn.runtime.specs import graph_spec
+    from edgeattn.runtime.specs import encoder_feeds, graph_spec
 
     c = model.config
     if sequences:
@@ -88,7 +88,7 @@ def calibration_feeds(
         width = int(mask.sum(axis=1).max())
         ids, mask = ids[:, :width], mask[:, :width]
         if graph == "encoder":
-            feeds.append({"input_ids": ids, "attention_mask": mask})
+            feeds.append(encoder_feeds(graph_spec("encoder", c).input_names, ids, mask))
         elif graph == "attention":
             spec = graph_spec("attention", c)
             feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))

@@ -29,7 +29,7 @@ from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
-from edgeattn.runtime.specs import cache_names
+from edgeattn.runtime.specs import cache_names, encoder_feeds
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def evaluate(
     graphs = graphs or runtime.graphs
     ids, mask = ref.ids, ref.mask
     if "encoder" in graphs:
-        out = runtime.run("encoder", {"input_ids": ids, "attention_mask": mask})
+        out = runtime.run("encoder", encoder_feeds(runtime.specs["encoder"].input_names, ids, mask))
         metrics = _cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
         if "logits" in out:
             agree = out["logits"].argmax(-1) == ref.logits.argmax(-1)

@@ -26,15 +26,19 @@ class AttentionGraph(nn.Module):
 
 
 class EncoderGraph(nn.Module):
-    """input_ids, attention_mask -> last_hidden_state (and logits for models with a head)."""
+    """input_ids, attention_mask (, token_type_ids) -> last_hidden_state (and logits for models with a head)."""
 
     def __init__(self, model: Seq2SeqTransformer | EncoderModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        if isinstance(self.model, EncoderModel) and self.model.classifier is not None:
-            return self.model(input_ids, attention_mask)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        if isinstance(self.model, EncoderModel):
+            if self.model.classifier is not None:
+                return self.model(input_ids, attention_mask, token_type_ids)
+            return self.model.encode(input_ids, attention_mask, token_type_ids=token_type_ids)
         return self.model.encode(input_ids, attention_mask)
 
 

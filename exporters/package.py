@@ -25,7 +25,7 @@ from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.layout import CHECKPOINT_CONFIG, TOKENIZER, WEIGHTS, graph_file, partial_prefix, previous_name
-from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manifest, Parity
+from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manifest, Parity, Pooling
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.specs import resolve_graphs
@@ -76,12 +76,16 @@ def export_model(
     precision_options: PrecisionOptions | None = None,
     heldout_texts: list[list[int]] | None = None,
     task: str | None = None,
+    architecture: str | None = None,
+    labels: list[str] | None = None,
+    pooling: Pooling | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
     ``precisions`` adds optimised and reduced-precision files (see ``edgeattn.runtime.precisions``)
     beside the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``,
-    token id lists, or random sequences from the model's vocabulary).
+    token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``
+    and ``pooling`` describe an imported checkpoint in the manifest.
 
     Raises :class:`ExportError` for unusable arguments, a failed export or a failed accuracy gate
     and :class:`VerificationError` when ONNX Runtime disagrees with eager PyTorch; in every case
@@ -108,6 +112,9 @@ def export_model(
             task=task,
             exporter={"torch": torch.__version__, "onnx": onnx.__version__, "method": method},
             config=model.config,
+            architecture=architecture,
+            labels=labels,
+            pooling=pooling,
         )
         if tokenizer is not None:
             tokenizer.save(tmp / TOKENIZER)

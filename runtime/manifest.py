@@ -169,6 +169,16 @@ class GateRecord:
 
 
 @dataclass(kw_only=True)
+class Pooling:
+    """How an embedding model turns its token vectors into one vector per text."""
+
+    #: "mean" over real tokens, "cls" (the first token) or "max" over real tokens
+    mode: str = "mean"
+    #: divide by the L2 norm afterwards
+    normalize: bool = True
+
+
+@dataclass(kw_only=True)
 class Manifest:
     """What an export directory holds."""
 
@@ -186,8 +196,14 @@ class Manifest:
     graphs: dict[str, GraphEntry] = field(default_factory=dict)
     gates: dict[str, GateRecord] = field(default_factory=dict)
     greedy_parity: GreedyParity | None = None
+    #: the architecture an imported checkpoint had (``BertForTokenClassification``)
+    architecture: str | None = None
+    #: label names by output index, for models with a classification head
+    labels: list[str] | None = None
+    #: how ``embed`` pools, for embedding models
+    pooling: Pooling | None = None
 
-    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset()
+    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"architecture", "labels", "pooling"})
     #: keys a version-1 manifest may lack (older writers left them out until they had a value)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gates", "greedy_parity"})
 

@@ -21,7 +21,7 @@ from edgeattn.runtime.layout import TOKENIZER, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session
-from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, graph_spec
+from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, encoder_feeds, graph_spec
 from edgeattn.runtime.tokenizer import WordTokenizer
 
 log = logging.getLogger(__name__)
@@ -194,24 +194,37 @@ class ExportedModel:
         return ids, mask
 
     # ---------------------------------------------------------------- encoder
-    def encode(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
-        """Encoder hidden states (B, S, d_model)."""
+    def encoder_feeds(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> dict[str, Any]:
+        """Checked encoder feeds; ``token_type_ids`` (B, S) only for models with token types
+        (zeros when not given)."""
         ids, mask = self.check_source(input_ids, attention_mask)
-        return self.run("encoder", {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
+        types = None
+        if token_type_ids is not None:
+            if not self.config.token_types:
+                raise InputError("this model has no token types; leave token_type_ids out")
+            types = _int_matrix(token_type_ids, "token_type_ids")
+            if types.shape != ids.shape:
+                raise InputError(f"token_type_ids has shape {types.shape} but input_ids has {ids.shape}")
+            if ((types < 0) | (types >= self.config.token_types)).any():
+                raise InputError(f"token_type_ids must lie in 0..{self.config.token_types - 1}")
+        return encoder_feeds(self.specs["encoder"].input_names, ids, mask, types)
 
-    def _logits(self, input_ids: Any, attention_mask: Any, head: str) -> np.ndarray:
+    def encode(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
+        """Encoder hidden states (B, S, d_model)."""
+        return self.run("encoder", self.encoder_feeds(input_ids, attention_mask, token_type_ids))["last_hidden_state"]
+
+    def _logits(self, input_ids: Any, attention_mask: Any, token_type_ids: Any, head: str) -> np.ndarray:
         if self.config.head != head:
             raise EdgeattnError(f"this model has no {head}-classification head (head={self.config.head!r})")
-        ids, mask = self.check_source(input_ids, attention_mask)
-        return self.run("encoder", {"input_ids": ids, "attention_mask": mask})["logits"]
+        return self.run("encoder", self.encoder_feeds(input_ids, attention_mask, token_type_ids))["logits"]
 
-    def classify(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+    def classify(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
         """Sequence-classification logits (B, num_labels)."""
-        return self._logits(input_ids, attention_mask, "sequence")
+        return self._logits(input_ids, attention_mask, token_type_ids, "sequence")
 
-    def tag(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+    def tag(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
         """Token-classification logits (B, S, num_labels)."""
-        return self._logits(input_ids, attention_mask, "token")
+        return self._logits(input_ids, attention_mask, token_type_ids, "token")
 
     # ------------------------------------------------------------- generation
     def empty_cache(self, rows: int) -> dict[str, np.ndarray]:

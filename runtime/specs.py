@@ -10,11 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
 
 #: Named dynamic axes used across every graph.
 BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "past_len", "total_len"
+
+#: The encoder input of models with token types (segments).
+TOKEN_TYPE_IDS = "token_type_ids"
 
 #: Every graph an export can hold, in the order they are written.
 GRAPH_NAMES = ("attention", "encoder", "cross_kv", "decoder")
@@ -101,16 +106,32 @@ def encoder_spec(config: ModelConfig) -> GraphSpec:
         outputs.append(TensorSpec("logits", "float32", (BATCH, config.num_labels)))
     elif config.head == "token":
         outputs.append(TensorSpec("logits", "float32", (BATCH, SRC_LEN, config.num_labels)))
+    inputs = [
+        TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
+        TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN)),
+    ]
+    if config.token_types:
+        inputs.append(TensorSpec(TOKEN_TYPE_IDS, "int64", (BATCH, SRC_LEN)))
     return GraphSpec(
         "encoder",
-        "token ids + attention mask -> encoder hidden states"
+        "token ids + attention mask"
+        + (" + token types" if config.token_types else "")
+        + " -> encoder hidden states"
         + (" and classification logits" if config.head != "none" else ""),
-        (
-            TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
-            TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN)),
-        ),
+        tuple(inputs),
         tuple(outputs),
     )
+
+
+def encoder_feeds(
+    input_names: list[str], ids: np.ndarray, mask: np.ndarray, token_type_ids: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """The encoder graph's feeds for checked (B, S) int64 arrays: token types (zeros unless given)
+    only where the graph takes them."""
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if TOKEN_TYPE_IDS in input_names:
+        feeds[TOKEN_TYPE_IDS] = np.zeros_like(ids) if token_type_ids is None else token_type_ids
+    return feeds
 
 
 def cross_kv_spec(config: ModelConfig) -> GraphSpec:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeattn.runtime.specs import encoder_feeds
+
 OUTPUT = "last_hidden_state"
 
 
@@ -41,7 +43,8 @@ class BoundRunner:
         if self._bound is None or self._bound[0] != key:
             binding = self.session.io_binding()
             values = []
-            for name, array in (("input_ids", ids), ("attention_mask", mask)):
+            names = [i.name for i in self.session.get_inputs()]
+            for name, array in encoder_feeds(names, ids, mask).items():
                 value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
                 binding.bind_ortvalue_input(name, value)
                 values.append(value)  # the binding does not keep its inputs alive
@@ -80,10 +83,8 @@ class CudaGraphRunner:
 
         session = create_session(self.path, providers=[CUDA], threads=self.threads, tf32=self.tf32, cuda_graph=True,
                                  require=True)  # fmt: skip
-        inputs = {
-            "input_ids": ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(ids), "cuda", 0),
-            "attention_mask": ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(mask), "cuda", 0),
-        }
+        feeds = encoder_feeds([i.name for i in session.get_inputs()], ids, mask)
+        inputs = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", 0) for n, a in feeds.items()}
         output = ort.OrtValue.ortvalue_from_shape_and_type((*ids.shape, self.d_model), np.float32, "cuda", 0)
         binding = session.io_binding()
         for name, value in inputs.items():
@@ -98,8 +99,8 @@ class CudaGraphRunner:
             self._state = None  # free the previous shape's session and buffers first
             state = self._state = self._open(ids, mask)
         elif state["key"] != input_key(ids, mask):
-            state["inputs"]["input_ids"].update_inplace(np.ascontiguousarray(ids))
-            state["inputs"]["attention_mask"].update_inplace(np.ascontiguousarray(mask))
+            for name, array in encoder_feeds(list(state["inputs"]), ids, mask).items():
+                state["inputs"][name].update_inplace(np.ascontiguousarray(array))
             state["key"] = input_key(ids, mask)
         state["session"].run_with_iobinding(state["binding"])
         return state["output"]

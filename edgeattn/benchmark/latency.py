@@ -37,6 +37,7 @@ from edgeattn.errors import EdgeattnError
 from edgeattn.host import cpu_flags
 from edgeattn.runtime.manifest import ManifestError
 from edgeattn.runtime.precisions import get_precision
+from edgeattn.runtime.specs import encoder_feeds
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
 
@@ -271,7 +272,8 @@ def onnx_variants(
                 else:
 
                     def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
-                        return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})
+                        names = [i.name for i in session.get_inputs()]
+                        return session.run(["last_hidden_state"], encoder_feeds(names, ids, mask))
 
                 run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
             except Exception as exc:  # noqa: BLE001 - one variant that cannot run must not end the benchmark

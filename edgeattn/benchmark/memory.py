@@ -98,12 +98,15 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
     after the imports it needed and before it was built."""
     if spec["kind"] == "onnx":
         from edgeattn.runtime.session import create_session
+        from edgeattn.runtime.specs import encoder_feeds
 
         baseline = _peak_mb()
         session = create_session(spec["path"], providers=[spec["provider"]], threads=spec["threads"], spinning="run")
 
+        names = [i.name for i in session.get_inputs()]
+
         def run(ids: Any, mask: Any) -> object:
-            return session.run(None, {"input_ids": ids, "attention_mask": mask})
+            return session.run(None, encoder_feeds(names, ids, mask))
 
         return run, baseline
     if spec["kind"] == "eager":

@@ -1,0 +1,262 @@
+"""Hugging Face encoders from local folders: the config knobs they need, the key and shape mapping,
+and the exported graphs against ``transformers`` eager on padded batches of unseen lengths."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgeattn.config import ModelConfig
+from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.exporters.package import export_model
+from edgeattn.hf import KNOWN_ARCHITECTURES, import_folder
+from edgeattn.model import build_model
+from edgeattn.runtime import load, read_manifest
+from edgeattn.sources import resolve_model
+
+transformers = pytest.importorskip("transformers")
+
+ENC = ModelConfig(architecture="encoder", vocab_size=50, d_model=32, n_heads=4, d_ff=48, n_encoder_layers=2,
+                  n_decoder_layers=0, max_len=40, dropout=0.0, position="learned", scale_embedding=False)  # fmt: skip
+SIZES = {"vocab_size": 99, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}
+LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+# ------------------------------------------------------------------------------ config knobs
+def test_token_types_add_one_row_per_segment():
+    model = build_model(ENC.replace(token_types=2), seed=0)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    zeros, ones = torch.zeros_like(ids), torch.ones_like(ids)
+    with torch.no_grad():
+        assert torch.equal(model.encode(ids), model.encode(ids, token_type_ids=zeros))
+        assert not torch.allclose(model.encode(ids, token_type_ids=zeros), model.encode(ids, token_type_ids=ones))
+        model.token_type.weight[1] = model.token_type.weight[0]
+        assert torch.equal(model.encode(ids, token_type_ids=zeros), model.encode(ids, token_type_ids=ones))
+    assert build_model(ENC, seed=0).token_type is None
+
+
+def test_position_offset_counts_real_tokens_only():
+    cfg = ENC.replace(position_offset=2, pad_id=1)
+    model = build_model(cfg, seed=0)
+    assert model.encoder.position.weight.shape[0] == cfg.max_len + 2
+    right = torch.tensor([[5, 6, 7, 1, 1]])
+    left = torch.tensor([[1, 1, 5, 6, 7]])
+    assert model.positions(right).tolist() == [[2, 3, 4, 1, 1]]
+    assert model.positions(left).tolist() == [[1, 1, 2, 3, 4]]
+    with torch.no_grad():
+        alone = model.encode(torch.tensor([[5, 6, 7]]))
+        padded_right = model.encode(right, (right != 1).long())[:, :3]
+        padded_left = model.encode(left, (left != 1).long())[:, 2:]
+    assert torch.allclose(alone, padded_right, atol=1e-6) and torch.allclose(alone, padded_left, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_pooler_is_a_dense_layer_and_activation_before_the_classifier(activation):
+    model = build_model(ENC.replace(head="sequence", num_labels=3, pooling="first", pooler=activation), seed=0)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    with torch.no_grad():
+        hidden, logits = model(ids)
+        act = torch.tanh if activation == "tanh" else torch.relu
+        want = model.classifier(act(model.pooler(hidden[:, 0])))
+    assert torch.allclose(logits, want)
+
+
+def test_encoder_only_knobs_are_refused_elsewhere():
+    seq2seq = ModelConfig(d_model=32, n_heads=4, d_ff=48)
+    for change in ({"token_types": 2}, {"pooler": "tanh"}):
+        with pytest.raises(ConfigError, match="architecture='encoder' only"):
+            seq2seq.replace(**change)
+    with pytest.raises(ConfigError, match="position_offset needs learned positions"):
+        ENC.replace(position="sinusoidal", position_offset=2)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _checkpoint(family: str, head: str) -> transformers.PreTrainedModel:
+    """A small random checkpoint of one family and head (``Model``, ``ForSequenceClassification``...)."""
+    torch.manual_seed(0)
+    labels = {"id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}} if head != "Model" else {}
+    if family == "Bert":
+        config = transformers.BertConfig(hidden_size=32, intermediate_size=37, **SIZES, **labels)
+    elif family == "Roberta":
+        config = transformers.RobertaConfig(hidden_size=32, intermediate_size=37, pad_token_id=1, type_vocab_size=1,
+                                            **{**SIZES, "max_position_embeddings": 66}, **labels)  # fmt: skip
+    else:
+        config = transformers.DistilBertConfig(vocab_size=99, dim=32, hidden_dim=37, n_layers=2, n_heads=4,
+                                               max_position_embeddings=64, **labels)  # fmt: skip
+    model = getattr(transformers, f"{family}{head}")(config).eval()
+    with torch.no_grad():  # trained-looking weights: nothing left at its zero / one initialisation
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def _batch(family: str) -> dict[str, torch.Tensor]:
+    """Three rows of lengths 11, 7 and 3 (the export traced 8), right-padded; segments for BERT."""
+    pad = 1 if family == "Roberta" else 0
+    rng = np.random.default_rng(3)
+    ids = np.full((3, 11), pad)
+    mask = np.zeros((3, 11), np.int64)
+    for row, n in enumerate((11, 7, 3)):
+        ids[row, :n] = rng.integers(3, 99, n)
+        mask[row, :n] = 1
+    batch = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+    if family == "Bert":
+        batch["token_type_ids"] = torch.tensor((np.arange(11) >= 5).astype(np.int64)[None].repeat(3, 0) * mask)
+    return batch
+
+
+@pytest.mark.parametrize("family", ["Bert", "Roberta", "DistilBert"])
+@pytest.mark.parametrize("head", ["Model", "ForSequenceClassification", "ForTokenClassification"])
+def test_exported_checkpoint_matches_transformers(tmp_path, family, head):
+    reference = _checkpoint(family, head)
+    reference.save_pretrained(tmp_path / "hf")
+    source = resolve_model(from_hf=tmp_path / "hf")
+    result = export_model(source.model, tmp_path / "out", graphs=["encoder"], task=source.task,
+                          architecture=source.architecture, labels=source.labels)  # fmt: skip
+    assert result.report.passed, result.report.table()
+    batch = _batch(family)
+    with torch.no_grad():
+        want = reference(**batch, output_hidden_states=True)
+    runtime = load(tmp_path / "out", providers=["CPUExecutionProvider"])
+    feeds = {k: v.numpy() for k, v in batch.items()}
+    valid = feeds["attention_mask"].astype(bool)
+    hidden = runtime.encode(**feeds)
+    want_hidden = (want.last_hidden_state if head == "Model" else want.hidden_states[-1]).numpy()
+    assert np.abs(hidden - want_hidden)[valid].max() < 1e-4
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest.architecture == f"{family}{head}"
+    if head == "ForSequenceClassification":
+        logits = runtime.classify(**feeds)
+        assert np.abs(logits - want.logits.numpy()).max() < 1e-4 and manifest.task == "classify"
+        assert manifest.labels == list(LABELS.values())
+    elif head == "ForTokenClassification":
+        logits = runtime.tag(**feeds)
+        assert np.abs(logits - want.logits.numpy())[valid].max() < 1e-4 and manifest.task == "tag"
+    else:
+        assert manifest.task == "encode" and manifest.labels is None
+    if family == "Bert":
+        assert "token_type_ids" in runtime.specs["encoder"].input_names
+    else:
+        assert "token_type_ids" not in runtime.specs["encoder"].input_names
+
+
+def test_int8_of_an_imported_checkpoint_passes_the_gate(tmp_path):
+    _checkpoint("Bert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    source = resolve_model(from_hf=tmp_path / "hf")
+    result = export_model(source.model, tmp_path / "out", graphs=["encoder"], precisions=["fp32-opt", "int8"])
+    assert result.gates["int8"].passed and result.gates["fp32-opt"].passed
+    fused = read_manifest(tmp_path / "out").graphs["encoder"].precisions["fp32-opt"]
+    assert fused.attention_fused == fused.attention_blocks == 2
+
+
+def test_pickle_checkpoints_load_with_weights_only_and_run_no_code(tmp_path):
+    reference = _checkpoint("DistilBert", "ForSequenceClassification")
+    reference.save_pretrained(tmp_path / "hf")
+    folder = tmp_path / "hf"
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save(tensors, folder / "pytorch_model.bin")
+    model = import_folder(folder).model
+    assert torch.equal(model.classifier.weight, tensors["classifier.weight"])
+
+    planted = tmp_path / "planted"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.write_text, (planted, "ran"))
+
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Payload()}))
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        import_folder(folder)
+    assert not planted.exists()
+
+
+def _broken(tmp_path: Path, change) -> Path:
+    _checkpoint("Bert", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    change(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def _edit_tensors(folder: Path, edit) -> None:
+    tensors = load_file(str(folder / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def _edit_config(folder: Path, edit) -> None:
+    data = json.loads((folder / "config.json").read_text())
+    edit(data)
+    (folder / "config.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (lambda f: (f / "model.safetensors").unlink(), CheckpointError, "holds no model.safetensors"),
+        (lambda f: (f / "config.json").unlink(), ConfigError, "has no config.json"),
+        (lambda f: _edit_tensors(f, lambda t: t.update({"bert.pooler.dense.weigh": t.pop("bert.pooler.dense.weight")})),
+         CheckpointError, "does not use: bert.pooler.dense.weigh"),
+        (lambda f: _edit_tensors(f, lambda t: t.pop("classifier.bias")), CheckpointError,
+         "missing tensor.*classifier.bias"),
+        (lambda f: _edit_tensors(f, lambda t: t.update({"classifier.weight": torch.zeros(5, 31)})), CheckpointError,
+         r"tensor classifier.weight has shape \(5, 31\), the model expects \(5, 32\)"),
+        (lambda f: _edit_config(f, lambda c: c.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")),
+         ConfigError, "GPT2LMHeadModel .* is not one edgeattn imports: BertModel, BertForSequenceClassification"),
+        (lambda f: _edit_config(f, lambda c: c.update(architectures=["BertForMaskedLM"])), ConfigError,
+         "BertForMaskedLM"),
+    ],
+)  # fmt: skip
+def test_a_broken_folder_is_one_error_naming_the_problem(tmp_path, change, error, message):
+    with pytest.raises(error, match=message):
+        import_folder(_broken(tmp_path, change))
+
+
+def test_task_override_and_refusal(tmp_path):
+    _checkpoint("Roberta", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    hf = import_folder(tmp_path / "hf", task="embed")
+    assert hf.task == "embed" and hf.model.classifier is None and hf.pooling.mode == "mean"
+    with pytest.raises(ConfigError, match="has no tag head"):
+        import_folder(tmp_path / "hf", task="tag")
+    assert "RobertaForTokenClassification" in KNOWN_ARCHITECTURES
+
+
+def test_sentence_embedding_folders_record_their_pooling(tmp_path):
+    folder = tmp_path / "st"
+    _checkpoint("Bert", "Model").save_pretrained(folder)
+    kinds = ["Transformer", "Pooling", "Normalize"]
+    paths = ["", "1_Pooling", "2_Normalize"]
+    modules = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
+               for i, (k, p) in enumerate(zip(kinds, paths, strict=True))]  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    source = resolve_model(from_hf=folder)
+    assert source.task == "embed" and source.pooling.mode == "cls" and source.pooling.normalize
+    export_model(source.model, tmp_path / "out", graphs=["encoder"], verify=False, task=source.task,
+                 pooling=source.pooling)  # fmt: skip
+    assert read_manifest(tmp_path / "out").pooling.mode == "cls"
+
+
+def test_cli_exports_a_folder_and_names_a_bad_one_in_one_line(tmp_path):
+    _checkpoint("DistilBert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "edgeattn.cli", *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300)  # fmt: skip
+
+    ok = cli("export", "--from-hf", "hf", "-o", "out", "--graphs", "encoder")
+    assert ok.returncode == 0, ok.stderr
+    assert read_manifest(tmp_path / "out").labels == list(LABELS.values())
+    _edit_config(tmp_path / "hf", lambda c: c.update(architectures=["DistilBertForMaskedLM"]))
+    bad = cli("export", "--from-hf", "hf", "-o", "out2")
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "DistilBertForMaskedLM" in bad.stderr
+    mixed = cli("export", "--from-hf", "hf", "--preset", "tiny")
+    assert mixed.returncode == 2
