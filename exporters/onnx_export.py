@@ -131,6 +131,8 @@ def _dynamic_shapes(module: torch.nn.Module, spec: GraphSpec) -> dict[str, objec
         if p.kind is inspect.Parameter.VAR_POSITIONAL:
             out[p.name] = tuple(shapes[i:])
             break
+        if i == len(shapes):  # optional parameters the spec does not feed (token types of a model without them)
+            break
         out[p.name] = shapes[i]
     return out
 

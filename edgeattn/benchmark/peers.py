@@ -38,7 +38,15 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
         hidden_act=act, attn_implementation="eager",
     )  # fmt: skip
     torch.manual_seed(0)
-    model = BertModel(bert_config, add_pooling_layer=False).eval()
+    class Hidden(torch.nn.Module):  # keyword arguments: BertModel's positional order differs between versions
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = BertModel(bert_config, add_pooling_layer=False)
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    model = Hidden().eval()
     raw, fused, int8 = scratch / "bert.onnx", scratch / "bert.fused.onnx", scratch / "bert.int8.onnx"
     ids = torch.randint(3, config.vocab_size, (2, 16))
     with warnings.catch_warnings(), torch.no_grad():

@@ -98,7 +98,10 @@ def run_benchmark(
         if options.peers and on_cpu:
             from edgeattn.benchmark.peers import bert_peer_variants
 
-            peer_vars, peer_skipped = bert_peer_variants(config, options.threads, Path(scratch))
+            try:
+                peer_vars, peer_skipped = bert_peer_variants(config, options.threads, Path(scratch))
+            except Exception as exc:  # noqa: BLE001 - a peer that cannot be built must not end the benchmark
+                peer_vars, peer_skipped = [], {"peer HF BERT": f"cannot be built: {exc}"}
             variants += peer_vars
             skipped.update(peer_skipped)
         shapes = []
