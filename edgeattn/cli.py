@@ -273,12 +273,12 @@ def quantize(
     """Add reduced-precision graphs to an export, each gated against eager float32."""
     from edgeattn.exporters.package import quantize_export
     from edgeattn.runtime.manifest import check_file, read_manifest
-    from edgeattn.runtime.tokenizer import WordTokenizer
+    from edgeattn.runtime.tokenizer import load_tokenizer
     from edgeattn.sources import heldout_for_task
 
     manifest = read_manifest(export_dir)
     heldout = heldout_for_task(manifest.task)
-    tokenizer = None if manifest.tokenizer is None else WordTokenizer.load(check_file(export_dir, manifest.tokenizer))
+    tokenizer = None if manifest.tokenizer is None else load_tokenizer(check_file(export_dir, manifest.tokenizer))
     options = _precision_options(
         _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest.config, tokenizer
     )
@@ -316,6 +316,8 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--threads", type=int, default=None)
 @click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
+@click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
+@click.option("--truncate", is_flag=True, help="Encoders: cut texts longer than the model takes (else an error).")
 def run(
     export_dir: Path,
     text: str | None,
@@ -331,8 +333,13 @@ def run(
     threads: int | None,
     cpu: bool,
     stream: bool,
+    as_json: bool,
+    truncate: bool,
 ) -> None:
-    """Run an exported encoder-decoder on TEXT (or --file) and print its answers. Needs no torch."""
+    """Run an export on TEXT (or --file) and print its answers. Needs no torch.
+
+    An encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
+    """
     import numpy as np
 
     from edgeattn.runtime import load
@@ -350,6 +357,9 @@ def run(
     else:
         texts = [text or ""]
     model = load(export_dir, providers=[CPU] if cpu else None, threads=threads, precision=precision)
+    if not model.config.is_seq2seq:
+        _run_encoder(model, texts, as_json, truncate)
+        return
     options: dict[str, Any] = {"strategy": strategy}
     if strategy == "beam":
         options["num_beams"] = beams
@@ -371,6 +381,34 @@ def run(
         return
     for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, **options):
         click.echo(answer)
+
+
+def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool) -> None:
+    """Entities, labels or embeddings of ``texts``, by the encoder's head."""
+    head = model.config.head
+    if head == "token":
+        for text, found in zip(texts, model.tag(texts, truncate=truncate), strict=True):
+            if as_json:
+                click.echo(json.dumps({"text": text, "entities": [e.to_dict() for e in found]}))
+                continue
+            click.echo(text)
+            for e in found:
+                click.echo(f"  {e.entity_group:<8} {e.word!r} [{e.start}:{e.end}] {e.score:.3f}")
+            if not found:
+                click.echo("  (no entities)")
+    elif head == "sequence":
+        for text, answer in zip(texts, model.classify(texts, truncate=truncate), strict=True):
+            if as_json:
+                click.echo(json.dumps({"text": text, **answer.to_dict()}))
+            else:
+                click.echo(f"{answer.label}\t{answer.score:.4f}\t{text}")
+    else:
+        for text, vector in zip(texts, model.embed(texts, truncate=truncate), strict=True):
+            if as_json:
+                click.echo(json.dumps({"text": text, "embedding": [round(float(v), 7) for v in vector]}))
+            else:
+                shown = ", ".join(f"{v:.4f}" for v in vector[:4])
+                click.echo(f"[{shown}, ...] (dim {vector.shape[0]})\t{text}")
 
 
 @cli.command()

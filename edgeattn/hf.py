@@ -28,6 +28,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import EncoderModel, build_model
 from edgeattn.runtime.manifest import Pooling
+from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class HFModel:
     labels: list[str] | None
     pooling: Pooling | None
     folder: Path
+    #: the folder's tokenizer.json, when it has one
+    tokenizer: TextTokenizer | None = None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -290,4 +293,7 @@ def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     load_state(model, map_tensors(tensors, family, config, source), source)
     log.info("imported %s (%s) from %s for %s", architecture, family, folder, task)
     pooling = (pooling or Pooling()) if task == "embed" else None
-    return HFModel(model.eval(), architecture, task, labels, pooling, folder)
+    tokenizer = TextTokenizer.load(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
+    if tokenizer is None:
+        log.warning("%s has no tokenizer.json: the export will take token ids, not text", folder)
+    return HFModel(model.eval(), architecture, task, labels, pooling, folder, tokenizer)

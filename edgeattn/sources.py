@@ -11,7 +11,7 @@ from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
 from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
 from edgeattn.runtime.manifest import Pooling
-from edgeattn.runtime.tokenizer import WordTokenizer
+from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import load_model, read_config
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class ModelSource:
 
     model: Seq2SeqTransformer | EncoderModel
     description: str
-    tokenizer: WordTokenizer | None = None
+    tokenizer: WordTokenizer | TextTokenizer | None = None
     #: the task the model was trained for, if any (recorded in the manifest)
     task: str | None = None
     #: what an imported checkpoint was, its label names and its embedding pooling
@@ -69,8 +69,8 @@ def resolve_model(
         from edgeattn.hf import import_folder
 
         hf = import_folder(from_hf, task)
-        return ModelSource(hf.model, f"Hugging Face {hf.architecture} from {Path(from_hf).name}", None, hf.task,
-                           hf.architecture, hf.labels, hf.pooling)  # fmt: skip
+        return ModelSource(hf.model, f"Hugging Face {hf.architecture} from {Path(from_hf).name}", hf.tokenizer,
+                           hf.task, hf.architecture, hf.labels, hf.pooling)  # fmt: skip
     if task is not None:
         raise ConfigError("a task is for Hugging Face folders (--from-hf)")
     if preset and config_file:

@@ -11,11 +11,11 @@ import torch
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.tokenizer import TokenizerError, WordTokenizer
+from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
 
 
 def read_calibration_file(
-    path: str | Path, config: ModelConfig, tokenizer: WordTokenizer | None = None
+    path: str | Path, config: ModelConfig, tokenizer: WordTokenizer | TextTokenizer | None = None
 ) -> list[list[int]]:
     """Token id sequences from ``path``: one sequence per line, blank lines and ``#`` comments
     skipped. With a ``tokenizer`` (the export has one) a line is text, encoded by it; without,

@@ -29,7 +29,7 @@ from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manif
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.specs import resolve_graphs
-from edgeattn.runtime.tokenizer import WordTokenizer
+from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import save_weights
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def export_model(
     progress: bool = False,
     external_threshold: int = PROTOBUF_LIMIT,
     source: str | None = None,
-    tokenizer: WordTokenizer | None = None,
+    tokenizer: WordTokenizer | TextTokenizer | None = None,
     precisions: list[str] | None = None,
     precision_options: PrecisionOptions | None = None,
     heldout_texts: list[list[int]] | None = None,

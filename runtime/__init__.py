@@ -24,6 +24,7 @@ _EXPORTS = {
     "GraphSpec": "specs",
     "TensorSpec": "specs",
     "graph_spec": "specs",
+    "TextTokenizer": "tokenizer",
     "TokenizerError": "tokenizer",
     "WordTokenizer": "tokenizer",
 }
@@ -38,6 +39,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "TensorSpec",
+    "TextTokenizer",
     "TokenizerError",
     "WordTokenizer",
     "check_feeds",
@@ -51,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgeattn.runtime.manifest import Manifest, ManifestError, read_manifest
     from edgeattn.runtime.model import ExportedModel, InputError, check_feeds, load
     from edgeattn.runtime.specs import GRAPH_NAMES, GraphSpec, TensorSpec, graph_spec
-    from edgeattn.runtime.tokenizer import TokenizerError, WordTokenizer
+    from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
 
 
 def __getattr__(name: str) -> Any:

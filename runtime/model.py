@@ -16,13 +16,14 @@ import numpy as np
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime import text
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_tokens
 from edgeattn.runtime.layout import TOKENIZER, optimized_cache_file
-from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
+from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, encoder_feeds, graph_spec
-from edgeattn.runtime.tokenizer import WordTokenizer
+from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class ExportedModel:
             )
         tokenizer = None
         if manifest.tokenizer is not None:
-            tokenizer = WordTokenizer.load(check_file(export_dir, manifest.tokenizer))
+            tokenizer = load_tokenizer(check_file(export_dir, manifest.tokenizer))
         self._attach(config, sessions, precision, io_binding, tokenizer)
         self.export_dir: Path | None = export_dir
         self.manifest: Manifest | None = manifest
@@ -139,7 +140,7 @@ class ExportedModel:
 
     def _attach(
         self, config: ModelConfig, sessions: dict[str, Any], precision: str, io_binding: bool | None,
-        tokenizer: WordTokenizer | None,
+        tokenizer: WordTokenizer | TextTokenizer | None,
     ) -> None:  # fmt: skip
         if not sessions:
             raise EdgeattnError("a model needs at least one graph")
@@ -218,13 +219,62 @@ class ExportedModel:
             raise EdgeattnError(f"this model has no {head}-classification head (head={self.config.head!r})")
         return self.run("encoder", self.encoder_feeds(input_ids, attention_mask, token_type_ids))["logits"]
 
-    def classify(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
-        """Sequence-classification logits (B, num_labels)."""
-        return self._logits(input_ids, attention_mask, token_type_ids, "sequence")
+    def classify(
+        self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False
+    ) -> Any:
+        """Texts (a string or a list of strings, tokenized by the export's tokenizer): one
+        :class:`~edgeattn.runtime.text.Classification` each (label, probability, every label's
+        probability). Token ids (B, S): the logits (B, num_labels)."""
+        if not _is_text(input_ids):
+            return self._logits(input_ids, attention_mask, token_type_ids, "sequence")
+        batch = self.text_batch(input_ids, truncate)
+        logits = self._logits(batch.ids, batch.mask, self._types(batch), "sequence")
+        return text.classifications(logits, text.label_names(self._labels(), logits.shape[-1]))
 
-    def tag(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
-        """Token-classification logits (B, S, num_labels)."""
-        return self._logits(input_ids, attention_mask, token_type_ids, "token")
+    def tag(
+        self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False
+    ) -> Any:
+        """Texts: the entities of each (a list of :class:`~edgeattn.runtime.text.Entity`: type,
+        score, character span into the text; B-/I- tags merged as the ``simple`` aggregation of
+        transformers' pipeline merges them). Token ids (B, S): the logits (B, S, num_labels)."""
+        if not _is_text(input_ids):
+            return self._logits(input_ids, attention_mask, token_type_ids, "token")
+        batch = self.text_batch(input_ids, truncate)
+        logits = self._logits(batch.ids, batch.mask, self._types(batch), "token")
+        labels = text.label_names(self._labels(), logits.shape[-1])
+        texts = batch_texts(input_ids)
+        return [text.entities(logits[i], t, batch.offsets[i], batch.special[i], labels) for i, t in enumerate(texts)]
+
+    def embed(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False
+              ) -> np.ndarray:  # fmt: skip
+        """One vector per text (or per row of token ids): token vectors pooled as the export says
+        (a sentence-embedding folder's pooling; else the mean over real tokens), L2-normalised unless
+        the pooling says otherwise. (B, d_model) float32."""
+        if _is_text(input_ids):
+            batch = self.text_batch(input_ids, truncate)
+            feeds = self.encoder_feeds(batch.ids, batch.mask, self._types(batch))
+        else:
+            feeds = self.encoder_feeds(input_ids, attention_mask, token_type_ids)
+        hidden = self.run("encoder", feeds)["last_hidden_state"]
+        pooling = (self.manifest.pooling if self.manifest is not None else None) or Pooling()
+        return text.pool(hidden, feeds["attention_mask"], pooling)
+
+    def text_batch(self, texts: Any, truncate: bool = False) -> TextBatch:
+        """``texts`` tokenized by the export's Hugging Face tokenizer into one padded batch."""
+        if not isinstance(self.tokenizer, TextTokenizer):
+            where = self.export_dir or "this model"
+            raise EdgeattnError(f"{where} has no Hugging Face {TOKENIZER}; pass token ids instead")
+        texts = batch_texts(texts)
+        try:
+            return self.tokenizer.batch(texts, self.config.max_len, self.config.pad_id, truncate)
+        except TokenizerError as exc:
+            raise InputError(str(exc)) from exc
+
+    def _types(self, batch: TextBatch) -> np.ndarray | None:
+        return batch.type_ids if self.config.token_types else None
+
+    def _labels(self) -> list[str] | None:
+        return None if self.manifest is None else self.manifest.labels
 
     # ------------------------------------------------------------- generation
     def empty_cache(self, rows: int) -> dict[str, np.ndarray]:
@@ -314,6 +364,18 @@ class ExportedModel:
         steps = max_new_tokens or min(self.config.max_len, 2 * width + 8)
         out = self.generate(ids, mask, steps, **options)
         return [self.tokenizer.decode(row) for row in out.tokens]
+
+
+def batch_texts(value: Any) -> list[str]:
+    """One text as a batch of one; a list or tuple of texts as a list."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _is_text(value: Any) -> bool:
+    """A string, or a non-empty list or tuple of strings."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, list | tuple) and len(value) > 0 and all(isinstance(v, str) for v in value)
 
 
 def _int_matrix(value: Any, name: str) -> np.ndarray:

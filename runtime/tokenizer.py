@@ -1,10 +1,15 @@
-"""A whitespace word-level tokenizer stored as JSON beside the graphs (torch-free)."""
+"""Tokenizers stored beside the graphs (torch-free): edgeattn's whitespace word tokenizer (the
+demo's), and Hugging Face ``tokenizer.json`` files run by the ``tokenizers`` library."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from edgeattn.errors import EdgeattnError
 
@@ -64,3 +69,98 @@ class WordTokenizer:
         if not isinstance(data, dict) or data.get("type") != "word" or not isinstance(data.get("vocab"), list):
             raise TokenizerError(f"{path} is not an edgeattn word tokenizer")
         return cls(data["vocab"])
+
+
+@dataclass
+class TextBatch:
+    """Texts tokenized and right-padded into one batch, with what maps tokens back to characters."""
+
+    ids: np.ndarray  # (B, S) int64
+    mask: np.ndarray  # (B, S) int64, 1 for tokens
+    type_ids: np.ndarray  # (B, S) int64 token types (segments)
+    offsets: list[list[tuple[int, int]]]  # per row, per real token: character span in its text
+    special: list[list[bool]]  # per row, per real token: a special token ([CLS], </s>, ...)
+
+
+class TextTokenizer:
+    """A Hugging Face ``tokenizer.json`` run by the ``tokenizers`` library (the ``text`` extra).
+
+    Batches are padded here (on the right, with the model's pad id). A text longer than the
+    model's maximum is an error unless ``truncate`` is asked for, which keeps the first tokens
+    and the closing special tokens.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._tok.no_padding()
+        self._tok.no_truncation()
+
+    @classmethod
+    def load(cls, path: str | Path) -> TextTokenizer:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise TokenizerError(
+                f"{path} is a Hugging Face tokenizer; running it needs the tokenizers package "
+                "(pip install 'edgeattn[text]')"
+            ) from exc
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as exc:  # tokenizers raises its own exception type
+            raise TokenizerError(f"{path} is not a tokenizer the tokenizers library can read: {exc}") from exc
+
+    def save(self, path: str | Path) -> None:
+        self._tok.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, special tokens included."""
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=True))
+
+    def batch(self, texts: Sequence[str], max_len: int, pad_id: int, truncate: bool = False) -> TextBatch:
+        """``texts`` as one padded batch of at most ``max_len`` tokens a row."""
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TokenizerError("texts must be a list of strings")
+        if not texts:
+            raise TokenizerError("give at least one text")
+        rows = []
+        for i, encoding in enumerate(self._tok.encode_batch(list(texts))):
+            ids, types = list(encoding.ids), list(encoding.type_ids)
+            offsets, special = list(encoding.offsets), [bool(s) for s in encoding.special_tokens_mask]
+            if len(ids) > max_len:
+                if not truncate:
+                    raise TokenizerError(
+                        f"text {i} is {len(ids)} tokens long; this model takes at most {max_len}: shorten it or "
+                        "ask for truncation (truncate=True, --truncate)"
+                    )
+                tail = 0  # closing special tokens ([SEP], </s>) stay
+                while tail < len(ids) and special[len(ids) - 1 - tail]:
+                    tail += 1
+                keep = list(range(max_len - tail)) + list(range(len(ids) - tail, len(ids)))
+                ids, types = [ids[k] for k in keep], [types[k] for k in keep]
+                offsets, special = [offsets[k] for k in keep], [special[k] for k in keep]
+            rows.append((ids, types, offsets, special))
+        width = max(len(r[0]) for r in rows)
+        ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        type_ids = np.zeros_like(ids)
+        for i, (row_ids, row_types, _, _) in enumerate(rows):
+            ids[i, : len(row_ids)] = row_ids
+            mask[i, : len(row_ids)] = 1
+            type_ids[i, : len(row_ids)] = row_types
+        return TextBatch(ids, mask, type_ids, [r[2] for r in rows], [r[3] for r in rows])
+
+
+def load_tokenizer(path: str | Path) -> WordTokenizer | TextTokenizer:
+    """The tokenizer in ``path``: edgeattn's word tokenizer, or a Hugging Face ``tokenizer.json``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"cannot read tokenizer {path}: {exc}") from exc
+    if isinstance(data, dict) and data.get("type") == "word":
+        return WordTokenizer.load(path)
+    if isinstance(data, dict) and "model" in data:
+        return TextTokenizer.load(path)
+    raise TokenizerError(f"{path} is neither an edgeattn word tokenizer nor a Hugging Face tokenizer.json")

@@ -231,13 +231,7 @@ def test_task_override_and_refusal(tmp_path):
 def test_sentence_embedding_folders_record_their_pooling(tmp_path):
     folder = tmp_path / "st"
     _checkpoint("Bert", "Model").save_pretrained(folder)
-    kinds = ["Transformer", "Pooling", "Normalize"]
-    paths = ["", "1_Pooling", "2_Normalize"]
-    modules = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
-               for i, (k, p) in enumerate(zip(kinds, paths, strict=True))]  # fmt: skip
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    _sentence_folder(folder, "cls")
     source = resolve_model(from_hf=folder)
     assert source.task == "embed" and source.pooling.mode == "cls" and source.pooling.normalize
     export_model(source.model, tmp_path / "out", graphs=["encoder"], verify=False, task=source.task,
@@ -260,3 +254,122 @@ def test_cli_exports_a_folder_and_names_a_bad_one_in_one_line(tmp_path):
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "DistilBertForMaskedLM" in bad.stderr
     mixed = cli("export", "--from-hf", "hf", "--preset", "tiny")
     assert mixed.returncode == 2
+
+
+# ------------------------------------------------------------------------------------- text
+CORPUS = [
+    "Angela Merkel visited Paris in May.", "The weather in Berlin is cold today.",
+    "Marie Curie worked in Paris and Warsaw.", "A quick brown fox jumps over the lazy dog.",
+    "Edge devices run small transformer models.", "Ada Lovelace wrote notes in London.",
+]  # fmt: skip
+TEXTS = ["Angela Merkel visited Warsaw in May.", "Edge devices run.", "Ada Lovelace wrote notes about Paris today."]
+
+
+def _tokenizer(specials: list[str], cls: str, sep: str) -> transformers.PreTrainedTokenizerFast:
+    """A WordPiece tokenizer trained here, as transformers saves it (tokenizer.json)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token=specials[3]))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(CORPUS * 3, trainers.WordPieceTrainer(vocab_size=99, special_tokens=specials))
+    ids = {cls: tok.token_to_id(cls), sep: tok.token_to_id(sep)}
+    tok.post_processor = processors.TemplateProcessing(single=f"{cls} $A {sep}", special_tokens=list(ids.items()))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=specials[3], pad_token=specials[1]
+                                                if specials[1].startswith("<") else specials[0], cls_token=cls,
+                                                sep_token=sep)  # fmt: skip
+
+
+BERT_SPECIALS = (["[PAD]", "[CLS]", "[SEP]", "[UNK]"], "[CLS]", "[SEP]")
+ROBERTA_SPECIALS = (["<s>", "<pad>", "</s>", "<unk>"], "<s>", "</s>")
+
+
+def _text_export(tmp_path: Path, family: str, head: str, folder_extra=None) -> tuple:
+    specials = ROBERTA_SPECIALS if family == "Roberta" else BERT_SPECIALS
+    tokenizer = _tokenizer(*specials)
+    reference = _checkpoint(family, head)
+    with torch.no_grad():  # sharper logits, so that entity groups of several kinds appear
+        for p in reference.parameters():
+            p.mul_(8.0) if p.dim() == 2 and p.shape[0] == len(LABELS) else None
+    reference.save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    if folder_extra:
+        folder_extra(tmp_path / "hf")
+    source = resolve_model(from_hf=tmp_path / "hf")
+    export_model(source.model, tmp_path / "out", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
+                 architecture=source.architecture, labels=source.labels, pooling=source.pooling)  # fmt: skip
+    return reference, tokenizer, load(tmp_path / "out", providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("family", ["Bert", "DistilBert"])
+def test_tag_spans_equal_the_token_classification_pipeline(tmp_path, family):
+    reference, tokenizer, runtime = _text_export(tmp_path, family, "ForTokenClassification")
+    pipe = transformers.pipeline("token-classification", model=reference, tokenizer=tokenizer,
+                                 aggregation_strategy="simple")  # fmt: skip
+    ours, theirs = runtime.tag(TEXTS), pipe(TEXTS)
+    assert sum(len(e) for e in ours) > 3
+    for text, got, want in zip(TEXTS, ours, theirs, strict=True):
+        assert [(e.entity_group, e.start, e.end) for e in got] == [
+            (w["entity_group"], w["start"], w["end"]) for w in want
+        ]
+        assert all(abs(e.score - float(w["score"])) < 1e-4 for e, w in zip(got, want, strict=True))
+        assert all(e.word == text[e.start : e.end] for e in got)
+
+
+def test_classify_labels_equal_the_text_classification_pipeline(tmp_path):
+    reference, tokenizer, runtime = _text_export(tmp_path, "Roberta", "ForSequenceClassification")
+    pipe = transformers.pipeline("text-classification", model=reference, tokenizer=tokenizer, top_k=None)
+    for got, want in zip(runtime.classify(TEXTS), pipe(TEXTS), strict=True):
+        best = max(want, key=lambda w: w["score"])
+        assert got.label == best["label"] and abs(got.score - best["score"]) < 1e-5
+        assert abs(sum(got.scores.values()) - 1.0) < 1e-6 and set(got.scores) == set(LABELS.values())
+
+
+def _sentence_folder(folder: Path, mode: str = "mean") -> None:
+    """Make ``folder`` a sentence-transformers folder: Transformer, Pooling (``mode``), Normalize."""
+    kinds, paths = ["Transformer", "Pooling", "Normalize"], ["", "1_Pooling", "2_Normalize"]
+    modules = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
+               for i, (k, p) in enumerate(zip(kinds, paths, strict=True))]  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    key = "pooling_mode_cls_token" if mode == "cls" else f"pooling_mode_{mode}_tokens"
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({key: True}))
+
+
+def test_embed_pools_and_normalises_as_the_folder_says(tmp_path):
+    reference, tokenizer, runtime = _text_export(tmp_path, "Bert", "Model", _sentence_folder)
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = reference(**batch).last_hidden_state
+    mask = batch["attention_mask"][:, :, None].float()
+    want = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
+    got = runtime.embed(TEXTS)
+    assert got.shape == (3, 32) and np.abs(got - want).max() < 1e-5
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_long_texts_are_refused_unless_truncation_is_asked_for(tmp_path):
+    from edgeattn.runtime import InputError
+
+    _, tokenizer, runtime = _text_export(tmp_path, "Bert", "ForSequenceClassification")
+    long = " ".join(["weather"] * 200)
+    with pytest.raises(InputError, match=r"text 0 is \d+ tokens long; this model takes at most 64"):
+        runtime.classify([long])
+    batch = runtime.text_batch([long, "Edge devices run."], truncate=True)
+    want = tokenizer([long], truncation=True, max_length=64)["input_ids"][0]
+    assert batch.ids.shape == (2, 64) and batch.ids[0].tolist() == want
+    assert runtime.classify([long], truncate=True)[0].label in LABELS.values()
+
+
+def test_text_runtime_needs_neither_torch_nor_transformers(tmp_path):
+    _text_export(tmp_path, "Bert", "ForTokenClassification")
+    code = (
+        "import sys\nsys.modules['torch'] = None\nsys.modules['transformers'] = None\n"
+        "from edgeattn.runtime import load\n"
+        f"m = load({str(tmp_path / 'out')!r})\n"
+        "print(len(m.tag(['Angela Merkel visited Paris.'])[0]) >= 0, m.embed(['a b']).shape)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True (1, 32)"

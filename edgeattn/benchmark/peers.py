@@ -38,6 +38,7 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
         hidden_act=act, attn_implementation="eager",
     )  # fmt: skip
     torch.manual_seed(0)
+
     class Hidden(torch.nn.Module):  # keyword arguments: BertModel's positional order differs between versions
         def __init__(self) -> None:
             super().__init__()
