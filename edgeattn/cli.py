@@ -318,6 +318,13 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
 @click.option("--truncate", is_flag=True, help="Encoders: cut texts longer than the model takes (else an error).")
+@click.option(
+    "--aggregation",
+    type=click.Choice(["simple", "first"]),
+    default="simple",
+    show_default=True,
+    help="Token classifiers: group tokens (simple) or label each word by its first piece (first).",
+)
 def run(
     export_dir: Path,
     text: str | None,
@@ -335,6 +342,7 @@ def run(
     stream: bool,
     as_json: bool,
     truncate: bool,
+    aggregation: str,
 ) -> None:
     """Run an export on TEXT (or --file) and print its answers. Needs no torch.
 
@@ -358,7 +366,7 @@ def run(
         texts = [text or ""]
     model = load(export_dir, providers=[CPU] if cpu else None, threads=threads, precision=precision)
     if not model.config.is_seq2seq:
-        _run_encoder(model, texts, as_json, truncate)
+        _run_encoder(model, texts, as_json, truncate, aggregation)
         return
     options: dict[str, Any] = {"strategy": strategy}
     if strategy == "beam":
@@ -383,11 +391,11 @@ def run(
         click.echo(answer)
 
 
-def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool) -> None:
+def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, aggregation: str) -> None:
     """Entities, labels or embeddings of ``texts``, by the encoder's head."""
     head = model.config.head
     if head == "token":
-        for text, found in zip(texts, model.tag(texts, truncate=truncate), strict=True):
+        for text, found in zip(texts, model.tag(texts, truncate=truncate, aggregation=aggregation), strict=True):
             if as_json:
                 click.echo(json.dumps({"text": text, "entities": [e.to_dict() for e in found]}))
                 continue

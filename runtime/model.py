@@ -232,18 +232,25 @@ class ExportedModel:
         return text.classifications(logits, text.label_names(self._labels(), logits.shape[-1]))
 
     def tag(
-        self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False
-    ) -> Any:
+        self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False,
+        aggregation: str = "simple",
+    ) -> Any:  # fmt: skip
         """Texts: the entities of each (a list of :class:`~edgeattn.runtime.text.Entity`: type,
         score, character span into the text; B-/I- tags merged as the ``simple`` aggregation of
-        transformers' pipeline merges them). Token ids (B, S): the logits (B, S, num_labels)."""
+        transformers' pipeline merges them; ``aggregation="first"`` labels each word by its first
+        piece). Token ids (B, S): the logits (B, S, num_labels)."""
         if not _is_text(input_ids):
             return self._logits(input_ids, attention_mask, token_type_ids, "token")
         batch = self.text_batch(input_ids, truncate)
         logits = self._logits(batch.ids, batch.mask, self._types(batch), "token")
         labels = text.label_names(self._labels(), logits.shape[-1])
         texts = batch_texts(input_ids)
-        return [text.entities(logits[i], t, batch.offsets[i], batch.special[i], labels) for i, t in enumerate(texts)]
+        if aggregation not in text.AGGREGATIONS:
+            raise InputError(f"aggregation {aggregation!r} is not one of {', '.join(text.AGGREGATIONS)}")
+        return [
+            text.entities(logits[i], t, batch.offsets[i], batch.special[i], labels, batch.words[i], aggregation)
+            for i, t in enumerate(texts)
+        ]
 
     def embed(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False
               ) -> np.ndarray:  # fmt: skip

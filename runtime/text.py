@@ -1,10 +1,12 @@
 """From an encoder's outputs to answers about text: labels with probabilities, entity spans with
 character offsets, and pooled sentence embeddings (numpy only).
 
-Entities are grouped as ``transformers``' token-classification pipeline groups them with its
-``simple`` aggregation: each token takes its most probable label; consecutive tokens of one entity
-type join a group unless a token's tag starts a new one (``B-``); a group's score is the mean of
-its tokens' probabilities; special tokens and groups labelled ``O`` are left out.
+Entities are grouped as ``transformers``' token-classification pipeline groups them. With the
+``simple`` aggregation each token takes its most probable label; with ``first`` each word (the
+tokenizer's word ids) takes the most probable label of its first piece, and that probability.
+Then consecutive tokens (words) of one entity type join a group unless one's tag starts a new
+one (``B-``); a group's score is the mean of its members'; special tokens and groups labelled
+``O`` are left out.
 """
 
 from __future__ import annotations
@@ -69,16 +71,30 @@ def _tag(label: str) -> tuple[str, str]:
     return "I", label
 
 
+AGGREGATIONS = ("simple", "first")
+
+
 def entities(
     logits: np.ndarray, text: str, offsets: list[tuple[int, int]], special: list[bool], labels: list[str],
-    ignore: tuple[str, ...] = ("O",),
+    words: list[int | None] | None = None, aggregation: str = "simple", ignore: tuple[str, ...] = ("O",),
 ) -> list[Entity]:  # fmt: skip
-    """The entities of one text from its (S, labels) token logits (real tokens first)."""
+    """The entities of one text from its (S, labels) token logits (real tokens first); ``words``
+    (each token's word index) is needed by the ``first`` aggregation."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation {aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
     probs = softmax(logits[: len(offsets)].astype(np.float64))
-    tokens = []
+    tokens: list[tuple[str, float, tuple[int, int]]] = []
+    previous: int | None = None
     for k, (span, is_special) in enumerate(zip(offsets, special, strict=True)):
         if is_special:
+            previous = None
             continue
+        word = None if words is None else words[k]
+        if aggregation == "first" and tokens and word is not None and word == previous:
+            label, score, first = tokens[-1]
+            tokens[-1] = (label, score, (first[0], span[1]))  # a later piece widens its word's span
+            continue
+        previous = word
         best = int(probs[k].argmax())
         tokens.append((labels[best], float(probs[k, best]), span))
     groups: list[list[tuple[str, float, tuple[int, int]]]] = []

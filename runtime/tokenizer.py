@@ -80,6 +80,7 @@ class TextBatch:
     type_ids: np.ndarray  # (B, S) int64 token types (segments)
     offsets: list[list[tuple[int, int]]]  # per row, per real token: character span in its text
     special: list[list[bool]]  # per row, per real token: a special token ([CLS], </s>, ...)
+    words: list[list[int | None]]  # per row, per real token: the index of the word it belongs to
 
 
 class TextTokenizer:
@@ -129,6 +130,7 @@ class TextTokenizer:
         for i, encoding in enumerate(self._tok.encode_batch(list(texts))):
             ids, types = list(encoding.ids), list(encoding.type_ids)
             offsets, special = list(encoding.offsets), [bool(s) for s in encoding.special_tokens_mask]
+            words = list(encoding.word_ids)
             if len(ids) > max_len:
                 if not truncate:
                     raise TokenizerError(
@@ -141,16 +143,17 @@ class TextTokenizer:
                 keep = list(range(max_len - tail)) + list(range(len(ids) - tail, len(ids)))
                 ids, types = [ids[k] for k in keep], [types[k] for k in keep]
                 offsets, special = [offsets[k] for k in keep], [special[k] for k in keep]
-            rows.append((ids, types, offsets, special))
+                words = [words[k] for k in keep]
+            rows.append((ids, types, offsets, special, words))
         width = max(len(r[0]) for r in rows)
         ids = np.full((len(rows), width), pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
         type_ids = np.zeros_like(ids)
-        for i, (row_ids, row_types, _, _) in enumerate(rows):
+        for i, (row_ids, row_types, *_) in enumerate(rows):
             ids[i, : len(row_ids)] = row_ids
             mask[i, : len(row_ids)] = 1
             type_ids[i, : len(row_ids)] = row_types
-        return TextBatch(ids, mask, type_ids, [r[2] for r in rows], [r[3] for r in rows])
+        return TextBatch(ids, mask, type_ids, [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows])
 
 
 def load_tokenizer(path: str | Path) -> WordTokenizer | TextTokenizer:

@@ -302,13 +302,15 @@ def _text_export(tmp_path: Path, family: str, head: str, folder_extra=None) -> t
     return reference, tokenizer, load(tmp_path / "out", providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("family", ["Bert", "DistilBert"])
-def test_tag_spans_equal_the_token_classification_pipeline(tmp_path, family):
+@pytest.mark.parametrize(("family", "aggregation"), [("Bert", "simple"), ("DistilBert", "simple"), ("Bert", "first")])
+def test_tag_spans_equal_the_token_classification_pipeline(tmp_path, family, aggregation):
     reference, tokenizer, runtime = _text_export(tmp_path, family, "ForTokenClassification")
     pipe = transformers.pipeline("token-classification", model=reference, tokenizer=tokenizer,
-                                 aggregation_strategy="simple")  # fmt: skip
-    ours, theirs = runtime.tag(TEXTS), pipe(TEXTS)
+                                 aggregation_strategy=aggregation)  # fmt: skip
+    ours, theirs = runtime.tag(TEXTS, aggregation=aggregation), pipe(TEXTS)
     assert sum(len(e) for e in ours) > 3
+    if aggregation == "first":  # words of several pieces: not what token-level grouping gives
+        assert ours != runtime.tag(TEXTS)
     for text, got, want in zip(TEXTS, ours, theirs, strict=True):
         assert [(e.entity_group, e.start, e.end) for e in got] == [
             (w["entity_group"], w["start"], w["end"]) for w in want
