@@ -288,6 +288,8 @@ ROBERTA_SPECIALS = (["<s>", "<pad>", "</s>", "<unk>"], "<s>", "</s>")
 def _text_export(tmp_path: Path, family: str, head: str, folder_extra=None) -> tuple:
     specials = ROBERTA_SPECIALS if family == "Roberta" else BERT_SPECIALS
     tokenizer = _tokenizer(*specials)
+    if family != "Bert":  # as their own tokenizers declare: no token types
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
     reference = _checkpoint(family, head)
     with torch.no_grad():  # sharper logits, so that entity groups of several kinds appear
         for p in reference.parameters():
