@@ -69,8 +69,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _architecture(hf: dict[str, Any], path: Path) -> tuple[str, str]:
-    """(architecture, family) of a config.json, or a ConfigError listing what edgeattn knows."""
+def _architecture(hf: dict[str, Any], path: Path) -> tuple[str, str, str]:
+    """(architecture, family, the task its head implies) of a config.json, or a ConfigError
+    listing what edgeattn knows."""
     known = ", ".join(KNOWN_ARCHITECTURES)
     names = hf.get("architectures") or []
     model_type = hf.get("model_type")
@@ -81,7 +82,7 @@ def _architecture(hf: dict[str, Any], path: Path) -> tuple[str, str]:
     base = next((b for b in sorted(_PREFIX, key=len, reverse=True) if name.startswith(b)), None)
     if family is None or base is None or name[len(base) :] not in HEADS or _PREFIX[base] != family:
         raise ConfigError(f"architecture {name} (model_type {model_type!r}) is not one edgeattn imports: {known}")
-    return name, family
+    return name, family, HEADS[name[len(base) :]]
 
 
 def _labels(hf: dict[str, Any], path: Path) -> list[str] | None:
@@ -116,7 +117,7 @@ def map_config(hf: dict[str, Any], family: str, task: str, labels: list[str] | N
     if act not in _ACTIVATIONS:
         raise ConfigError(f"{path}: activation {act!r} is not one of {', '.join(_ACTIVATIONS)}")
     pad = int(hf.get("pad_token_id") or 0)
-    positions = int(need("max_position_embeddings", "max_position_embeddings"))
+    positions = int(need("max_position_embeddings"))
     offset = pad + 1 if family == "roberta" else 0
     head = {"classify": "sequence", "tag": "token"}.get(task, "none")
     fold = family == "roberta" and types == 1  # one token-type row: added to every position instead
@@ -268,9 +269,7 @@ def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     if not config_file.is_file():
         raise ConfigError(f"{folder} has no config.json; is it a Hugging Face model folder?")
     hf = _read_json(config_file)
-    architecture, family = _architecture(hf, config_file)
-    implied = HEADS[architecture[len(next(b for b in sorted(_PREFIX, key=len, reverse=True)
-                                          if architecture.startswith(b))):]]  # fmt: skip
+    architecture, family, implied = _architecture(hf, config_file)
     pooling = sentence_pooling(folder)
     if implied == "encode" and pooling is not None:
         implied = "embed"

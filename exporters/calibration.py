@@ -83,14 +83,14 @@ def calibration_feeds(
         calib = heldout_sources(c, n=CALIBRATION_ROWS * batches, seed=1234)
     feeds: list[dict[str, np.ndarray]] = []
     rng = np.random.default_rng(7)
+    spec = graph_spec(graph, c)
     for rows in np.array_split(np.arange(calib.ids.shape[0]), batches):
         ids, mask = calib.ids[rows], calib.mask[rows]
         width = int(mask.sum(axis=1).max())
         ids, mask = ids[:, :width], mask[:, :width]
         if graph == "encoder":
-            feeds.append(encoder_feeds(graph_spec("encoder", c).input_names, ids, mask))
+            feeds.append(encoder_feeds(spec.input_names, ids, mask))
         elif graph == "attention":
-            spec = graph_spec("attention", c)
             feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))
         elif graph == "cross_kv":
             with torch.no_grad():

@@ -170,9 +170,8 @@ def build_precisions(
             build = builder.build(precision)
             for graph, variant in builder.commit(build, export_dir).items():
                 manifest.graphs[graph].precisions[precision] = variant
-            record = build.record()
-            if record is not None and build.gate is not None:
-                manifest.gates[precision] = record
+            if build.gate is not None:
+                manifest.gates[precision] = build.gate.to_record(build.degraded)
                 gates[precision] = build.gate
     return gates
 

@@ -34,7 +34,7 @@ from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.layout import external_data_file, graph_file
-from edgeattn.runtime.manifest import GateRecord, GraphEntry, Parity, Variant
+from edgeattn.runtime.manifest import GraphEntry, Parity, Variant
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision
 from edgeattn.runtime.specs import graph_spec
@@ -99,9 +99,6 @@ class PrecisionBuild:
     @property
     def degraded(self) -> bool:
         return self.gate is not None and not self.gate.passed
-
-    def record(self) -> GateRecord | None:
-        return None if self.gate is None else self.gate.to_record(self.degraded)
 
 
 class PrecisionBuilder:
@@ -213,9 +210,11 @@ class PrecisionBuilder:
         graphs = {name: c.model for name, c in candidates.items()}
         return ExportedModel.from_graphs(self.model.config, graphs, precision=precision)
 
-    def gate(self, precision: str, candidates: dict[str, Candidate]) -> GateResult:
-        """The accuracy gate on ``candidates`` (the graphs they hold)."""
-        return evaluate(self.model, self.runtime(candidates), precision, self.reference.heldout,
+    def gate(self, precision: str, candidates: dict[str, Candidate], runtime: ExportedModel | None = None
+             ) -> GateResult:  # fmt: skip
+        """The accuracy gate on ``candidates`` (the graphs they hold; ``runtime``: their sessions,
+        when already built)."""
+        return evaluate(self.model, runtime or self.runtime(candidates), precision, self.reference.heldout,
                         self.options.new_tokens, list(candidates), self.reference)  # fmt: skip
 
     # ------------------------------------------------------------------ build
@@ -224,12 +223,13 @@ class PrecisionBuilder:
         raises ExportError when the gate fails and degraded results are not allowed."""
         precision = get_precision(name)
         candidates = {g: self.candidate(precision, g) for g in self.graphs}
+        runtime = self.runtime(candidates)  # one set of sessions for the parity check and the gate
         parity = None
         if precision.float32_parity:
-            parity = verify_graphs(self.model, self.runtime(candidates), progress=self.progress)
+            parity = verify_graphs(self.model, runtime, progress=self.progress)
             if not parity.passed:
                 raise VerificationError(f"{name} graphs disagree with eager PyTorch:\n" + parity.table())
-        result = self.gate(name, candidates) if precision.gated else None
+        result = self.gate(name, candidates, runtime) if precision.gated else None
         if result is not None and not result.passed and precision.sensitive_search:
             candidates, result = self.exclude_sensitive(precision, candidates, result.failing_graphs(self.graphs))
         build = PrecisionBuild(name, candidates, result, parity)

@@ -288,8 +288,6 @@ def _encode(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, TensorSpec):
         return value.to_dict()
-    if isinstance(value, Verdict):
-        return dataclasses.asdict(value)
     if dataclasses.is_dataclass(value):
         omit = getattr(value, "OMIT_EMPTY", frozenset())
         out = {}

@@ -241,12 +241,12 @@ class ExportedModel:
         piece). Token ids (B, S): the logits (B, S, num_labels)."""
         if not _is_text(input_ids):
             return self._logits(input_ids, attention_mask, token_type_ids, "token")
+        if aggregation not in text.AGGREGATIONS:
+            raise InputError(f"aggregation {aggregation!r} is not one of {', '.join(text.AGGREGATIONS)}")
         batch = self.text_batch(input_ids, truncate)
         logits = self._logits(batch.ids, batch.mask, self._types(batch), "token")
         labels = text.label_names(self._labels(), logits.shape[-1])
         texts = batch_texts(input_ids)
-        if aggregation not in text.AGGREGATIONS:
-            raise InputError(f"aggregation {aggregation!r} is not one of {', '.join(text.AGGREGATIONS)}")
         return [
             text.entities(logits[i], t, batch.offsets[i], batch.special[i], labels, batch.words[i], aggregation)
             for i, t in enumerate(texts)

@@ -199,12 +199,6 @@ def get_precision(name: str) -> Precision:
         raise PrecisionError(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}") from None
 
 
-def precision_names(where: Iterable[Precision] | None = None) -> list[str]:
-    """Names in registry order (of ``where``'s records, when given)."""
-    chosen = {p.name for p in where} if where is not None else set(PRECISIONS)
-    return [name for name in PRECISIONS if name in chosen]
-
-
 def reduced_precisions() -> list[str]:
     """Every precision an export may add beside fp32."""
     return [name for name in PRECISIONS if name != FP32]

@@ -62,13 +62,21 @@ class WordTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> WordTokenizer:
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise TokenizerError(f"cannot read tokenizer {path}: {exc}") from exc
+        return cls.from_dict(_read_json(path), path)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str | Path) -> WordTokenizer:
+        """The tokenizer ``path`` held, from its parsed JSON."""
         if not isinstance(data, dict) or data.get("type") != "word" or not isinstance(data.get("vocab"), list):
             raise TokenizerError(f"{path} is not an edgeattn word tokenizer")
         return cls(data["vocab"])
+
+
+def _read_json(path: str | Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"cannot read tokenizer {path}: {exc}") from exc
 
 
 @dataclass
@@ -98,6 +106,11 @@ class TextTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> TextTokenizer:
+        return cls.from_dict(_read_json(path), path)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str | Path) -> TextTokenizer:
+        """The tokenizer ``path`` held, from its parsed JSON."""
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:
@@ -106,7 +119,7 @@ class TextTokenizer:
                 "(pip install 'edgeattn[text]')"
             ) from exc
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            return cls(Tokenizer.from_str(json.dumps(data)))
         except Exception as exc:  # tokenizers raises its own exception type
             raise TokenizerError(f"{path} is not a tokenizer the tokenizers library can read: {exc}") from exc
 
@@ -158,12 +171,9 @@ class TextTokenizer:
 
 def load_tokenizer(path: str | Path) -> WordTokenizer | TextTokenizer:
     """The tokenizer in ``path``: edgeattn's word tokenizer, or a Hugging Face ``tokenizer.json``."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"cannot read tokenizer {path}: {exc}") from exc
+    data = _read_json(path)
     if isinstance(data, dict) and data.get("type") == "word":
-        return WordTokenizer.load(path)
+        return WordTokenizer.from_dict(data, path)
     if isinstance(data, dict) and "model" in data:
-        return TextTokenizer.load(path)
+        return TextTokenizer.from_dict(data, path)
     raise TokenizerError(f"{path} is neither an edgeattn word tokenizer nor a Hugging Face tokenizer.json")

@@ -270,9 +270,9 @@ def onnx_variants(
                 if bind:
                     run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
                 else:
+                    names = [i.name for i in session.get_inputs()]
 
-                    def run(ids: np.ndarray, mask: np.ndarray, session: Any = session) -> object:
-                        names = [i.name for i in session.get_inputs()]
+                    def run(ids: np.ndarray, mask: np.ndarray, session: Any = session, names: Any = names) -> object:
                         return session.run(["last_hidden_state"], encoder_feeds(names, ids, mask))
 
                 run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
