@@ -144,8 +144,14 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary of every field."""
-        return dataclasses.asdict(self)
+        """A JSON-ready dictionary of every field; the knobs added for imported encoders only where
+        a model uses them, so that a config without them reads the same as before they existed
+        (and an older edgeattn, which refuses unknown keys, still reads it)."""
+        data = dataclasses.asdict(self)
+        for name in _OMITTED_AT_DEFAULT:
+            if data[name] == _DEFAULTS[name]:
+                del data[name]
+        return data
 
     def to_json(self) -> str:
         """The config as a JSON string (sorted keys, stable across runs)."""
@@ -245,6 +251,11 @@ PRESETS: dict[str, ModelConfig] = {
         dropout=0.1,
     ),
 }
+
+
+#: Fields written only when set (see :meth:`ModelConfig.to_dict`).
+_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 def get_preset(name: str) -> ModelConfig:

@@ -69,6 +69,13 @@ def test_pooler_is_a_dense_layer_and_activation_before_the_classifier(activation
     assert torch.allclose(logits, want)
 
 
+def test_encoder_import_knobs_are_written_only_where_used():
+    assert not {"token_types", "position_offset", "pooler"} & set(ENC.to_dict())  # old configs read as before
+    used = ENC.replace(token_types=2, position_offset=2, pooler="relu", head="sequence")
+    assert {"token_types": 2, "position_offset": 2, "pooler": "relu"}.items() <= used.to_dict().items()
+    assert ModelConfig.from_dict(used.to_dict()) == used and ModelConfig.from_json(ENC.to_json()) == ENC
+
+
 def test_encoder_only_knobs_are_refused_elsewhere():
     seq2seq = ModelConfig(d_model=32, n_heads=4, d_ff=48)
     for change in ({"token_types": 2}, {"pooler": "tanh"}):
