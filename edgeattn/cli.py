@@ -104,7 +104,7 @@ def _precision_options(
     tokenizer: Any,
 ) -> Any:
     """PrecisionOptions from the command's flags; a calibration file is read (and checked) here."""
-    from edgeattn.exporters.calibration import read_calibration_file
+    from edgeattn.exporters.calibration import read_sequences_file
     from edgeattn.exporters.precisions import PrecisionOptions
 
     options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded)
@@ -112,7 +112,7 @@ def _precision_options(
         calibrated = [p.name for p in PRECISIONS.values() if p.calibrated]
         if not any(get_precision(p).calibrated for p in precisions):
             raise click.UsageError(f"--calibration is for {', '.join(calibrated)}; add it to --precision")
-        options.calibration_data = read_calibration_file(calibration_file, config, tokenizer)
+        options.calibration_data = read_sequences_file(calibration_file, config, tokenizer)
         options.calibration_source = f"file {calibration_file.name}"
     return options
 

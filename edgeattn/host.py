@@ -1,5 +1,5 @@
 """What the exporters and the benchmark both ask of this machine and its libraries: the CPU and its
-instruction sets, the int8 weight range its kernels take without saturating, and ONNX Runtime's
+instruction sets, the int8 weight forms its kernels take without saturating, and ONNX Runtime's
 quantisation tools kept quiet. Torch-free; imports nothing heavy.
 """
 
@@ -48,10 +48,13 @@ def has_vnni(flags: list[str] | None = None) -> bool:
     return any(f in (cpu_flags() if flags is None else flags) for f in VNNI_SETS)
 
 
-def int8_weight_limit(flags: list[str] | None = None) -> int:
-    """The largest int8 weight magnitude to use on this CPU: 127, or 63 (7-bit weights) where it lacks
-    VNNI/AMX, whose u8 x s8 AVX2 / AVX-512 kernels saturate pairwise sums of full-range products."""
-    return 127 if has_vnni(flags) else 63
+def dynamic_int8_weights(flags: list[str] | None = None) -> str:
+    """The weight type of dynamic int8 on this CPU: ``int8`` (full range) where it has VNNI/AMX;
+    else ``uint8`` (full range), whose u8 x u8 kernels widen before they add and so never saturate.
+    Signed 7-bit weights would avoid the saturation too, about 20% faster on an AVX2 CPU, but with
+    twice the error against float32 (BERT-base: 1 - cosine of the hidden states 7.2e-4 against
+    3.2e-4; Hugging Face Optimum's AVX2 configuration, also u8 x u8, 3.5e-4)."""
+    return "int8" if has_vnni(flags) else "uint8"
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""Static int8 calibration data: a user's calibration file (representative source sequences, one
-per line), and the feeds each graph is calibrated on."""
+"""Static int8 calibration data and the gate's held-out data: a user's sequence file
+(representative inputs, one per line), and the feeds each graph is calibrated on."""
 
 from __future__ import annotations
 
@@ -14,18 +14,21 @@ from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
 
 
-def read_calibration_file(
-    path: str | Path, config: ModelConfig, tokenizer: WordTokenizer | TextTokenizer | None = None
+def read_sequences_file(
+    path: str | Path,
+    config: ModelConfig,
+    tokenizer: WordTokenizer | TextTokenizer | None = None,
+    what: str = "calibration",
 ) -> list[list[int]]:
-    """Token id sequences from ``path``: one sequence per line, blank lines and ``#`` comments
-    skipped. With a ``tokenizer`` (the export has one) a line is text, encoded by it; without,
-    a line is whitespace-separated token ids. Every sequence is checked against the model's
-    vocabulary and ``max_len``; errors name the line."""
+    """Token id sequences from ``path`` (a ``what`` file: calibration or held-out): one sequence
+    per line, blank lines and ``#`` comments skipped. With a ``tokenizer`` (the export has one) a
+    line is text, encoded by it; without, a line is whitespace-separated token ids. Every
+    sequence is checked against the model's vocabulary and ``max_len``; errors name the line."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ExportError(f"cannot read calibration file {path}: {exc}") from exc
+        raise ExportError(f"cannot read {what} file {path}: {exc}") from exc
     sequences: list[list[int]] = []
     for number, line in enumerate(lines, start=1):
         text = line.strip()
@@ -51,7 +54,7 @@ def read_calibration_file(
             raise ExportError(f"{where}: {len(ids)} tokens, more than the model's max_len {config.max_len}")
         sequences.append(ids)
     if not sequences:
-        raise ExportError(f"calibration file {path} holds no sequences")
+        raise ExportError(f"{what} file {path} holds no sequences")
     return sequences
 
 

@@ -1,10 +1,10 @@
 """Reduced-precision graphs with ONNX Runtime's own tools.
 
-- ``int8``: ``quantize_dynamic``, per-channel int8 weights; ``reduce_range`` chosen from the CPU's
-  instruction set (7-bit weights only where the CPU lacks VNNI/AMX, to avoid the saturation of
-  the u8×s8 AVX2/AVX-512 kernels).
+- ``int8``: ``quantize_dynamic``, per-channel full-range weights whose signedness comes from the
+  CPU's instruction set (signed where it has VNNI/AMX, unsigned where it lacks them, to avoid the
+  saturation of the u8×s8 AVX2/AVX-512 kernels).
 - ``int8-static``: ``quantize_static`` in QDQ format, calibrated (MinMax, Entropy or Percentile)
-  on representative inputs.
+  on representative inputs; signed weights, 7-bit where the CPU lacks VNNI/AMX.
 - ``fp16``: weights and compute in float16, inputs and outputs float32, normalisation and
   softmax kept in float32.
 - ``int4``: block-wise 4-bit weights (``MatMulNBits``).
@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from edgeattn.errors import ExportError
-from edgeattn.host import cpu_flags, has_vnni, quiet_quantization
+from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.precisions import CALIBRATION_METHODS
 from edgeattn.runtime.session import CPU
 
@@ -37,20 +37,23 @@ Feeds = dict[str, np.ndarray]
 LARGE_EMBEDDING = 1 << 20
 
 
-def int8_settings() -> dict[str, Any]:
-    """Signedness and range of dynamic int8 from this CPU's instruction set (recorded in the manifest)."""
+def int8_settings(dynamic: bool = True) -> dict[str, Any]:
+    """Signedness and range of int8 weights from this CPU's instruction set (recorded in the
+    manifest): dynamic int8 as :func:`edgeattn.host.dynamic_int8_weights` says; static (QDQ)
+    int8 signed, 7-bit where the CPU lacks VNNI/AMX."""
     flags = cpu_flags()
     vnni = has_vnni(flags)
-    return {
-        "weight_type": "int8",
-        "activation_type": "uint8",
-        "per_channel": True,
-        "reduce_range": not vnni,
-        "instruction_sets": flags,
-        "reason": "VNNI/AMX present: full 8-bit range"
-        if vnni
-        else "no VNNI/AMX: 7-bit weights avoid u8*s8 accumulation saturation",
-    }
+    if vnni:
+        weights, reduce_range, reason = "int8", False, "VNNI/AMX present: signed weights, full 8-bit range"
+    elif dynamic:
+        weights, reduce_range = dynamic_int8_weights(flags), False
+        reason = (
+            "no VNNI/AMX: unsigned full-range weights (u8*u8 kernels do not saturate; 7-bit signed doubles the error)"
+        )
+    else:
+        weights, reduce_range, reason = "int8", True, "no VNNI/AMX: 7-bit weights avoid u8*s8 accumulation saturation"
+    return {"weight_type": weights, "activation_type": "uint8", "per_channel": True, "reduce_range": reduce_range,
+            "instruction_sets": flags, "reason": reason}  # fmt: skip
 
 
 #: Operators dynamic int8 quantises (those with a constant weight).
@@ -85,7 +88,8 @@ def quantize_int8_dynamic(src: Path, dst: Path, job: ConversionJob) -> dict[str,
     settings = int8_settings()
     with quiet_quantization():
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=settings["reduce_range"],
+            str(src), str(dst), per_channel=True, reduce_range=settings["reduce_range"],
+            weight_type=QuantType.QInt8 if settings["weight_type"] == "int8" else QuantType.QUInt8,
             op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=job.exclude,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
         )  # fmt: skip
@@ -115,7 +119,7 @@ def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, 
     calibration = job.calibration() if job.calibration is not None else []
     if not calibration:
         raise ExportError("static int8 quantisation needs calibration inputs")
-    settings = int8_settings()
+    settings = int8_settings(dynamic=False)
     with quiet_quantization():
         quantize_static(
             str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,

@@ -18,6 +18,7 @@ from edgeattn.exporters.package import export_model, quantize_export
 from edgeattn.exporters.precisions import PrecisionOptions
 from edgeattn.exporters.quantize import CONVERTERS
 from edgeattn.exporters.reference import eager_generate
+from edgeattn.host import dynamic_int8_weights, has_vnni
 from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest
 from edgeattn.runtime.manifest import sha256_file
@@ -91,10 +92,11 @@ def test_int8_settings_and_sizes_are_recorded(quantized):
     out, _, _ = quantized
     manifest = read_manifest(out)
     info = manifest.graphs["decoder"].precisions["int8"].quantization
-    assert info["weight_type"] == "int8" and info["per_channel"] is True
-    assert isinstance(info["reduce_range"], bool) and info["reason"]
+    assert info["weight_type"] == dynamic_int8_weights() and info["per_channel"] is True
+    assert info["reduce_range"] is False and info["reason"]  # full range: signed with VNNI, unsigned without
     static = manifest.graphs["encoder"].precisions["int8-static"].quantization
     assert static["format"] == "QDQ" and static["calibration"] == "minmax"
+    assert static["weight_type"] == "int8" and static["reduce_range"] is (not has_vnni())
     fp32 = manifest.graphs["decoder"].bytes
     assert (
         manifest.graphs["decoder"].precisions["int8"].bytes < 0.55 * fp32
@@ -185,7 +187,7 @@ def test_quantize_an_existing_export(tmp_path):
 
 
 def test_calibration_file_reads_ids_or_text_and_names_bad_lines(tmp_path):
-    from edgeattn.exporters.calibration import read_calibration_file
+    from edgeattn.exporters.calibration import read_sequences_file as read_calibration_file
     from edgeattn.runtime.tokenizer import WordTokenizer
 
     path = tmp_path / "calib.txt"
@@ -209,6 +211,9 @@ def test_calibration_file_reads_ids_or_text_and_names_bad_lines(tmp_path):
         read_calibration_file(path, CFG, tokenizer)
     with pytest.raises(ExportError, match="cannot read calibration file"):
         read_calibration_file(tmp_path / "missing.txt", CFG)
+    with pytest.raises(ExportError, match="held-out file .* holds no sequences"):
+        path.write_text("\n")
+        read_calibration_file(path, CFG, what="held-out")
 
 
 def test_static_int8_is_calibrated_on_the_users_sequences(tmp_path):

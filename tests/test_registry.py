@@ -12,7 +12,7 @@ import pytest
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.sensitivity import Trial, search_sensitive
-from edgeattn.host import int8_weight_limit
+from edgeattn.host import dynamic_int8_weights
 from edgeattn.runtime.layout import external_data_file, graph_file
 from edgeattn.runtime.manifest import FileEntry, Manifest, ManifestError, read_manifest
 from edgeattn.runtime.precisions import (
@@ -153,10 +153,10 @@ def test_file_entry_counts_external_data(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- host
-def test_int8_weights_are_seven_bit_without_vnni():
-    assert int8_weight_limit(["avx2", "fma"]) == 63
-    assert int8_weight_limit(["avx512f", "avx512_vnni"]) == 127
-    assert int8_weight_limit(["amx_int8"]) == 127
+def test_dynamic_int8_weights_are_unsigned_without_vnni():
+    assert dynamic_int8_weights(["avx2", "fma"]) == "uint8"
+    assert dynamic_int8_weights(["avx512f", "avx512_vnni"]) == "int8"
+    assert dynamic_int8_weights(["amx_int8"]) == "int8"
 
 
 # -------------------------------------------------------------------------------- sensitivity

@@ -18,7 +18,7 @@ import numpy as np
 
 from edgeattn.benchmark.timing import best_seconds
 from edgeattn.config import ModelConfig
-from edgeattn.host import int8_weight_limit
+from edgeattn.host import dynamic_int8_weights
 
 
 @dataclass
@@ -41,24 +41,27 @@ def projection_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     return [(d, 3 * d), (d, d), *ff_in, (f, d)]
 
 
-def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0) -> bytes:
+def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | None = None) -> bytes:
     """One layer's projections side by side, reading inputs ``x_<in>`` of shape (rows, in); int8
-    weights in the range the int8 graphs use on this CPU (7-bit without VNNI, where full-range
-    weights would saturate ONNX Runtime's u8 x s8 kernels)."""
+    weights of the type int8 graphs get on this CPU (``weights``: ``int8`` or ``uint8``, default
+    :func:`edgeattn.host.dynamic_int8_weights`), full range, per column."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    limit = int8_weight_limit()  # the range int8 graphs are quantised to on this CPU
+    weights = weights or dynamic_int8_weights()  # the type int8 graphs are quantised to on this CPU
     nodes, inits, outputs = [], [], []
     inputs = {k for k, _ in projection_shapes(config)}
     for i, (k, n) in enumerate(projection_shapes(config)):
         w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
         if int8:
-            scale = (np.abs(w).max(axis=0) / limit).astype(np.float32)
-            q = np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
-            inits += [numpy_helper.from_array(q, f"w{i}"), numpy_helper.from_array(scale, f"s{i}"),
-                      numpy_helper.from_array(np.zeros(n, np.int8), f"z{i}")]  # fmt: skip
+            scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+            q = np.clip(np.round(w / scale), -127, 127)
+            zero = np.zeros(n) if weights == "int8" else np.full(n, 128)
+            dtype = np.int8 if weights == "int8" else np.uint8
+            inits += [numpy_helper.from_array((q + zero).astype(dtype), f"w{i}"),
+                      numpy_helper.from_array(scale, f"s{i}"),
+                      numpy_helper.from_array(zero.astype(dtype), f"z{i}")]  # fmt: skip
             nodes.append(helper.make_node("DynamicQuantizeMatMul", [f"x_{k}", f"w{i}", f"s{i}", f"z{i}"], [f"y{i}"],
                                           domain="com.microsoft"))  # fmt: skip
         else:

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgeattn.benchmark.latency import Variant
 from edgeattn.config import ModelConfig
-from edgeattn.host import quiet_quantization
+from edgeattn.host import dynamic_int8_weights, quiet_quantization
 from edgeattn.runtime.session import CPU, create_session
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,9 @@ def bert_peer_variants(config: ModelConfig, threads: int, scratch: Path) -> tupl
         optimized.save_model_to_file(str(fused))
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(fused), str(int8), weight_type=QuantType.QInt8, per_channel=True,
+        # the weight type Optimum's AutoQuantizationConfig picks for this CPU (avx512_vnni: s8, avx2: u8)
+        weights = QuantType.QInt8 if dynamic_int8_weights() == "int8" else QuantType.QUInt8
+        quantize_dynamic(str(fused), str(int8), weight_type=weights, per_channel=True,
                          extra_options={"DefaultTensorType": 1})  # fmt: skip
     stats = optimized.get_fused_operator_statistics()
     variants = []
