@@ -73,6 +73,14 @@ _calibration_option = click.option(
     + ", one per line: text when the model has a tokenizer, else token ids (default: drawn from the model's "
     "vocabulary).",
 )
+_heldout_option = click.option(
+    "--heldout",
+    "heldout_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The accuracy gate's held-out inputs, one per line: text when the model has a tokenizer, else token ids "
+    "(default: the task's own, else drawn from the model's vocabulary). Keep them apart from --calibration.",
+)
 _calibration_method_option = click.option(
     "--calibration-method",
     type=click.Choice(CALIBRATION_METHODS),
@@ -102,8 +110,10 @@ def _precision_options(
     allow_degraded: bool,
     config: Any,
     tokenizer: Any,
+    heldout_file: Path | None = None,
 ) -> Any:
-    """PrecisionOptions from the command's flags; a calibration file is read (and checked) here."""
+    """PrecisionOptions from the command's flags; calibration and held-out files are read (and
+    checked) here."""
     from edgeattn.exporters.calibration import read_sequences_file
     from edgeattn.exporters.precisions import PrecisionOptions
 
@@ -114,6 +124,12 @@ def _precision_options(
             raise click.UsageError(f"--calibration is for {', '.join(calibrated)}; add it to --precision")
         options.calibration_data = read_sequences_file(calibration_file, config, tokenizer)
         options.calibration_source = f"file {calibration_file.name}"
+    if heldout_file is not None:
+        if not any(get_precision(p).gated for p in precisions):
+            gated = [p.name for p in PRECISIONS.values() if p.gated]
+            raise click.UsageError(f"--heldout is for gated precisions ({', '.join(gated)}); add one to --precision")
+        options.heldout_data = read_sequences_file(heldout_file, config, tokenizer, what="held-out")
+        options.heldout_source = f"file {heldout_file.name}"
     return options
 
 
@@ -174,6 +190,7 @@ def _precision_options(
 )
 @_calibration_method_option
 @_calibration_option
+@_heldout_option
 @click.option(
     "--allow-degraded", is_flag=True, help="Keep precisions that miss their accuracy thresholds, marked degraded."
 )
@@ -192,6 +209,7 @@ def export(
     precisions: str,
     calibration_method: str,
     calibration_file: Path | None,
+    heldout_file: Path | None,
     allow_degraded: bool,
 ) -> None:
     """Export the model's attention, encoder and decoder graphs to ONNX, verified."""
@@ -211,7 +229,7 @@ def export(
     source = resolve_model(preset, config_file, checkpoint, seed, from_hf=from_hf, task=task)
     options = _precision_options(
         _split(precisions) or [], calibration_method, calibration_file, allow_degraded, source.model.config,
-        source.tokenizer,
+        source.tokenizer, heldout_file,
     )  # fmt: skip
     # An earlier export in the output directory may be replaced without --force.
     replace = force or (output / "manifest.json").is_file()
@@ -232,6 +250,7 @@ def export(
         architecture=source.architecture,
         labels=source.labels,
         pooling=source.pooling,
+        source_folder=source.folder,
     )
     if result.report is not None:
         click.echo(result.report.table())
@@ -266,9 +285,15 @@ def verify(export_dir: Path, as_json: bool, precision: str) -> None:
 @click.option("--precision", "precisions", required=True, help=f"Comma-separated: {','.join(reduced_precisions())}.")
 @_calibration_method_option
 @_calibration_option
+@_heldout_option
 @click.option("--allow-degraded", is_flag=True, help="Keep precisions that miss their thresholds, marked degraded.")
 def quantize(
-    export_dir: Path, precisions: str, calibration_method: str, calibration_file: Path | None, allow_degraded: bool
+    export_dir: Path,
+    precisions: str,
+    calibration_method: str,
+    calibration_file: Path | None,
+    heldout_file: Path | None,
+    allow_degraded: bool,
 ) -> None:
     """Add reduced-precision graphs to an export, each gated against eager float32."""
     from edgeattn.exporters.package import quantize_export
@@ -280,8 +305,9 @@ def quantize(
     heldout = heldout_for_task(manifest.task)
     tokenizer = None if manifest.tokenizer is None else load_tokenizer(check_file(export_dir, manifest.tokenizer))
     options = _precision_options(
-        _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest.config, tokenizer
-    )
+        _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest.config, tokenizer,
+        heldout_file,
+    )  # fmt: skip
     gates = quantize_export(
         export_dir, _split(precisions) or [], options, heldout_texts=heldout, progress=sys.stderr.isatty()
     )  # fmt: skip
@@ -446,7 +472,15 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
 @click.option("--repeats", default=20, show_default=True, type=int)
 @click.option("--no-eager", is_flag=True, help="Skip the eager PyTorch variants.")
 @click.option(
-    "--no-peers", is_flag=True, help="Skip the Hugging Face BERT peer (timed when transformers is installed)."
+    "--no-peers",
+    is_flag=True,
+    help="Skip the peers: transformers and Optimum on an imported checkpoint's folder, else a Hugging Face BERT.",
+)
+@click.option(
+    "--hf-folder",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The Hugging Face folder an imported export came from (default: the one its manifest names).",
 )
 @click.option("--generation", is_flag=True, help="Also run the generation benchmark (encoder-decoder models).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the results as JSON.")
@@ -466,6 +500,7 @@ def bench(
     repeats: int,
     no_eager: bool,
     no_peers: bool,
+    hf_folder: Path | None,
     generation: bool,
     json_path: Path | None,
     plot_path: Path | None,
@@ -481,6 +516,7 @@ def bench(
             threads=threads, precisions=tuple(_split(precisions) or []),
             repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
             shapes=_shapes(shapes), io_binding=io_binding, cuda_graph=not no_cuda_graph, tf32=tf32,
+            hf_folder=hf_folder,
         )  # fmt: skip
         if providers is not None:
             options.providers = tuple(_split(providers) or [])

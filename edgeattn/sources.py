@@ -30,6 +30,8 @@ class ModelSource:
     architecture: str | None = None
     labels: list[str] | None = None
     pooling: Pooling | None = None
+    #: the Hugging Face folder an imported checkpoint came from
+    folder: Path | None = None
 
     @property
     def heldout(self) -> list[list[int]] | None:
@@ -70,7 +72,7 @@ def resolve_model(
 
         hf = import_folder(from_hf, task)
         return ModelSource(hf.model, f"Hugging Face {hf.architecture} from {Path(from_hf).name}", hf.tokenizer,
-                           hf.task, hf.architecture, hf.labels, hf.pooling)  # fmt: skip
+                           hf.task, hf.architecture, hf.labels, hf.pooling, hf.folder)  # fmt: skip
     if task is not None:
         raise ConfigError("a task is for Hugging Face folders (--from-hf)")
     if preset and config_file:

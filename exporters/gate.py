@@ -41,6 +41,8 @@ class GateResult:
     precision: str
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[Verdict] = field(default_factory=list)
+    #: what the held-out data were, in words
+    heldout: str = ""
 
     @property
     def thresholds(self) -> Thresholds:
@@ -67,11 +69,12 @@ class GateResult:
 
     def to_record(self, degraded: bool) -> GateRecord:
         return GateRecord(metrics=self.metrics, thresholds=self.thresholds.to_dict(), passed=self.passed,
-                          failures=list(self.failures), degraded=degraded)  # fmt: skip
+                          failures=list(self.failures), degraded=degraded, heldout=self.heldout)  # fmt: skip
 
     def table(self) -> str:
         thresholds = self.thresholds
-        lines = [f"precision {self.precision}: " + ("ok" if self.passed else "FAILED")]
+        lines = [f"precision {self.precision}: " + ("ok" if self.passed else "FAILED")
+                 + (f" (held out: {self.heldout})" if self.heldout else "")]  # fmt: skip
         for graph, values in self.metrics.items():
             cells = []
             for name, value in values.items():
@@ -89,23 +92,30 @@ class HeldOut:
 
     ids: np.ndarray
     mask: np.ndarray
+    #: what the sequences are, in words (recorded with the gate's figures)
+    source: str = ""
 
 
-def heldout_sources(config: ModelConfig, n: int = 48, seed: int = 99, texts: list[list[int]] | None = None) -> HeldOut:
-    """``texts`` (token id lists) padded into a batch, or ``n`` random sequences drawn from the
-    model's vocabulary (specials excluded) with lengths spread over 1..min(max_len, 48)."""
+def heldout_sources(
+    config: ModelConfig, n: int = 48, seed: int = 99, texts: list[list[int]] | None = None, source: str = ""
+) -> HeldOut:
+    """``texts`` (token id lists; ``source`` says what they are) padded into a batch, or ``n``
+    random sequences drawn from the model's vocabulary (specials excluded) with lengths spread
+    over 1..min(max_len, 48)."""
     rng = np.random.default_rng(seed)
     if texts is None:
         low = min(3, config.vocab_size - 1)
         lengths = rng.integers(1, min(config.max_len, 48) + 1, size=n)
         texts = [rng.integers(low, config.vocab_size, size=int(k)).tolist() for k in lengths]
+        source = "drawn from the model's vocabulary"
+    described = f"{source or 'given sequences'} ({len(texts)} sequences)"
     width = max(len(t) for t in texts)
     ids = np.full((len(texts), width), config.pad_id, dtype=np.int64)
     mask = np.zeros_like(ids)
     for i, t in enumerate(texts):
         ids[i, : len(t)] = t
         mask[i, : len(t)] = 1
-    return HeldOut(ids, mask)
+    return HeldOut(ids, mask, described)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -188,7 +198,7 @@ def evaluate(
     """Measure ``runtime``'s graphs (``graphs``, default all it has) at ``precision`` against eager
     float32 ``model`` on ``heldout``; ``reference`` reuses eager answers computed before."""
     ref = reference or Reference(model, heldout, new_tokens)
-    result = GateResult(precision)
+    result = GateResult(precision, heldout=ref.heldout.source)
     graphs = graphs or runtime.graphs
     ids, mask = ref.ids, ref.mask
     if "encoder" in graphs:

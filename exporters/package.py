@@ -79,13 +79,14 @@ def export_model(
     architecture: str | None = None,
     labels: list[str] | None = None,
     pooling: Pooling | None = None,
+    source_folder: str | Path | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
     ``precisions`` adds optimised and reduced-precision files (see ``edgeattn.runtime.precisions``)
     beside the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``,
-    token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``
-    and ``pooling`` describe an imported checkpoint in the manifest.
+    token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``,
+    ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest.
 
     Raises :class:`ExportError` for unusable arguments, a failed export or a failed accuracy gate
     and :class:`VerificationError` when ONNX Runtime disagrees with eager PyTorch; in every case
@@ -115,6 +116,7 @@ def export_model(
             architecture=architecture,
             labels=labels,
             pooling=pooling,
+            source_folder=None if source_folder is None else str(Path(source_folder).resolve()),
         )
         if tokenizer is not None:
             tokenizer.save(tmp / TOKENIZER)
@@ -163,8 +165,15 @@ def build_precisions(
     wanted = [p for p in precisions if p != FP32]
     if not wanted:
         return gates
-    heldout = heldout_sources(model.config, texts=heldout_texts)
     options = options or PrecisionOptions()
+    if options.heldout_data:
+        heldout = heldout_sources(model.config, texts=options.heldout_data, source=options.heldout_source)
+        shared = {tuple(s) for s in options.heldout_data} & {tuple(s) for s in options.calibration_data or []}
+        if shared:
+            log.warning("%d held-out sequence(s) are also calibration sequences: the gate is not blind to them",
+                        len(shared))  # fmt: skip
+    else:
+        heldout = heldout_sources(model.config, texts=heldout_texts, source="the task's held-out inputs")
     with PrecisionBuilder(model, manifest.graphs, export_dir, heldout, options, progress) as builder:
         for precision in tqdm(wanted, desc="precisions", unit="precision", disable=not progress, leave=False):
             build = builder.build(precision)

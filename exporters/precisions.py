@@ -53,6 +53,10 @@ class PrecisionOptions:
     calibration_data: list[list[int]] | None = None
     #: where ``calibration_data`` came from, recorded in the manifest
     calibration_source: str = ""
+    #: the gate's held-out sequences (token ids); None uses the task's own or draws them
+    heldout_data: list[list[int]] | None = None
+    #: where ``heldout_data`` came from, recorded in the manifest
+    heldout_source: str = ""
     allow_degraded: bool = False
     new_tokens: int = 16
     external_threshold: int = PROTOBUF_LIMIT

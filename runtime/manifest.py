@@ -166,6 +166,10 @@ class GateRecord:
     passed: bool
     failures: list[Verdict]
     degraded: bool = False
+    #: what the held-out data were, in words
+    heldout: str = ""
+
+    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"heldout"})
 
 
 @dataclass(kw_only=True)
@@ -202,8 +206,11 @@ class Manifest:
     labels: list[str] | None = None
     #: how ``embed`` pools, for embedding models
     pooling: Pooling | None = None
+    #: the absolute path of the folder an imported checkpoint came from (the benchmark's peers
+    #: run on it when it is still there; the runtime never reads it)
+    source_folder: str | None = None
 
-    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"architecture", "labels", "pooling"})
+    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"architecture", "labels", "pooling", "source_folder"})
     #: keys a version-1 manifest may lack (older writers left them out until they had a value)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gates", "greedy_parity"})
 

@@ -384,3 +384,137 @@ def test_text_runtime_needs_neither_torch_nor_transformers(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True (1, 32)"
+
+
+# ------------------------------------------------------------------ held-out text, benchmark
+def test_the_gate_runs_on_the_users_heldout_text(tmp_path):
+    """--heldout: the gate measures int8 on the model's own text, and the manifest says so."""
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    _tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
+    _checkpoint("Bert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    (tmp_path / "heldout.txt").write_text("# sentences the model never saw\n" + "\n".join(TEXTS) + "\n")
+    args = ["export", "--from-hf", str(tmp_path / "hf"), "--graphs", "encoder", "--precision", "int8"]
+    result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "a"), "--heldout", str(tmp_path / "heldout.txt")])
+    assert result.exit_code == 0, result.output
+    assert "held out: file heldout.txt (3 sequences)" in result.output
+    gate = read_manifest(tmp_path / "a").gates["int8"]
+    assert gate.heldout == "file heldout.txt (3 sequences)" and gate.passed
+    drawn = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "b")])
+    assert drawn.exit_code == 0, drawn.output
+    drawn_gate = read_manifest(tmp_path / "b").gates["int8"]
+    assert drawn_gate.heldout == "drawn from the model's vocabulary (48 sequences)"
+    assert drawn_gate.metrics != gate.metrics  # other inputs, other figures
+    (tmp_path / "long.txt").write_text("Paris\n" + " ".join(["Paris"] * 70) + "\n")
+    long = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "c"), "--heldout", str(tmp_path / "long.txt")])
+    assert long.exit_code == 1 and "long.txt line 2: 72 tokens, more than the model's max_len 64" in long.output
+    alone = CliRunner().invoke(cli, [*args[:-2], "-o", str(tmp_path / "d"), "--heldout", str(tmp_path / "heldout.txt")])
+    assert alone.exit_code == 2 and "--heldout is for gated precisions" in alone.output
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_bench_times_optimum_and_transformers_on_the_same_checkpoint(tmp_path):
+    """An imported export's benchmark: transformers eager and Optimum's exports of the very folder
+    timed beside it, and every variant's logits measured against transformers eager."""
+    from edgeattn.benchmark.run import BenchOptions, run_benchmark
+    from edgeattn.errors import EdgeattnError
+
+    _checkpoint("Roberta", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    source = resolve_model(from_hf=tmp_path / "hf")
+    export_model(source.model, tmp_path / "out", graphs=["encoder"], precisions=["fp32-opt", "int8"],
+                 task=source.task, architecture=source.architecture, source_folder=tmp_path / "hf")  # fmt: skip
+    assert read_manifest(tmp_path / "out").source_folder == str((tmp_path / "hf").resolve())
+    options = BenchOptions(shapes=((1, 16), (2, 24)), precisions=("fp32", "fp32-opt", "int8"), repeats=2,
+                           memory=False)  # fmt: skip
+    report, _ = run_benchmark(tmp_path / "out", options=options, json_path=tmp_path / "b.json")
+    names = set(report.variants)
+    assert {"eager fp32", "onnx fp32 CPU", "onnx int8 CPU", "peer transformers eager fp32"} <= names
+    try:
+        import optimum.onnxruntime  # noqa: F401
+
+        optimum = {"peer Optimum fp32", "peer Optimum fp32 O2", "peer Optimum int8"}
+    except ImportError:
+        optimum = set()
+        assert "optimum-onnx is not installed" in report.skipped["peer Optimum"]
+    assert optimum <= names and "peer HF BERT ORT fused fp32" not in names
+    assert {r.variant for r in report.rows} == names
+    exact = ["eager fp32", "onnx fp32 CPU", "onnx fp32-opt CPU", *sorted(optimum - {"peer Optimum int8"})]
+    for name in exact:
+        a = report.agreement[name]
+        assert a["max_abs"] < 1e-4 and a["cosine_min"] > 0.99999 and a["top1"] == 1.0, (name, a)
+    for name in {"onnx int8 CPU"} | (optimum & {"peer Optimum int8"}):
+        a = report.agreement[name]
+        assert 0 < a["max_abs"] and a["cosine_min"] > 0.9 and a["top1"] > 0.8, (name, a)
+    assert "logits against transformers eager float32" in report.table()
+    assert json.loads((tmp_path / "b.json").read_text())["agreement"]["onnx fp32 CPU"]["top1"] == 1.0
+    # the folder gone: the export is still timed, and the table says how to name the folder
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    options.precisions = ("fp32",)
+    report, _ = run_benchmark(tmp_path / "out", options=options)
+    assert "give it with --hf-folder" in report.skipped["peers"] and not report.agreement
+    options.hf_folder = tmp_path / "moved"
+    report, _ = run_benchmark(tmp_path / "out", options=options)
+    assert "peer transformers eager fp32" in report.agreement
+    with pytest.raises(EdgeattnError, match="--hf-folder is for exports of a Hugging Face folder"):
+        export_model(build_model(ENC), tmp_path / "plain", graphs=["encoder"])
+        run_benchmark(tmp_path / "plain", options=options)
+
+
+def _readme_commands() -> list[str]:
+    """The command lines of the README's worked Hugging Face examples (``$ edgeattn ...``)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Hugging Face checkpoints", 1)[1].split("\n## ", 1)[0]
+    return [line[2:] for line in section.splitlines() if line.startswith("$ edgeattn ")]
+
+
+def readme_folders(folder: Path) -> None:
+    """The README's example folders and text files in ``folder``: small random checkpoints with a
+    trained tokenizer, perturbed as ``_checkpoint`` does and their heads sharpened as in
+    ``_text_export``."""
+    tokenizer = _tokenizer(*BERT_SPECIALS)
+    sentiment = {"id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+    torch.manual_seed(0)
+    models = {
+        "my-ner-model": _checkpoint("Bert", "ForTokenClassification"),
+        "my-sentiment-model": transformers.BertForSequenceClassification(
+            transformers.BertConfig(hidden_size=32, intermediate_size=37, **SIZES, **sentiment)),
+        "my-sentence-embedder": _checkpoint("Bert", "Model"),
+    }  # fmt: skip
+    for name, model in models.items():
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.02) if name == "my-sentiment-model" else None
+                p.mul_(8.0) if p.dim() == 2 and p.shape[0] in (2, len(LABELS)) else None  # the classifier
+        model.eval().save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
+    _sentence_folder(folder / "my-sentence-embedder")
+    for name in ("docs.txt", "reviews.txt", "sentences.txt", "heldout.txt"):
+        (folder / name).write_text("\n".join(TEXTS) + "\n")
+
+
+@pytest.mark.slow
+def test_the_readmes_worked_examples_run_as_written(tmp_path, monkeypatch):
+    """Every command of the README's classification, entity and embedding examples, on small
+    random folders of the names it uses, exits 0 and prints what the README shows."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    commands = _readme_commands()
+    assert len(commands) >= 6 and any("--heldout" in c for c in commands)
+    readme_folders(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    outputs = {}
+    for command in commands:
+        result = CliRunner().invoke(cli, shlex.split(command)[1:])
+        assert result.exit_code == 0, (command, result.output)
+        outputs[command] = result.output
+    shown = "\n".join(outputs.values())
+    assert "held out: file heldout.txt (3 sequences)" in shown
+    assert any(line.split("\t")[0] in ("negative", "positive") for line in shown.splitlines())
+    assert '"embedding": [' in shown and '"entities": [' in shown

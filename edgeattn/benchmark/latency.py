@@ -40,6 +40,8 @@ from edgeattn.runtime.precisions import get_precision
 from edgeattn.runtime.specs import encoder_feeds
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
+#: ``answer(ids, mask)``: a variant's outputs by name, as numpy, for its accuracy figures
+Answer = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Variant:
     note: str = ""
     #: how to rebuild the variant in a fresh process, for its peak memory (None: not measured)
     probe: Probe | None = None
+    #: its outputs by name, for accuracy against a reference (None: not measured)
+    answer: Answer | None = None
 
 
 @dataclass
@@ -83,6 +87,10 @@ class LatencyReport:
     accuracy: dict[str, Any] = field(default_factory=dict)
     #: matrix-product floors per shape, ratios against the baseline
     floors: list[Floor] = field(default_factory=list)
+    #: each variant's task output against a reference model on one padded batch (imported
+    #: checkpoints: transformers eager), and what the figures mean
+    agreement: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    agreement_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +128,11 @@ class LatencyReport:
                      f"({f.int8_ratio:.2f})" for f in self.floors]  # fmt: skip
             text.append("floors (projections alone at ONNX Runtime's own GEMM speed, + attention at the ceiling): "
                         + "; ".join(cells))  # fmt: skip
+        if self.agreement:
+            text.append(f"accuracy ({self.agreement_note}):")
+            for name, a in self.agreement.items():
+                top1 = "" if a.get("top1") is None else f", top-1 agreement {a['top1']:.4f}"
+                text.append(f"  {name}: max abs {a['max_abs']:.2e}, worst cosine {a['cosine_min']:.6f}{top1}")
         for name, why in self.skipped.items():
             text.append(f"skipped {name}: {why}")
         return "\n".join(text)
@@ -169,11 +182,16 @@ def eager_variants(
         config = model.config.to_dict()
         return None if weights is None else eager_probe(str(weights), config, threads, with_sdpa, autocast)
 
+    def answer(ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            hidden, logits = model(torch.from_numpy(ids), torch.from_numpy(mask))
+        return {"last_hidden_state": hidden.numpy(), **({} if logits is None else {"logits": logits.numpy()})}
+
     variants: list[Variant] = []
     skipped: dict[str, str] = {}
     if cpu:
         variants += [
-            Variant("eager fp32", eager_runner(model), probe=probe()),
+            Variant("eager fp32", eager_runner(model), probe=probe(), answer=answer),
             Variant("eager fp32 SDPA", eager_runner(sdpa), probe=probe(with_sdpa=True)),
         ]
         has_amx = "amx_bf16" in cpu_flags()
@@ -266,6 +284,7 @@ def onnx_variants(
             try:
                 session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32,
                                          require=True)  # fmt: skip
+                answer = onnx_answer(session)
                 run: Runner
                 if bind:
                     run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
@@ -283,12 +302,23 @@ def onnx_variants(
             notes = [n for n, on in (("IO binding", bind), ("TF32", tf32 and provider == CUDA)) if on]
             # a CUDA session's host memory is mostly the CUDA libraries, not the model: not probed
             probe = None if provider == CUDA else onnx_probe(str(path), provider, threads)
-            variants.append(Variant(name, run, cold, size, ", ".join(notes), probe=probe))
+            variants.append(Variant(name, run, cold, size, ", ".join(notes), probe=probe, answer=answer))
             if provider == CUDA and cuda_graph:
                 graph_runner = CudaGraphRunner(path, d_model, threads, tf32)
                 note = "CUDA graph, IO binding, one session per shape (cold start not comparable)"
                 variants.append(Variant(f"{name} graph", graph_runner, 0.0, size, note))
     return variants, skipped
+
+
+def onnx_answer(session: Any) -> Answer:
+    """``answer(ids, mask)``: every output of an ONNX Runtime session, by name."""
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+
+    def answer(ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        return dict(zip(outputs, session.run(outputs, encoder_feeds(names, ids, mask)), strict=True))
+
+    return answer
 
 
 def bench_latency(

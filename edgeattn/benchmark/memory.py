@@ -33,6 +33,11 @@ def eager_probe(
             "autocast": autocast}  # fmt: skip
 
 
+def transformers_probe(folder: str, task: str | None, threads: int) -> Probe:
+    """How to rebuild a ``transformers`` eager variant: the Hugging Face folder and the task."""
+    return {"kind": "transformers", "folder": str(folder), "task": task, "threads": threads}
+
+
 def _peak_mb() -> float:
     """This process's peak resident set. VmHWM belongs to the process's own address space;
     ru_maxrss would also carry the high-water mark of the parent that spawned it (Linux keeps it
@@ -119,6 +124,15 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
         baseline = _peak_mb()
         model = load_model(spec["weights"], ModelConfig.from_dict(spec["config"])).eval()
         return eager_runner(use_sdpa(model) if spec["sdpa"] else model, spec["autocast"]), baseline
+    if spec["kind"] == "transformers":
+        import torch
+
+        from edgeattn.benchmark.transformers_eager import load_transformers, transformers_answer
+
+        torch.set_num_threads(spec["threads"])
+        baseline = _peak_mb()
+        answer = transformers_answer(load_transformers(spec["folder"], spec["task"]), spec["task"])
+        return answer, baseline
     raise ValueError(f"unknown probe kind {spec['kind']!r}")
 
 

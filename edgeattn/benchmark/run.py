@@ -37,6 +37,10 @@ class BenchOptions:
     cuda_graph: bool = True
     #: TF32 for float32 matrix products on the CUDA provider
     tf32: bool = False
+    #: the Hugging Face folder an imported export came from (default: the one its manifest names)
+    hf_folder: str | Path | None = None
+    #: each variant's peak memory, alone in a fresh process
+    memory: bool = True
 
     def grid(self) -> list[tuple[int, int]]:
         """The shapes to time: ``shapes`` when given, else every batch with every sequence length."""
@@ -95,13 +99,9 @@ def run_benchmark(
         )  # fmt: skip
         variants += onnx_vars
         skipped.update(onnx_skipped)
+        reference = None
         if options.peers and on_cpu:
-            from edgeattn.benchmark.peers import bert_peer_variants
-
-            try:
-                peer_vars, peer_skipped = bert_peer_variants(config, options.threads, Path(scratch))
-            except Exception as exc:  # noqa: BLE001 - a peer that cannot be built must not end the benchmark
-                peer_vars, peer_skipped = [], {"peer HF BERT": f"cannot be built: {exc}"}
+            peer_vars, peer_skipped, reference = _peers(manifest, options, Path(scratch))
             variants += peer_vars
             skipped.update(peer_skipped)
         shapes = []
@@ -115,8 +115,10 @@ def run_benchmark(
         if not variants:
             raise EdgeattnError(f"nothing to time: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
         report = bench_latency(variants, config, shapes, options.threads, options.repeats, options.warmup,
-                               progress=progress, skipped=skipped, floors=on_cpu)  # fmt: skip
+                               progress=progress, skipped=skipped, floors=on_cpu, memory=options.memory)  # fmt: skip
         report.accuracy = manifest.to_json()["gates"]
+        if reference is not None:
+            _agreement(report, variants, reference, manifest)
         generation = None
         if options.generation and "decoder" in manifest.graphs:
             from edgeattn.benchmark.generation import bench_generation
@@ -135,3 +137,49 @@ def run_benchmark(
     if plot_path is not None:
         plot_report(report, plot_path)
     return report, generation
+
+
+def _peers(manifest: Any, options: BenchOptions, scratch: Path) -> tuple[list[Any], dict[str, str], Any]:
+    """The peers to time beside the export, those that cannot be built (with why), and the
+    accuracy reference: for an imported checkpoint, transformers and Optimum on its own folder;
+    otherwise a Hugging Face BERT of the model's size."""
+    if options.hf_folder is not None and manifest.architecture is None:
+        raise EdgeattnError("--hf-folder is for exports of a Hugging Face folder (export --from-hf); this one is not")
+    if manifest.architecture is not None:
+        from edgeattn.benchmark.checkpoint import checkpoint_peers
+
+        folder = options.hf_folder or manifest.source_folder
+        if folder is None or not (Path(folder) / "config.json").is_file():
+            where = "its manifest names none" if folder is None else f"{folder} holds no config.json"
+            return [], {"peers": f"the Hugging Face folder this export came from is not here ({where}); "
+                                 "give it with --hf-folder"}, None  # fmt: skip
+        try:
+            peers = checkpoint_peers(folder, manifest.task, options.threads, scratch)
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot be built must not end the benchmark
+            return [], {"peers": f"cannot be built: {exc}"}, None
+        return peers.variants, peers.skipped, peers.reference
+    from edgeattn.benchmark.peers import bert_peer_variants
+
+    try:
+        peer_vars, peer_skipped = bert_peer_variants(manifest.config, options.threads, scratch)
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot be built must not end the benchmark
+        return [], {"peer HF BERT": f"cannot be built: {exc}"}, None
+    return peer_vars, peer_skipped, None
+
+
+def _agreement(report: LatencyReport, variants: list[Any], reference: Any, manifest: Any) -> None:
+    """Each variant's task output against ``reference`` on one padded batch, into ``report``."""
+    from edgeattn.benchmark.checkpoint import accuracy_inputs, measure_accuracy
+    from edgeattn.benchmark.transformers_eager import task_output
+
+    config = manifest.config
+    seq = min(128, config.max_len)
+    ids, mask = accuracy_inputs(config.vocab_size, config.pad_id, batch=32, seq=seq)
+    output = task_output(manifest.task)
+    report.agreement, errors = measure_accuracy(variants, reference, output, ids, mask)
+    lengths = mask.sum(axis=1)
+    report.agreement_note = (
+        f"{output} against transformers eager float32 on 32 random-id sequences of {lengths.min()}..{lengths.max()} "
+        "tokens padded together; real tokens only"
+    )
+    report.skipped.update({f"accuracy of {name}": why for name, why in errors.items()})
