@@ -16,6 +16,7 @@ _EXPORTS = {
     "Manifest": "manifest",
     "ManifestError": "manifest",
     "read_manifest": "manifest",
+    "UnsafeFileError": "safety",
     "ExportedModel": "model",
     "InputError": "model",
     "check_feeds": "model",
@@ -41,6 +42,7 @@ __all__ = [
     "TensorSpec",
     "TextTokenizer",
     "TokenizerError",
+    "UnsafeFileError",
     "WordTokenizer",
     "check_feeds",
     "graph_spec",
@@ -52,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgeattn.runtime.generate import GenerationConfig, GenerationOutput
     from edgeattn.runtime.manifest import Manifest, ManifestError, read_manifest
     from edgeattn.runtime.model import ExportedModel, InputError, check_feeds, load
+    from edgeattn.runtime.safety import UnsafeFileError
     from edgeattn.runtime.specs import GRAPH_NAMES, GraphSpec, TensorSpec, graph_spec
     from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
 

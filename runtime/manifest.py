@@ -244,12 +244,15 @@ class Manifest:
 
 def read_manifest(export_dir: str | Path) -> Manifest:
     """Load and validate ``export_dir/manifest.json``."""
+    from edgeattn.runtime.safety import member_path
+
     export_dir = Path(export_dir)
     path = export_dir / MANIFEST
     if not export_dir.is_dir():
         raise ManifestError(f"{export_dir} is not a directory (expected an edgeattn export)")
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         raise ManifestError(f"{export_dir} has no {MANIFEST}; is it an edgeattn export directory?")
+    member_path(export_dir, MANIFEST)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -258,10 +261,11 @@ def read_manifest(export_dir: str | Path) -> Manifest:
 
 
 def check_file(export_dir: Path, entry: FileEntry | DataFile) -> Path:
-    """The path of a manifest file entry after checking it exists and its sha256 matches."""
-    path = export_dir / entry.file
-    if not path.is_file():
-        raise ManifestError(f"{path} is listed in the manifest but missing")
+    """The path of a manifest file entry after checking it is a regular file inside ``export_dir``
+    (see :func:`edgeattn.runtime.safety.member_path`) and its sha256 matches."""
+    from edgeattn.runtime.safety import member_path
+
+    path = member_path(export_dir, entry.file)
     digest = sha256_file(path)
     if digest != entry.sha256:
         raise ManifestError(

@@ -21,6 +21,7 @@ from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, genera
 from edgeattn.runtime.layout import TOKENIZER, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
+from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data, external_data_entries
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, encoder_feeds, graph_spec
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
@@ -103,6 +104,10 @@ class ExportedModel:
         for name in manifest.graphs:
             entry = manifest.entry(name, precision)
             path = check_file(export_dir, entry)
+            listed = {d.file for d in entry.external_data}
+            for data in check_external_data(path):
+                if data.name not in listed:
+                    raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             cache = None
             if optimized_cache is not None:
                 Path(optimized_cache).mkdir(parents=True, exist_ok=True)
@@ -130,6 +135,11 @@ class ExportedModel:
         """A model over ``graphs`` (serialised ONNX models, or files) by graph name, with no export
         directory or manifest behind it: what the accuracy gate measures candidate graphs with."""
         self = cls.__new__(cls)
+        for name, graph in graphs.items():
+            if isinstance(graph, bytes):
+                check_entries(external_data_entries(graph), None, f"the {name} graph")
+            else:
+                check_external_data(graph)
         sessions = {
             name: create_session(graph, providers=providers, threads=threads, spinning=spinning)
             for name, graph in graphs.items()
