@@ -20,11 +20,20 @@ import torch
 from edgeattn import __version__
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.gate import GateResult, heldout_sources
+from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph
 from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.layout import CHECKPOINT_CONFIG, TOKENIZER, WEIGHTS, graph_file, partial_prefix, previous_name
+from edgeattn.runtime.layout import (
+    CHECKPOINT_CONFIG,
+    TOKENIZER,
+    WEIGHTS,
+    graph_file,
+    partial_prefix,
+    previous_name,
+    previous_prefix,
+)
 from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manifest, Parity, Pooling
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, parse_precisions
@@ -103,48 +112,50 @@ def export_model(
     model = model.eval()
     parent = out_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir.name), dir=parent))
-    try:
-        method = "torch.onnx TorchScript (dynamic_axes)" if opset <= 20 else "torch.onnx dynamo (dynamic_shapes)"
-        manifest = Manifest(
-            edgeattn_version=__version__,
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            source=source or "random weights",
-            task=task,
-            exporter={"torch": torch.__version__, "onnx": onnx.__version__, "method": method},
-            config=model.config,
-            architecture=architecture,
-            labels=labels,
-            pooling=pooling,
-            source_folder=None if source_folder is None else str(Path(source_folder).resolve()),
-        )
-        if tokenizer is not None:
-            tokenizer.save(tmp / TOKENIZER)
-            manifest.tokenizer = FileEntry.describe(tmp / TOKENIZER)
-        weights = save_weights(model, tmp / WEIGHTS)
-        (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
-        manifest.weights = FileEntry.describe(weights)
-        for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
-            path = tmp / graph_file(name)
-            spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
-            manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset)
-        manifest.write(tmp)
-        report = None
-        if verify:
-            report = verify_graphs(model, ExportedModel(tmp), progress=progress)
-            for name, figures in report.summary().items():
-                manifest.graphs[name].parity = Parity(**figures)
-            if report.greedy is not None:
-                manifest.greedy_parity = GreedyParity(**vars(report.greedy), passed=report.greedy.passed)
+    with writer_lock(out_dir):
+        recover_interrupted(out_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir.name), dir=parent))
+        try:
+            method = "torch.onnx TorchScript (dynamic_axes)" if opset <= 20 else "torch.onnx dynamo (dynamic_shapes)"
+            manifest = Manifest(
+                edgeattn_version=__version__,
+                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                source=source or "random weights",
+                task=task,
+                exporter={"torch": torch.__version__, "onnx": onnx.__version__, "method": method},
+                config=model.config,
+                architecture=architecture,
+                labels=labels,
+                pooling=pooling,
+                source_folder=None if source_folder is None else str(Path(source_folder).resolve()),
+            )
+            if tokenizer is not None:
+                tokenizer.save(tmp / TOKENIZER)
+                manifest.tokenizer = FileEntry.describe(tmp / TOKENIZER)
+            weights = save_weights(model, tmp / WEIGHTS)
+            (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
+            manifest.weights = FileEntry.describe(weights)
+            for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
+                path = tmp / graph_file(name)
+                spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
+                manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset)
             manifest.write(tmp)
-            if not report.passed:
-                raise VerificationError("exported graphs disagree with eager PyTorch:\n" + report.table())
-        gates = build_precisions(tmp, model, manifest, wanted[1:], precision_options, heldout_texts, progress)
-        manifest.write(tmp)
-        _move_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            report = None
+            if verify:
+                report = verify_graphs(model, ExportedModel(tmp), progress=progress)
+                for name, figures in report.summary().items():
+                    manifest.graphs[name].parity = Parity(**figures)
+                if report.greedy is not None:
+                    manifest.greedy_parity = GreedyParity(**vars(report.greedy), passed=report.greedy.passed)
+                manifest.write(tmp)
+                if not report.passed:
+                    raise VerificationError("exported graphs disagree with eager PyTorch:\n" + report.table())
+            gates = build_precisions(tmp, model, manifest, wanted[1:], precision_options, heldout_texts, progress)
+            manifest.write(tmp)
+            _move_into_place(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return ExportResult(out_dir, names, manifest, report, time.perf_counter() - start, gates)
 
 
@@ -193,11 +204,27 @@ def quantize_export(
     progress: bool = False,
 ) -> dict[str, GateResult]:
     """Add reduced precisions to an existing export (atomically: a copy is built, gated, and
-    swapped in), using the weights the export holds as the float32 reference."""
+    swapped in), using the weights the export holds as the float32 reference. A second export or
+    quantize of the same directory while this one runs is refused (see :mod:`.lock`)."""
+    from edgeattn.runtime.manifest import read_manifest
+
+    export_dir = Path(export_dir)
+    read_manifest(export_dir)  # a directory that is no export is said before any lock is taken
+    with writer_lock(export_dir):  # read, build and swap under one lock: a second writer loses nothing
+        recover_interrupted(export_dir)
+        return _quantize_locked(export_dir, precisions, options, heldout_texts, progress)
+
+
+def _quantize_locked(
+    export_dir: Path,
+    precisions: list[str],
+    options: PrecisionOptions | None,
+    heldout_texts: list[list[int]] | None,
+    progress: bool,
+) -> dict[str, GateResult]:
     from edgeattn.runtime.manifest import check_file, read_manifest
     from edgeattn.weights import load_model
 
-    export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
     if manifest.weights is None:
         raise ExportError(f"{export_dir} holds no weights; re-export it to add precisions")
@@ -218,6 +245,25 @@ def quantize_export(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return gates
+
+
+def recover_interrupted(out_dir: Path) -> list[str]:
+    """What a killed writer of ``out_dir`` left beside it, put right (call under the writer lock,
+    so no other writer is at work): an export killed between the two renames of its swap left
+    the previous export under its ``.old-PID`` name and no ``out_dir``, which is renamed back;
+    half-built directories are removed. Returns what was done, in words (also logged)."""
+    parent = out_dir.resolve().parent
+    done: list[str] = []
+    olds = sorted(parent.glob(previous_prefix(out_dir.name) + "*"), key=lambda p: p.stat().st_mtime)
+    if olds and not out_dir.exists() and (olds[-1] / "manifest.json").is_file():
+        os.replace(olds.pop(), out_dir)
+        done.append(f"restored the previous export into {out_dir} (a writer was killed while swapping it)")
+    for leftover in [*olds, *parent.glob(partial_prefix(out_dir.name) + "*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+        done.append(f"removed {leftover.name}, left by a writer that did not finish")
+    for line in done:
+        log.warning("%s", line)
+    return done
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

@@ -43,9 +43,19 @@ def partial_prefix(export_name: str) -> str:
     return f".{export_name}.partial-"
 
 
+def previous_prefix(export_name: str) -> str:
+    """Prefix of the name the previous export waits under while a new one is renamed into place."""
+    return f".{export_name}.old-"
+
+
 def previous_name(export_name: str, pid: int) -> str:
     """Where the previous export waits while a new one is renamed into place."""
-    return f".{export_name}.old-{pid}"
+    return f"{previous_prefix(export_name)}{pid}"
+
+
+def lock_name(export_name: str) -> str:
+    """The file beside an export that its writer (export or quantize) holds locked."""
+    return f".{export_name}.lock"
 
 
 def optimized_cache_file(sha256: str, graph: str) -> str:

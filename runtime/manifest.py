@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError, EdgeattnError
-from edgeattn.runtime.layout import MANIFEST, external_data_file
+from edgeattn.runtime.layout import MANIFEST, external_data_file, previous_prefix
 from edgeattn.runtime.precisions import FP32, Verdict
 from edgeattn.runtime.specs import GraphSpec, TensorSpec
 
@@ -249,6 +249,12 @@ def read_manifest(export_dir: str | Path) -> Manifest:
     export_dir = Path(export_dir)
     path = export_dir / MANIFEST
     if not export_dir.is_dir():
+        waiting = sorted(export_dir.parent.glob(previous_prefix(export_dir.name) + "*"))
+        if not export_dir.exists() and waiting:
+            raise ManifestError(
+                f"{export_dir} is missing: a writer was killed while swapping it; its previous version waits in "
+                f"{waiting[-1]} (the next edgeattn export or quantize of it restores it, or rename it back)"
+            )
         raise ManifestError(f"{export_dir} is not a directory (expected an edgeattn export)")
     if not path.is_file() and not path.is_symlink():
         raise ManifestError(f"{export_dir} has no {MANIFEST}; is it an edgeattn export directory?")
