@@ -33,6 +33,12 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Largest model a config may describe: 8e9 parameters (32 GB of float32 weights).
+MAX_PARAMETERS = 8_000_000_000
+#: Longest sequence a config may allow.
+MAX_LEN = 1 << 20
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Every hyper-parameter of an edgeattn transformer.
@@ -128,6 +134,28 @@ class ModelConfig:
                 raise ConfigError(
                     f"config {name}={getattr(self, name)} is outside the vocabulary (size {self.vocab_size})"
                 )
+
+        if self.max_len > MAX_LEN:
+            raise ConfigError(f"config max_len={self.max_len} is over edgeattn's limit of {MAX_LEN} positions")
+        params = self.parameter_count()
+        if params > MAX_PARAMETERS:
+            raise ConfigError(
+                f"config would need about {params:.2e} parameters ({4 * params / 1e9:.3g} GB of float32 weights, "
+                f"estimated before anything is allocated); edgeattn takes models up to {MAX_PARAMETERS:.0e} "
+                f"parameters ({4 * MAX_PARAMETERS / 1e9:.0f} GB)"
+            )
+
+    def parameter_count(self) -> int:
+        """The model's parameter count from the config alone (weight matrices and tables; biases and
+        norms, a few per cent, left out): what the sizes would allocate."""
+        d, f = self.d_model, self.d_ff
+        ff = (3 if self.activation == "gated-gelu" else 2) * d * f
+        layers = self.n_encoder_layers * (4 * d * d + ff)
+        if self.is_seq2seq:
+            layers += self.n_decoder_layers * (8 * d * d + ff)
+        tables = self.vocab_size * d * (1 if self.tie_embeddings or not self.is_seq2seq else 2)
+        tables += (self.max_len + self.position_offset) * d if self.position == "learned" else 0
+        return layers + tables + self.token_types * d
 
     @property
     def head_dim(self) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -102,3 +104,37 @@ def test_unreadable_checkpoint_is_refused_without_pickle(tmp_path):
         read_config(bad)
     with pytest.raises(CheckpointError, match="does not exist"):
         read_config(tmp_path / "absent.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"d_model": 10**9, "n_heads": 1}, r"about 2\.40e\+19 parameters \(9\.6e\+10 GB of float32 weights"),
+        ({"n_encoder_layers": 10**6}, r"about 4\.92e\+10 parameters"),
+        ({"vocab_size": 10**10}, r"parameters .* edgeattn takes models up to 8e\+09 parameters \(32 GB\)"),
+        ({"max_len": 10**9}, "over edgeattn's limit of 1048576 positions"),
+    ],
+)
+def test_absurd_sizes_are_refused_with_the_estimate_before_anything_is_allocated(tmp_path, changes, message):
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**changes)
+    assert time.perf_counter() - start < 0.1 and tracemalloc.get_traced_memory()[1] < 1 << 20
+    tracemalloc.stop()
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps({**ModelConfig().to_dict(), **changes}))
+    result = subprocess.run([sys.executable, "-m", "edgeattn.cli", "export", "--config", str(path), "-o",
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_parameter_count_matches_the_built_model():
+    for name in ("tiny", "demo", "reference"):
+        config = get_preset(name)
+        built = sum(p.numel() for p in build_model(config).parameters())
+        assert 0.9 * built <= config.parameter_count() <= built, name  # biases and norms left out
