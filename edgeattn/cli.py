@@ -31,7 +31,27 @@ DEFAULT_OUTPUT = "edgeattn-export"
 
 
 class _Group(click.Group):
-    """Turns library errors into one line on stderr and exit 1 (traceback with --verbose)."""
+    """Turns library errors into one line on stderr and exit 1 (traceback with --verbose), and
+    usage errors into one line and exit 2 (click would print the usage block first)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``edgeattn``: the help, as click gives it
+                click.echo(exc.format_message(), err=True)
+                sys.exit(exc.exit_code)
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(f"edgeattn: error: {exc.format_message()}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"edgeattn: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("edgeattn: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -386,6 +406,9 @@ def run(
             texts = [line.strip() for line in input_file.read_text(encoding="utf-8").splitlines() if line.strip()]
         except OSError as exc:
             raise click.FileError(str(input_file), exc.strerror) from exc
+        except UnicodeDecodeError as exc:
+            raise click.FileError(str(input_file), f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                                                   f"offset {exc.start})") from exc  # fmt: skip
         if not texts:
             raise click.UsageError(f"{input_file} holds no input lines")
     else:

@@ -40,9 +40,33 @@ def test_help_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_bad_usage_exits_2():
-    result = edgeattn("export", "--opset", "seventeen")
-    assert result.returncode == 2 and "Usage" in result.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("export", "--opset", "seventeen"), "'seventeen' is not a valid integer"),
+        (("--nope",), "No such option '--nope'"),
+        (("run",), "Missing argument 'EXPORT_DIR'"),
+        (("bench", "--shapes", "1xq"), "--shapes BATCHxSEQ"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(args, message):
+    result = edgeattn(*args)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("edgeattn: error: ") and message in result.stderr and "--help" in result.stderr
+
+
+def test_empty_binary_and_missing_input_files_are_one_line(tmp_path):
+    assert edgeattn("export", "-o", "out", "--preset", "tiny", "--no-verify", cwd=tmp_path).returncode == 0
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(128, 256)) * 4)
+    cases = {"empty.txt": (2, "holds no input lines"), "binary.txt": (1, "not UTF-8 text (byte 0x80 at offset 0)"),
+             "missing.txt": (1, "No such file or directory")}  # fmt: skip
+    for name, (code, message) in cases.items():
+        result = edgeattn("run", "out", "--file", name, cwd=tmp_path)
+        assert result.returncode == code and len(result.stderr.strip().splitlines()) == 1, (name, result.stderr)
+        assert message in result.stderr, (name, result.stderr)
+    bare = edgeattn()
+    assert bare.returncode == 2 and "Usage: edgeattn" in bare.stderr  # the help, as click gives it
 
 
 @pytest.mark.slow
