@@ -35,6 +35,10 @@ class Stepper(Protocol):
 StepperFactory = Callable[[int], Stepper]
 
 
+#: Widest beam search: each beam is a row of the decoder batch.
+MAX_BEAMS = 64
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """How to decode. ``length_penalty`` divides a beam's log-probability by length**penalty."""
@@ -49,12 +53,22 @@ class GenerationConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "num_beams", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise EdgeattnError(f"{name} must be an integer, got {value!r}")
+        for name in ("length_penalty", "temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not np.isfinite(value):
+                raise EdgeattnError(f"{name} must be a finite number, got {value!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer)):
+            raise EdgeattnError(f"seed must be an integer or None, got {self.seed!r}")
         if self.strategy not in ("greedy", "beam", "sample"):
             raise EdgeattnError(f"strategy must be greedy, beam or sample, got {self.strategy!r}")
         if self.max_new_tokens < 1:
             raise EdgeattnError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.num_beams < 1:
-            raise EdgeattnError(f"num_beams must be at least 1, got {self.num_beams}")
+        if not 1 <= self.num_beams <= MAX_BEAMS:
+            raise EdgeattnError(f"num_beams must be in 1..{MAX_BEAMS}, got {self.num_beams}")
         if self.temperature <= 0:
             raise EdgeattnError(f"temperature must be positive, got {self.temperature}")
         if self.top_k < 0:

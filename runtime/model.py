@@ -309,9 +309,12 @@ class ExportedModel:
             raise EdgeattnError(
                 "generation needs the encoder, cross_kv and decoder graphs; export with --graphs decoder"
             )
+        unknown = sorted(set(options) - set(GenerationConfig.__dataclass_fields__))
+        if unknown:
+            raise InputError(f"unknown generation option(s) {', '.join(unknown)}")
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
         if max_new_tokens > self.config.max_len:
             raise InputError(f"max_new_tokens={max_new_tokens} exceeds the model's max_len {self.config.max_len}")
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
         ids, mask = self.check_source(input_ids, attention_mask)
         c = self.config
         return {

@@ -197,3 +197,31 @@ def test_a_provider_onnx_runtime_leaves_out_is_skipped_not_timed_on_the_cpu(tiny
     variants, skipped = onnx_variants(tiny_export, ["fp32"], ["CUDAExecutionProvider"], threads=1)
     assert variants == []
     assert "did not register CUDAExecutionProvider" in skipped["onnx fp32 CUDA"]
+
+
+def test_soak_answers_every_concurrent_call_like_the_serial_one(tiny_export):
+    """A few seconds of the soak benchmark: encode and generate from 4 threads, every answer checked."""
+    from edgeattn.benchmark.soak import soak
+
+    report = soak(tiny_export, threads=4, seconds=3)
+    assert report.errors == 0 and report.mismatches == 0, report.first_errors
+    assert report.requests > 20 and set(report.kinds) == {"encode", "generate"}
+    assert report.p99_ms >= report.p50_ms > 0 and report.rss_end_mb > 0
+    assert "errors 0, answers unlike the serial ones 0" in report.table()
+
+
+def test_soak_counts_a_wrong_answer(tiny_export, monkeypatch):
+    """The check can fail: a model whose answers drift is reported, not passed."""
+    from edgeattn.benchmark import soak as soak_module
+
+    calls = {"n": 0}
+    real = soak_module._answer
+
+    def drifting(model, request):
+        calls["n"] += 1
+        got = real(model, request)
+        return got + 1 if calls["n"] % 5 == 0 else got
+
+    monkeypatch.setattr(soak_module, "_answer", drifting)
+    report = soak_module.soak(tiny_export, threads=2, seconds=1)
+    assert report.mismatches > 0 and "answer unlike the serial one" in report.first_errors[0]
