@@ -115,6 +115,7 @@ def test_graph_and_manifest_links_are_refused(export, tmp_path):
         (lambda e: e.update(location="extra.data"), "which the manifest does not list"),
         (lambda e: e.update(location="link.data"), "link.data is a symbolic link"),
         (lambda e: e.update(location="null"), "null is a symbolic link"),
+        (lambda e: e.update(location="hard.data"), "hard.data has 2 hard links"),
         (lambda e: e.update(offset=str(10**9)), "past the end of the file"),
         (lambda e: e.update(length="-5"), "past the end of the file"),
         (lambda e: e.update(offset="x"), "non-integer offset"),
@@ -126,6 +127,7 @@ def test_hostile_external_data_is_refused_before_onnx_runtime_opens_it(export, t
     shutil.copy(data, export / "extra.data")
     (export / "link.data").symlink_to(tmp_path / "stolen.data")
     (export / "null").symlink_to("/dev/null")
+    os.link(tmp_path / "stolen.data", export / "hard.data")  # the same file as one outside the export
     edit_external(export / "encoder.onnx", edit)
     rehash(export)
     opened = []
@@ -203,3 +205,22 @@ def test_data_file_entries_outside_the_export_are_refused(export, tmp_path):
     manifest.write(export)
     with pytest.raises(UnsafeFileError, match="'../copy.data' is not a plain file name"):
         load(export)
+
+
+def test_files_that_are_not_what_they_claim_are_named(tmp_path, export):
+    from edgeattn.runtime import TokenizerError
+    from edgeattn.runtime.tokenizer import load_tokenizer
+
+    for text, message in {'{"not": "a tokenizer"}': "neither an edgeattn word tokenizer nor a Hugging Face",
+                          "garbage": "cannot read tokenizer", "": "cannot read tokenizer"}.items():  # fmt: skip
+        (tmp_path / "tokenizer.json").write_text(text)
+        with pytest.raises(TokenizerError, match=message):
+            load_tokenizer(tmp_path / "tokenizer.json")
+    (export / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ManifestError, match="must hold a JSON object"):
+        load(export)
+    (export / "encoder.onnx").write_bytes(b"")
+    from edgeattn.runtime.safety import check_external_data
+
+    with pytest.raises(ManifestError, match="is empty, not an ONNX graph"):
+        check_external_data(export / "encoder.onnx")
