@@ -116,6 +116,7 @@ def test_graph_and_manifest_links_are_refused(export, tmp_path):
         (lambda e: e.update(location="link.data"), "link.data is a symbolic link"),
         (lambda e: e.update(location="null"), "null is a symbolic link"),
         (lambda e: e.update(location="hard.data"), "hard.data has 2 hard links"),
+        (lambda e: e.update(location="fifo"), "fifo is not a regular file"),
         (lambda e: e.update(offset=str(10**9)), "past the end of the file"),
         (lambda e: e.update(length="-5"), "past the end of the file"),
         (lambda e: e.update(offset="x"), "non-integer offset"),
@@ -128,6 +129,7 @@ def test_hostile_external_data_is_refused_before_onnx_runtime_opens_it(export, t
     (export / "link.data").symlink_to(tmp_path / "stolen.data")
     (export / "null").symlink_to("/dev/null")
     os.link(tmp_path / "stolen.data", export / "hard.data")  # the same file as one outside the export
+    os.mkfifo(export / "fifo")  # a special file: reading it would block
     edit_external(export / "encoder.onnx", edit)
     rehash(export)
     opened = []
