@@ -35,10 +35,6 @@ class Stepper(Protocol):
 StepperFactory = Callable[[int], Stepper]
 
 
-#: Widest beam search: each beam is a row of the decoder batch.
-MAX_BEAMS = 64
-
-
 @dataclass(frozen=True)
 class GenerationConfig:
     """How to decode. ``length_penalty`` divides a beam's log-probability by length**penalty."""
@@ -67,8 +63,8 @@ class GenerationConfig:
             raise EdgeattnError(f"strategy must be greedy, beam or sample, got {self.strategy!r}")
         if self.max_new_tokens < 1:
             raise EdgeattnError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not 1 <= self.num_beams <= MAX_BEAMS:
-            raise EdgeattnError(f"num_beams must be in 1..{MAX_BEAMS}, got {self.num_beams}")
+        if self.num_beams < 1:
+            raise EdgeattnError(f"num_beams must be at least 1, got {self.num_beams}")
         if self.temperature <= 0:
             raise EdgeattnError(f"temperature must be positive, got {self.temperature}")
         if self.top_k < 0:

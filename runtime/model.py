@@ -29,6 +29,10 @@ from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError,
 log = logging.getLogger(__name__)
 
 
+#: Widest beam search an export runs: each beam is a row of the decoder's batch.
+MAX_BEAMS = 64
+
+
 class InputError(EdgeattnError, ValueError):
     """A model input of the wrong type, dtype, rank, size or value."""
 
@@ -315,6 +319,8 @@ class ExportedModel:
         cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
         if max_new_tokens > self.config.max_len:
             raise InputError(f"max_new_tokens={max_new_tokens} exceeds the model's max_len {self.config.max_len}")
+        if cfg.strategy == "beam" and cfg.num_beams > MAX_BEAMS:
+            raise InputError(f"num_beams={cfg.num_beams} is over {MAX_BEAMS}: each beam is a decoder batch row")
         ids, mask = self.check_source(input_ids, attention_mask)
         c = self.config
         return {
