@@ -98,6 +98,7 @@ def create_session(
     tf32: bool = False,
     cuda_graph: bool = False,
     require: bool = False,
+    fixed_dims: dict[str, int] | None = None,
 ) -> ort.InferenceSession:
     """An inference session for one ONNX file, or for a serialised graph held in memory (``bytes``).
 
@@ -107,7 +108,10 @@ def create_session(
     ``cuda_graph`` turns on the CUDA provider's graph capture: the session must then always be
     run through IO binding with the same device buffers (one input shape per session). With
     ``require``, a session that ONNX Runtime built without a requested provider (its CPU fallback
-    when CUDA libraries are missing) is an error instead of a warning.
+    when CUDA libraries are missing) is an error instead of a warning. ``fixed_dims`` pins named
+    dynamic axes (``{"batch": 8, "src_len": 128}``), so that ONNX Runtime folds the shape
+    arithmetic away: a graph capture needs every node on the CUDA provider, and the provider
+    leaves shape computations on the CPU.
     """
     picked = pick_providers(providers)
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
@@ -117,6 +121,8 @@ def create_session(
     source: str | bytes = path if isinstance(path, bytes) else str(path)
     name = "a graph in memory" if isinstance(path, bytes) else str(path)
     opts = session_options(threads, spinning)
+    for axis, size in (fixed_dims or {}).items():
+        opts.add_free_dimension_override_by_name(axis, size)
     if optimized_cache is not None:
         cache = Path(optimized_cache)
         if cache.is_file():

@@ -80,9 +80,10 @@ class CudaGraphRunner:
         import onnxruntime as ort
 
         from edgeattn.runtime.session import CUDA, create_session
+        from edgeattn.runtime.specs import BATCH, SRC_LEN
 
         session = create_session(self.path, providers=[CUDA], threads=self.threads, tf32=self.tf32, cuda_graph=True,
-                                 require=True)  # fmt: skip
+                                 require=True, fixed_dims={BATCH: ids.shape[0], SRC_LEN: ids.shape[1]})  # fmt: skip
         feeds = encoder_feeds([i.name for i in session.get_inputs()], ids, mask)
         inputs = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", 0) for n, a in feeds.items()}
         output = ort.OrtValue.ortvalue_from_shape_and_type((*ids.shape, self.d_model), np.float32, "cuda", 0)
