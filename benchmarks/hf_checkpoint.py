@@ -54,11 +54,9 @@ def main() -> None:
         folder = args.folder or bert_base_folder(Path(scratch) / "bert-base")
         source = resolve_model(from_hf=folder, task=args.task)
         export_dir = Path(scratch) / "export"
-        result = export_model(
-            source.model, export_dir, precisions=precisions, precision_options=PrecisionOptions(allow_degraded=True),
-            tokenizer=source.tokenizer, task=source.task, architecture=source.architecture, labels=source.labels,
-            pooling=source.pooling, source=source.description, source_folder=folder, progress=True,
-        )  # fmt: skip
+        degraded = PrecisionOptions(allow_degraded=True)
+        result = export_model(source.model, export_dir, precisions=precisions, precision_options=degraded,
+                              progress=True, **source.export_fields())  # fmt: skip
         log.info("exported in %.1f s", result.seconds)
         options = BenchOptions(shapes=shapes, precisions=("fp32", *precisions), repeats=args.repeats,
                                threads=args.threads)  # fmt: skip

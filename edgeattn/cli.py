@@ -261,16 +261,9 @@ def export(
         verify=not no_verify,
         force=replace,
         progress=sys.stderr.isatty(),
-        source=source.description,
-        tokenizer=source.tokenizer,
         precisions=_split(precisions),
         precision_options=options,
-        heldout_texts=source.heldout,
-        task=source.task,
-        architecture=source.architecture,
-        labels=source.labels,
-        pooling=source.pooling,
-        source_folder=source.folder,
+        **source.export_fields(),
     )
     if result.report is not None:
         click.echo(result.report.table())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
@@ -32,6 +33,14 @@ class ModelSource:
     pooling: Pooling | None = None
     #: the Hugging Face folder an imported checkpoint came from
     folder: Path | None = None
+
+    def export_fields(self) -> dict[str, Any]:
+        """What ``export_model`` records of this source besides the model: its description,
+        tokenizer, task and held-out inputs, and for an imported checkpoint its architecture,
+        labels, pooling and folder."""
+        return {"source": self.description, "tokenizer": self.tokenizer, "heldout_texts": self.heldout,
+                "task": self.task, "architecture": self.architecture, "labels": self.labels,
+                "pooling": self.pooling, "source_folder": self.folder}  # fmt: skip
 
     @property
     def heldout(self) -> list[list[int]] | None:

@@ -162,23 +162,24 @@ def check_external_data(path: str | Path) -> list[Path]:
 def check_entries(entries: list[tuple[str, dict[str, str]]], directory: Path | None, where: str) -> list[Path]:
     """The files ``entries`` name inside ``directory`` (None: a graph held in memory, which may not
     have external data), each checked; UnsafeFileError names ``where``, the tensor and the entry."""
-    files: dict[str, Path] = {}
+    files: dict[str, tuple[Path, int]] = {}  # location -> (checked path, size)
     for tensor, pairs in entries:
         location = pairs.get("location", "")
         said = f"{where}: tensor {tensor!r} keeps its data in {location!r}"
         if directory is None:
             raise UnsafeFileError(f"{said}, but a graph held in memory has no directory to keep it in")
-        try:
-            data = files.get(location) or member_path(directory, location, "external-data file")
-        except ManifestError as exc:
-            raise UnsafeFileError(f"{said}: {exc}") from exc
-        files[location] = data
+        if location not in files:
+            try:
+                data = member_path(directory, location, "external-data file")
+            except ManifestError as exc:
+                raise UnsafeFileError(f"{said}: {exc}") from exc
+            files[location] = (data, data.stat().st_size)
+        size = files[location][1]
         try:
             offset, length = int(pairs.get("offset", "0")), int(pairs.get("length", "-1"))
         except ValueError as exc:
             raise UnsafeFileError(f"{said} at a non-integer offset or length") from exc
-        size = data.stat().st_size
         end = size if length < 0 else offset + length
         if offset < 0 or end > size or (length < 0 and "length" in pairs):
             raise UnsafeFileError(f"{said} at bytes {offset}..{end}, past the end of the file ({size} bytes)")
-    return list(files.values())
+    return [path for path, _ in files.values()]

@@ -58,20 +58,18 @@ def checkpoint_peers(folder: str | Path, task: str | None, threads: int, scratch
     answer = transformers_answer(model, task)
     peers.reference = answer
     peers.variants.append(
-        Variant("peer transformers eager fp32", lambda i, m: answer(i, m), note="the accuracy reference",
+        Variant("peer transformers eager fp32", answer, note="the accuracy reference",
                 probe=transformers_probe(str(folder), task, threads), answer=answer)
     )  # fmt: skip
     if not optimum:
         return peers
     try:
-        files = optimum_files(folder, task, scratch / "optimum")
+        files, failed = optimum_files(folder, task, scratch / "optimum")
     except ImportError:
         peers.skipped["peer Optimum"] = "optimum-onnx is not installed (pip install 'edgeattn[peers]')"
         return peers
+    peers.skipped.update(failed)
     for name, (path, note) in files.items():
-        if isinstance(path, str):  # why it could not be made
-            peers.skipped[name] = path
-            continue
         start = time.perf_counter()
         session = create_session(path, providers=[CPU], threads=threads, spinning="run")
         run = onnx_answer(session)
@@ -82,14 +80,16 @@ def checkpoint_peers(folder: str | Path, task: str | None, threads: int, scratch
     return peers
 
 
-def optimum_files(folder: Path, task: str | None, out: Path) -> dict[str, tuple[Path | str, str]]:
-    """Optimum's files for ``folder``: variant name -> (ONNX file, note), or (why not, "")."""
+def optimum_files(folder: Path, task: str | None, out: Path) -> tuple[dict[str, tuple[Path, str]], dict[str, str]]:
+    """Optimum's files for ``folder``: variant name -> (ONNX file, note), and the variants it could
+    not make -> why."""
     from optimum.exporters.onnx import main_export
     from optimum.onnxruntime import ORTOptimizer, ORTQuantizer
     from optimum.onnxruntime.configuration import AutoQuantizationConfig, OptimizationConfig
 
     raw, o2, int8 = out / "fp32", out / "o2", out / "int8"
-    files: dict[str, tuple[Path | str, str]] = {}
+    files: dict[str, tuple[Path, str]] = {}
+    failed: dict[str, str] = {}
     start = time.perf_counter()
     with warnings.catch_warnings(), quiet_quantization():
         warnings.simplefilter("ignore")
@@ -103,7 +103,7 @@ def optimum_files(folder: Path, task: str | None, out: Path) -> dict[str, tuple[
             )
             files["peer Optimum fp32 O2"] = (o2 / "model_optimized.onnx", "ORTOptimizer optimization_level=2")
         except Exception as exc:  # noqa: BLE001 - reported beside the table
-            files["peer Optimum fp32 O2"] = (f"ORTOptimizer failed: {exc}", "")
+            failed["peer Optimum fp32 O2"] = f"ORTOptimizer failed: {exc}"
         vnni = has_vnni()
         config = (AutoQuantizationConfig.avx512_vnni if vnni else AutoQuantizationConfig.avx2)(is_static=False)
         try:
@@ -111,8 +111,8 @@ def optimum_files(folder: Path, task: str | None, out: Path) -> dict[str, tuple[
             note = f"ORTQuantizer dynamic, AutoQuantizationConfig.{'avx512_vnni' if vnni else 'avx2'}"
             files["peer Optimum int8"] = (int8 / "model_quantized.onnx", note)
         except Exception as exc:  # noqa: BLE001 - reported beside the table
-            files["peer Optimum int8"] = (f"ORTQuantizer failed: {exc}", "")
-    return files
+            failed["peer Optimum int8"] = f"ORTQuantizer failed: {exc}"
+    return files, failed
 
 
 @dataclass

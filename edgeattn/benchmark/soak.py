@@ -129,9 +129,8 @@ def soak(export_dir: str | Path, threads: int = 8, seconds: float = 60.0, warmup
     pool = requests_for(model, seed)
     latencies: list[list[float]] = [[] for _ in range(threads)]
     counts: list[dict[str, int]] = [{} for _ in range(threads)]
-    problems: list[list[str]] = [[] for _ in range(threads)]
-    lock = threading.Lock()
-    tallies = {"errors": 0, "mismatches": 0}
+    faults: list[dict[str, int]] = [{"errors": 0, "mismatches": 0} for _ in range(threads)]
+    problems: list[list[str]] = [[] for _ in range(threads)]  # each thread's first few, in words
     start = time.perf_counter()
     deadline = start + seconds
 
@@ -143,16 +142,16 @@ def soak(export_dir: str | Path, threads: int = 8, seconds: float = 60.0, warmup
             try:
                 got = _answer(model, request)
             except Exception as exc:  # noqa: BLE001 - counted and reported, the soak goes on
-                with lock:
-                    tallies["errors"] += 1
-                problems[i].append(f"{request.kind} {request.ids.shape}: {type(exc).__name__}: {exc}")
+                faults[i]["errors"] += 1
+                if len(problems[i]) < 3:
+                    problems[i].append(f"{request.kind} {request.ids.shape}: {type(exc).__name__}: {exc}")
                 continue
             latencies[i].append(time.perf_counter() - t0)
             counts[i][request.kind] = counts[i].get(request.kind, 0) + 1
             if not _same(got, request.answer):
-                with lock:
-                    tallies["mismatches"] += 1
-                problems[i].append(f"{request.kind} {request.ids.shape}: answer unlike the serial one")
+                faults[i]["mismatches"] += 1
+                if len(problems[i]) < 3:
+                    problems[i].append(f"{request.kind} {request.ids.shape}: answer unlike the serial one")
 
     workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
@@ -171,7 +170,8 @@ def soak(export_dir: str | Path, threads: int = 8, seconds: float = 60.0, warmup
     for per in counts:
         for kind, n in per.items():
             report.kinds[kind] = report.kinds.get(kind, 0) + n
-    report.errors, report.mismatches = tallies["errors"], tallies["mismatches"]
+    report.errors = sum(f["errors"] for f in faults)
+    report.mismatches = sum(f["mismatches"] for f in faults)
     report.first_errors = [p for per in problems for p in per][:3]
     if any(w.is_alive() for w in workers):
         report.errors += 1
