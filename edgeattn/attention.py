@@ -27,9 +27,9 @@ class AttentionCall:
     """Everything one attention call has computed before its core, for a replacement kernel."""
 
     x: Tensor  # the block's input (B, T, d_model)
-    q_in: Tensor  # projected queries (B, T, d_model)
+    q_in: Tensor  # projected queries (B, T, H * D)
     q: Tensor  # per-head queries (B, H, T, D)
-    kv_in: tuple[Tensor, Tensor] | None  # this call's projected keys/values (B, S_new, d_model), if any
+    kv_in: tuple[Tensor, Tensor] | None  # this call's projected keys/values (B, S_new, H * D), if any
     k: Tensor  # every key the queries see (B, H, S, D): static, or past + new
     v: Tensor
     static_kv: KeyValue | None  # precomputed cross-attention keys/values
@@ -140,19 +140,20 @@ class MultiHeadAttention(nn.Module):
         d = config.d_model
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
+        inner = self.n_heads * self.head_dim  # d_model, unless the config sets d_kv
         self.cross = cross
         self.causal = causal
         self.scale = 1.0 / math.sqrt(self.head_dim) if config.attention_scaled else 1.0
         self.topk = config.attention_topk
-        self.q_proj = nn.Linear(d, d, bias=config.bias)
-        self.k_proj = nn.Linear(d, d, bias=config.bias)
-        self.v_proj = nn.Linear(d, d, bias=config.bias)
-        self.out_proj = nn.Linear(d, d, bias=config.bias)
+        self.q_proj = nn.Linear(d, inner, bias=config.bias)
+        self.k_proj = nn.Linear(d, inner, bias=config.bias)
+        self.v_proj = nn.Linear(d, inner, bias=config.bias)
+        self.out_proj = nn.Linear(inner, d, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.relative: RelativePosition | None = None if cross else build_relative(config, bidirectional=not causal)
         #: An optional replacement for the attention core (after the projections), for example a
         #: fused kernel an exporter substitutes: ``kernel(module, AttentionCall)`` returns the
-        #: attended values (B, T, d_model) before ``out_proj`` and the present keys/values.
+        #: attended values (B, T, H * D) before ``out_proj`` and the present keys/values.
         self.kernel: AttentionKernel | None = None
 
     def _split(self, x: Tensor) -> Tensor:
@@ -179,9 +180,9 @@ class MultiHeadAttention(nn.Module):
         here. Returns the output (B, T, d_model), the weights if asked, and the keys/values used
         (for self-attention, the present cache including ``past``).
         """
-        q_in = self.q_proj(x)  # (B, T, d_model)
+        q_in = self.q_proj(x)  # (B, T, H * D)
         q = self._split(q_in)  # (B, H, T, D)
-        kv_in: tuple[Tensor, Tensor] | None = None  # this call's projected keys/values (B, S_new, d_model)
+        kv_in: tuple[Tensor, Tensor] | None = None  # this call's projected keys/values (B, S_new, H * D)
         if static_kv is not None:
             k, v = static_kv
         else:
@@ -215,7 +216,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights,
         )
         b = out.shape[0]
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, d_model)
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H * D)
         return self.out_proj(out), weights, (k, v)
 
 

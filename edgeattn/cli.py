@@ -182,11 +182,12 @@ def _precision_options(
     "from_hf",
     type=click.Path(path_type=Path),
     default=None,
-    help="A local Hugging Face folder (BERT, RoBERTa, DistilBERT: bare, sequence or token classification).",
+    help="A local Hugging Face folder (BERT, RoBERTa, DistilBERT: bare, sequence or token classification; "
+    "T5, Flan-T5, mT5 for generation).",
 )
 @click.option(
     "--task",
-    type=click.Choice(["encode", "embed", "classify", "tag"]),
+    type=click.Choice(["encode", "embed", "classify", "tag", "generate"]),
     default=None,
     help="With --from-hf: what the model is for (default: what its config.json says).",
 )
@@ -356,7 +357,7 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
-@click.option("--truncate", is_flag=True, help="Encoders: cut texts longer than the model takes (else an error).")
+@click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
 @click.option(
     "--aggregation",
     type=click.Choice(["simple", "first"]),
@@ -387,8 +388,6 @@ def run(
 
     An encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
     """
-    import numpy as np
-
     from edgeattn.runtime import load
     from edgeattn.runtime.session import CPU
 
@@ -418,18 +417,11 @@ def run(
     if stream:
         if len(texts) != 1:
             raise click.UsageError("--stream takes one input")
-        tok = model.tokenizer
-        if tok is None:
-            raise click.UsageError(f"{export_dir} has no tokenizer")
-        ids = np.array([tok.encode(texts[0])], dtype=np.int64)
-        steps = max_new_tokens or min(model.config.max_len, 2 * ids.shape[1] + 8)
-        for tokens in model.stream(ids, max_new_tokens=steps, **options):
-            if int(tokens[0]) == model.config.eos_id:
-                break
-            click.echo(tok.decode(tokens[:1]) + " ", nl=False)
+        for piece in model.stream_text(texts[0], max_new_tokens=max_new_tokens, truncate=truncate, **options):
+            click.echo(piece, nl=False)
         click.echo()
         return
-    for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, **options):
+    for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, truncate=truncate, **options):
         click.echo(answer)
 
 

@@ -16,7 +16,7 @@ from edgeattn.errors import ConfigError
 
 Architecture = Literal["encoder-decoder", "encoder"]
 PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"]
 NormKind = Literal["layernorm", "rmsnorm"]
 HeadKind = Literal["none", "sequence", "token"]
 Pooling = Literal["mean", "first"]
@@ -25,7 +25,7 @@ Pooler = Literal["none", "tanh", "relu"]
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ("encoder-decoder", "encoder"),
     "position": ("sinusoidal", "learned", "relative", "t5", "none"),
-    "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu"),
+    "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"),
     "norm": ("layernorm", "rmsnorm"),
     "head": ("none", "sequence", "token"),
     "pooling": ("mean", "first"),
@@ -48,6 +48,9 @@ class ModelConfig:
     ``sinusoidal`` and ``learned`` add absolute position vectors to the embeddings, ``relative``
     adds clipped relative-position representations to the attention scores (Shaw et al. 2018),
     ``t5`` adds a bucketed relative bias per head.
+
+    ``gated-*`` activations multiply the activated projection by a second, linear one (T5 v1.1);
+    ``gelu_tanh`` is GELU's tanh approximation.
     """
 
     architecture: Architecture = "encoder-decoder"
@@ -69,10 +72,19 @@ class ModelConfig:
     relative_max_distance: int = 128
     attention_topk: float | None = None
     attention_scaled: bool = True
+    #: width of one attention head; 0: d_model // n_heads (T5 checkpoints may have
+    #: n_heads * d_kv != d_model, flan-t5-small: 6 heads of 64 over d_model 512)
+    d_kv: int = 0
+    #: one T5 relative-bias table per stack, computed in the first layer and used by every layer
+    #: (T5's layout); False: a table per layer
+    relative_shared: bool = False
     bias: bool = True
     scale_embedding: bool = True
     embedding_norm: bool = False
     tie_embeddings: bool = True
+    #: multiply the decoder output by d_model ** -0.5 before the language-model head (T5 with a
+    #: tied output layer)
+    scale_decoder_output: bool = False
     head: HeadKind = "none"
     num_labels: int = 2
     pooling: Pooling = "mean"
@@ -100,7 +112,9 @@ class ModelConfig:
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"config {name} must be a non-negative integer, got {getattr(self, name)!r}")
-        if self.d_model % self.n_heads:
+        if not isinstance(self.d_kv, int) or self.d_kv < 0:
+            raise ConfigError(f"config d_kv must be 0 (d_model // n_heads) or a positive integer, got {self.d_kv!r}")
+        if not self.d_kv and self.d_model % self.n_heads:
             raise ConfigError(f"config d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
@@ -127,6 +141,10 @@ class ModelConfig:
             raise ConfigError("config token_types and position_offset must be non-negative")
         if (self.token_types or self.position_offset or self.pooler != "none") and self.architecture != "encoder":
             raise ConfigError("token_types, position_offset and pooler are for architecture='encoder' only")
+        if self.relative_shared and self.position != "t5":
+            raise ConfigError("relative_shared is for T5 relative positions (position='t5')")
+        if self.scale_decoder_output and self.architecture != "encoder-decoder":
+            raise ConfigError("scale_decoder_output is for architecture='encoder-decoder' only")
         if self.position_offset and self.position != "learned":
             raise ConfigError("position_offset needs learned positions (position='learned')")
         for name in ("pad_id", "bos_id", "eos_id"):
@@ -148,11 +166,11 @@ class ModelConfig:
     def parameter_count(self) -> int:
         """The model's parameter count from the config alone (weight matrices and tables; biases and
         norms, a few per cent, left out): what the sizes would allocate."""
-        d, f = self.d_model, self.d_ff
-        ff = (3 if self.activation == "gated-gelu" else 2) * d * f
-        layers = self.n_encoder_layers * (4 * d * d + ff)
+        d, f, inner = self.d_model, self.d_ff, self.n_heads * self.head_dim
+        ff = (3 if self.gated else 2) * d * f
+        layers = self.n_encoder_layers * (4 * d * inner + ff)
         if self.is_seq2seq:
-            layers += self.n_decoder_layers * (8 * d * d + ff)
+            layers += self.n_decoder_layers * (8 * d * inner + ff)
         tables = self.vocab_size * d * (1 if self.tie_embeddings or not self.is_seq2seq else 2)
         tables += (self.max_len + self.position_offset) * d if self.position == "learned" else 0
         return layers + tables + self.token_types * d
@@ -160,7 +178,12 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         """Width of one attention head."""
-        return self.d_model // self.n_heads
+        return self.d_kv or self.d_model // self.n_heads
+
+    @property
+    def gated(self) -> bool:
+        """True for a gated feed-forward (two input projections)."""
+        return self.activation.startswith("gated-")
 
     @property
     def is_seq2seq(self) -> bool:
@@ -282,7 +305,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 #: Fields written only when set (see :meth:`ModelConfig.to_dict`).
-_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset")
+_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "relative_shared", "scale_decoder_output")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 

@@ -1,4 +1,6 @@
-"""Fine-tuned encoders from local Hugging Face folders, as ``save_pretrained`` writes them.
+"""Fine-tuned models from local Hugging Face folders, as ``save_pretrained`` writes them.
+
+Encoders here; T5-family encoder-decoders through :mod:`edgeattn.hf_t5`.
 
 BERT, RoBERTa (and the checkpoints that share its layout: XLM-RoBERTa, CamemBERT) and DistilBERT,
 bare or with a sequence- or token-classification head, become an edgeattn :class:`EncoderModel`:
@@ -24,9 +26,10 @@ from typing import Any
 
 import torch
 
+from edgeattn import hf_t5
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.model import EncoderModel, build_model
+from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
 from edgeattn.runtime.manifest import Pooling
 from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
@@ -38,10 +41,12 @@ FAMILIES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "cam
             "distilbert": "distilbert"}  # fmt: skip
 #: architecture suffix -> task
 HEADS = {"Model": "encode", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
-TASKS = ("encode", "embed", "classify", "tag")
+#: what an encoder-decoder is for: text in, text out
+GENERATE = "generate"
+TASKS = ("encode", "embed", "classify", "tag", GENERATE)
 _PREFIX = {"Bert": "bert", "Roberta": "roberta", "XLMRoberta": "roberta", "Camembert": "roberta",
            "DistilBert": "distilbert"}  # fmt: skip
-KNOWN_ARCHITECTURES = tuple(f"{name}{suffix}" for name in _PREFIX for suffix in HEADS)
+KNOWN_ARCHITECTURES = (*(f"{name}{suffix}" for name in _PREFIX for suffix in HEADS), *hf_t5.ARCHITECTURES.values())
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
@@ -49,7 +54,7 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "g
 class HFModel:
     """An imported checkpoint: the model, what it was, and what its outputs mean."""
 
-    model: EncoderModel
+    model: EncoderModel | Seq2SeqTransformer
     architecture: str
     task: str
     labels: list[str] | None
@@ -79,6 +84,8 @@ def _architecture(hf: dict[str, Any], path: Path) -> tuple[str, str, str]:
     if not isinstance(names, list) or len(names) != 1 or not isinstance(names[0], str):
         raise ConfigError(f"{path} names no single architecture ({names!r}); edgeattn imports {known}")
     name = names[0]
+    if hf_t5.ARCHITECTURES.get(str(model_type)) == name:
+        return name, str(model_type), GENERATE
     base = next((b for b in sorted(_PREFIX, key=len, reverse=True) if name.startswith(b)), None)
     if family is None or base is None or name[len(base) :] not in HEADS or _PREFIX[base] != family:
         raise ConfigError(f"architecture {name} (model_type {model_type!r}) is not one edgeattn imports: {known}")
@@ -261,9 +268,32 @@ def sentence_pooling(folder: Path) -> Pooling | None:
     return pooling
 
 
+def _tokenizer(folder: Path) -> TextTokenizer | None:
+    tokenizer = TextTokenizer.load(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
+    if tokenizer is None:
+        log.warning("%s has no tokenizer.json: the export will take token ids, not text", folder)
+    return tokenizer
+
+
+def _import_t5(folder: Path, hf: dict[str, Any], architecture: str) -> HFModel:
+    """A T5-family checkpoint as a :class:`Seq2SeqTransformer` (see :mod:`edgeattn.hf_t5`)."""
+    tensors = read_tensors(folder)
+    tied = bool(hf.get("tie_word_embeddings", True))
+    if not tied and "lm_head.weight" not in tensors:
+        raise CheckpointError(f"{folder}: config.json unties the output layer but the weights have no lm_head.weight")
+    config = hf_t5.map_config(hf, tied, folder / "config.json")
+    model = build_model(config)
+    assert isinstance(model, Seq2SeqTransformer)
+    source = f"{folder}"
+    load_state(model, hf_t5.map_tensors(tensors, config, source), source, model.tied_aliases())
+    log.info("imported %s from %s for generation", architecture, folder)
+    return HFModel(model.eval(), architecture, GENERATE, None, None, folder, _tokenizer(folder))
+
+
 def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     """The model in a local Hugging Face folder, its weights loaded and checked; ``task``
-    (encode, embed, classify, tag) overrides what ``config.json`` implies."""
+    (encode, embed, classify, tag for encoders; generate for T5s) overrides what ``config.json``
+    implies."""
     folder = Path(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -276,8 +306,10 @@ def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     task = task or implied
     if task not in TASKS:
         raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
-    if task in ("classify", "tag") and implied != task:
+    if (task in ("classify", "tag") or GENERATE in (task, implied)) and implied != task:
         raise ConfigError(f"{architecture} has no {task} head; its task is {implied}")
+    if task == GENERATE:
+        return _import_t5(folder, hf, architecture)
     labels = _labels(hf, config_file) if task in ("classify", "tag") else None
     tensors = read_tensors(folder)
     if task in ("encode", "embed") and implied in ("classify", "tag"):  # --task asks for the encoder alone
@@ -292,7 +324,4 @@ def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     load_state(model, map_tensors(tensors, family, config, source), source)
     log.info("imported %s (%s) from %s for %s", architecture, family, folder, task)
     pooling = (pooling or Pooling()) if task == "embed" else None
-    tokenizer = TextTokenizer.load(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
-    if tokenizer is None:
-        log.warning("%s has no tokenizer.json: the export will take token ids, not text", folder)
-    return HFModel(model.eval(), architecture, task, labels, pooling, folder, tokenizer)
+    return HFModel(model.eval(), architecture, task, labels, pooling, folder, _tokenizer(folder))

@@ -30,6 +30,7 @@ def make_norm(config: ModelConfig) -> nn.Module:
 
 
 def _activate(x: Tensor, activation: str) -> Tensor:
+    activation = activation.removeprefix("gated-")
     if activation == "relu":
         return F.relu(x)
     if activation == "gelu_tanh":
@@ -40,16 +41,15 @@ def _activate(x: Tensor, activation: str) -> Tensor:
 class FeedForward(nn.Module):
     """Position-wise feed-forward: linear2(dropout(act(linear1(x)))).
 
-    ``gated-gelu`` multiplies gelu(linear1(x)) by a second projection ``gate(x)`` (T5 v1.1).
+    ``gated-gelu`` (``gated-gelu_tanh``) multiplies gelu(linear1(x)) by a second projection
+    ``gate(x)`` (T5 v1.1 and Flan-T5 use the tanh form).
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.activation = config.activation
         self.linear1 = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.gate = (
-            nn.Linear(config.d_model, config.d_ff, bias=config.bias) if config.activation == "gated-gelu" else None
-        )
+        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.bias) if config.gated else None
         self.linear2 = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 

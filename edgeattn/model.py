@@ -39,12 +39,29 @@ class _Stack(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
 
+def share_relative(layers: nn.ModuleList, attention: str) -> None:
+    """Every layer's ``attention`` block uses the first layer's relative-position module (T5)."""
+    first = getattr(layers[0], attention).relative
+    for layer in layers[1:]:
+        getattr(layer, attention).relative = first
+
+
+def relative_aliases(config: ModelConfig, prefix: str, layers: int, attention: str = "self_attn") -> dict[str, str]:
+    """State-dict keys of relative tables shared with the first layer's: {alias: source}."""
+    if not config.relative_shared:
+        return {}
+    source = f"{prefix}.layers.0.{attention}.relative.embedding.weight"
+    return {f"{prefix}.layers.{i}.{attention}.relative.embedding.weight": source for i in range(1, layers)}
+
+
 class Encoder(_Stack):
     """A stack of encoder layers over token embeddings."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        if config.relative_shared:
+            share_relative(self.layers, "self_attn")
 
     def forward(
         self, x: Tensor, attention_mask: Tensor | None = None, need_weights: bool = False,
@@ -68,6 +85,8 @@ class Decoder(_Stack):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        if config.relative_shared:
+            share_relative(self.layers, "self_attn")
 
     def cross_kv(self, memory: Tensor) -> list[KeyValue]:
         """Each layer's cross-attention keys and values (B, H, S, D) for a source (B, S, d)."""
@@ -121,7 +140,7 @@ class _Embedded(nn.Module):
 
     def tied_aliases(self) -> dict[str, str]:
         """State-dict keys that are the same tensor as another key: {alias: source}."""
-        return {}
+        return relative_aliases(self.config, "encoder", self.config.n_encoder_layers)
 
 
 class Seq2SeqTransformer(_Embedded):
@@ -136,7 +155,10 @@ class Seq2SeqTransformer(_Embedded):
             self.lm_head.weight = self.embed.weight
 
     def tied_aliases(self) -> dict[str, str]:
-        return {"lm_head.weight": "embed.weight"} if self.config.tie_embeddings else {}
+        aliases = {**super().tied_aliases(), **relative_aliases(self.config, "decoder", self.config.n_decoder_layers)}
+        if self.config.tie_embeddings:
+            aliases["lm_head.weight"] = "embed.weight"
+        return aliases
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """(B, S) source ids -> encoder hidden states (B, S, d_model)."""
@@ -158,7 +180,9 @@ class Seq2SeqTransformer(_Embedded):
         """(B, T) target ids after ``past`` -> logits (B, T, vocab) and the present caches."""
         h, presents = self.decoder(
             self.embed_tokens(tgt_ids), memory=memory, cross_kv=cross_kv, memory_mask=memory_mask, past=past
-        )
+        )  # (B, T, d_model)
+        if self.config.scale_decoder_output:
+            h = h * self.config.d_model**-0.5
         return self.lm_head(h), presents
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:

@@ -199,11 +199,14 @@ def optimize_fused(path: Path, model: Seq2SeqTransformer | EncoderModel, form: F
     c = model.config
     options = FusionOptions("bert")
     options.enable_attention = False  # attention is already fused, by construction
+    # RMS norms would become SimplifiedLayerNormalization, an ONNX Runtime operator in the ONNX
+    # domain that onnx.checker (and any other runtime) does not know: they stay as plain operators
+    options.enable_layer_norm = c.norm != "rmsnorm"
     options.enable_skip_layer_norm = form.skip_layer_norm
     options.enable_bias_skip_layer_norm = form.skip_layer_norm
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     optimized = optimize_model(
-        str(path), model_type="bert", num_heads=c.n_heads, hidden_size=c.d_model, optimization_options=options,
-        opt_level=0, only_onnxruntime=False,
+        str(path), model_type="bert", num_heads=c.n_heads, hidden_size=c.n_heads * c.head_dim,
+        optimization_options=options, opt_level=0, only_onnxruntime=False,
     )  # fmt: skip
     return optimized.model

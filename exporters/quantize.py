@@ -179,6 +179,7 @@ def quantize_int4(
     )  # fmt: skip
     with quiet_quantization():
         quantizer.process()
+    reduce_axes_as_inputs(quantizer.model.model)
     quantizer.model.save_model_to_file(str(dst))
     return {
         "block_size": block_size,
@@ -186,6 +187,35 @@ def quantize_int4(
         "operators": ["MatMulNBits", "GatherBlockQuantized"],
         "accuracy_level": accuracy_level,
     }
+
+
+#: Reduce operators whose ``axes`` moved from an attribute to an input in opset 18.
+_REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
+
+
+def reduce_axes_as_inputs(model: onnx.ModelProto) -> int:
+    """Rewrite Reduce nodes that still carry ``axes`` as an attribute when the model's opset is 18 or
+    later (the int4 quantiser raises the opset for GatherBlockQuantized and leaves the RMS norms'
+    ReduceMean behind, which ONNX Runtime then refuses). Returns the number of nodes changed."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 18:
+        return 0
+    changed = 0
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _REDUCE_OPS:
+            continue
+        axes = next((a for a in node.attribute if a.name == "axes"), None)
+        if axes is None:
+            continue
+        name = f"{node.name or node.output[0]}_axes"
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(list(axes.ints), np.int64), name))
+        node.attribute.remove(axes)
+        while len(node.input) < 2:
+            node.input.append("")
+        node.input[1] = name
+        changed += 1
+    return changed
 
 
 def quantizable_nodes(src: Path) -> list[str]:

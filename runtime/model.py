@@ -375,21 +375,64 @@ class ExportedModel:
         return out.tokens
 
     # ------------------------------------------------------------------- text
-    def generate_text(self, texts: list[str], max_new_tokens: int | None = None, **options: Any) -> list[str]:
-        """Tokenize ``texts``, generate, and decode the answers (needs the export's tokenizer)."""
+    def generate_text(
+        self, texts: Any, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
+    ) -> list[str]:
+        """Tokenize ``texts`` (one string or a list), generate, and decode the answers (needs the
+        export's tokenizer). ``max_new_tokens`` defaults to twice the longest input plus 8; a text
+        longer than the model takes is an error unless ``truncate``."""
+        ids, mask = self._text_source(texts, truncate)
+        steps = max_new_tokens or min(self.config.max_len, 2 * ids.shape[1] + 8)
+        out = self.generate(ids, mask, steps, **options)
+        assert self.tokenizer is not None
+        return [self.tokenizer.decode(_until_eos(row, self.config.eos_id)) for row in out.tokens]
+
+    def stream_text(
+        self, text_in: str, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
+    ) -> Iterator[str]:
+        """Greedy or sampled generation for one text that yields the answer's text as it grows:
+        each piece is what the tokens so far add to the decoded answer (a sub-word piece may add
+        nothing until its word is complete), so the pieces join to :meth:`generate_text`'s answer."""
+        ids, mask = self._text_source([text_in], truncate)
+        steps = max_new_tokens or min(self.config.max_len, 2 * ids.shape[1] + 8)
+        assert self.tokenizer is not None
+        tokens: list[int] = []
+        shown = ""
+        for step in self.stream(ids, mask, steps, **options):
+            token = int(step[0])
+            if token == self.config.eos_id:
+                break
+            tokens.append(token)
+            decoded = self.tokenizer.decode(tokens)
+            if decoded.startswith(shown) and len(decoded) > len(shown):
+                yield decoded[len(shown) :]
+                shown = decoded
+
+    def _text_source(self, texts: Any, truncate: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask) of texts through the export's tokenizer, right-padded."""
         if self.tokenizer is None:
             where = self.export_dir or "this model"
             raise EdgeattnError(f"{where} has no {TOKENIZER}; pass token ids to generate() instead")
-        encoded = [self.tokenizer.encode(t) for t in texts]
+        if isinstance(self.tokenizer, TextTokenizer):
+            batch = self.text_batch(texts, truncate)
+            return batch.ids, batch.mask
+        try:
+            encoded = [self.tokenizer.encode(t) for t in batch_texts(texts)]
+        except TokenizerError as exc:
+            raise InputError(str(exc)) from exc
         width = max(len(e) for e in encoded)
         ids = np.full((len(encoded), width), self.config.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
         for i, e in enumerate(encoded):
             ids[i, : len(e)] = e
             mask[i, : len(e)] = 1
-        steps = max_new_tokens or min(self.config.max_len, 2 * width + 8)
-        out = self.generate(ids, mask, steps, **options)
-        return [self.tokenizer.decode(row) for row in out.tokens]
+        return ids, mask
+
+
+def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
+    """A generated row up to (not including) its first EOS."""
+    ends = np.flatnonzero(row == eos_id)
+    return row[: ends[0]] if ends.size else row
 
 
 def batch_texts(value: Any) -> list[str]:

@@ -36,9 +36,9 @@ class Floor:
 
 def projection_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     """(in, out) of every weight matrix in one encoder layer."""
-    d, f = config.d_model, config.d_ff
-    ff_in = [(d, f), (d, f)] if config.activation == "gated-gelu" else [(d, f)]
-    return [(d, 3 * d), (d, d), *ff_in, (f, d)]
+    d, f, inner = config.d_model, config.d_ff, config.n_heads * config.head_dim
+    ff_in = [(d, f), (d, f)] if config.gated else [(d, f)]
+    return [(d, 3 * inner), (inner, d), *ff_in, (f, d)]
 
 
 def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | None = None) -> bytes:

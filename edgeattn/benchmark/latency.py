@@ -140,9 +140,9 @@ class LatencyReport:
 
 def encoder_flops(config: ModelConfig, batch: int, seq: int) -> float:
     """Multiply-add FLOPs (×2) of one encoder forward: projections, feed-forward, attention."""
-    d, f = config.d_model, config.d_ff
-    ff_mats = 3 if config.activation == "gated-gelu" else 2
-    per_layer = 4 * seq * d * d * 2 + ff_mats * seq * d * f * 2 + 2 * seq * seq * d * 2
+    d, f, inner = config.d_model, config.d_ff, config.n_heads * config.head_dim
+    ff_mats = 3 if config.gated else 2
+    per_layer = 4 * seq * d * inner * 2 + ff_mats * seq * d * f * 2 + 2 * seq * seq * inner * 2
     return float(batch * config.n_encoder_layers * per_layer)
 
 
