@@ -17,6 +17,7 @@ Each converter takes a fused float32 graph of its precision's source form (see
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,23 +135,78 @@ def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, 
             "calibration_data": job.calibration_source}  # fmt: skip
 
 
+#: Largest float16 value.
+FP16_MAX = 65504.0
+#: Nodes whose float32 output reaches FP16_MAX / FP16_HEADROOM on the calibration inputs stay float32:
+#: inputs the calibration did not see may be several times larger.
+FP16_HEADROOM = 8.0
+
+
+def activation_peaks(src: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """The largest absolute value each float tensor of graph ``src`` takes over ``feeds`` (every node
+    output made a graph output, run on ONNX Runtime's CPU provider)."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(src))
+    listed = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for name in node.output:
+            if name and name not in listed:
+                model.graph.output.append(onnx.ValueInfoProto(name=name))
+                listed.add(name)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "peaks.onnx"
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="peaks.onnx.data", size_threshold=1 << 20)  # fmt: skip
+        del model
+        session = ort.InferenceSession(str(path), options, providers=[CPU])
+        names = [o.name for o in session.get_outputs() if o.type == "tensor(float)"]
+        peaks = dict.fromkeys(names, 0.0)
+        for feed in feeds:
+            for name, value in zip(names, session.run(names, feed), strict=True):
+                if value.size:
+                    peaks[name] = max(peaks[name], float(np.nanmax(np.abs(value))))
+    return peaks
+
+
+def fp16_overflow_nodes(src: Path, feeds: list[dict[str, np.ndarray]], headroom: float = FP16_HEADROOM) -> list[str]:
+    """Names of the nodes of ``src`` with a float output that comes within ``headroom`` of float16's
+    largest value on ``feeds`` (T5's feed-forward outputs and the residual sums and squares after
+    them): the nodes to keep in float32."""
+    peaks = activation_peaks(src, feeds)
+    model = onnx.load(str(src), load_external_data=False)
+    limit = FP16_MAX / headroom
+    return [n.name for n in model.graph.node if any(peaks.get(o, 0.0) >= limit for o in n.output)]
+
+
 def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     """Float16 weights and compute, norms and attention included; float32 inputs and outputs.
 
-    Only operators with no float16 kernel stay float32 (onnxruntime's default block list). ONNX
-    Runtime's float16 (Skip)LayerNormalization and attention kernels keep their statistics and
-    softmax in float32 inside; float32 norms would cost two Casts each (48 more kernels in a
-    BERT-base encoder, a launch each on the GPU) for little: that encoder against float32 gave
-    cosine 0.9999992 at worst and 0.010 max abs (0.9999999 and 0.0015 with float32 norms)."""
+    Operators with no float16 kernel stay float32 (onnxruntime's default block list), and so does
+    every node whose float32 output on the calibration inputs comes within a factor 8 of float16's
+    range (65504): without that, a T5's feed-forward output and the residual stream after it turn
+    into inf and NaN. ONNX Runtime's float16 (Skip)LayerNormalization and attention kernels keep
+    their statistics and softmax in float32 inside; float32 norms would cost two Casts each (48
+    more kernels in a BERT-base encoder, a launch each on the GPU) for little: that encoder against
+    float32 gave cosine 0.9999992 at worst and 0.010 max abs (0.9999999 and 0.0015 with float32
+    norms)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    calibration = job.calibration() if job.calibration is not None else []
+    overflow = fp16_overflow_nodes(src, calibration) if calibration else []
+    if overflow:
+        log.info("fp16: %d node(s) come near float16's range and stay float32: %s", len(overflow), overflow[:8])
     model = OnnxModel(onnx.load(str(src)))
     kept = sorted({n.op_type for n in model.model.graph.node} & set(DEFAULT_OP_BLOCK_LIST))
-    model.convert_float_to_float16(keep_io_types=True)
+    model.convert_float_to_float16(keep_io_types=True, node_block_list=overflow or None)
     model.topological_sort()
     onnx.save(model.model, str(dst))
-    return {"kept_float32": kept, "io": "float32"}
+    return {"kept_float32": kept, "io": "float32", "kept_float32_nodes": overflow,
+            "overflow_limit": FP16_MAX / FP16_HEADROOM, "range_data": job.calibration_source}  # fmt: skip
 
 
 def quantize_int4(

@@ -119,3 +119,26 @@ def test_torch_free_process_runs_on_cuda(exported):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_t5_fp16_stays_finite_on_cuda_where_a_plain_conversion_overflows(tmp_path):
+    """A T5 whose feed-forward passes float16's range: a plain float16 conversion gives inf / NaN on
+    the GPU, edgeattn's fp16 (those nodes kept float32) stays finite and close to float32."""
+    pytest.importorskip("transformers")
+    import onnx
+    import onnxruntime as ort
+    import test_hf_t5 as t5
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    ids, mask = t5._batch()
+    _, result, manifest = t5._export_variant(tmp_path, t5._overflowing_t5(), ["fp32-opt", "fp16"])
+    naive = convert_float_to_float16(onnx.load(tmp_path / "out" / manifest.entry("encoder", "fp32-opt").file),
+                                     keep_io_types=True)  # fmt: skip
+    plain = ort.InferenceSession(naive.SerializeToString(), providers=["CUDAExecutionProvider"])
+    assert not np.isfinite(plain.run(None, {"input_ids": ids, "attention_mask": mask})[0]).all()
+    fp16 = load(tmp_path / "out", precision="fp16", providers=["CUDAExecutionProvider"])
+    fp32 = load(tmp_path / "out", providers=["CPUExecutionProvider"])
+    got, want = fp16.encode(ids, mask), fp32.encode(ids, mask)
+    assert np.isfinite(got).all() and result.gates["fp16"].passed
+    cos = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cos[mask.astype(bool)].min() > 0.999

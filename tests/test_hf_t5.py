@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.exporters.package import export_model
 from edgeattn.hf import import_folder
-from edgeattn.runtime import load
+from edgeattn.runtime import load, read_manifest
 from edgeattn.sources import resolve_model
 
 transformers = pytest.importorskip("transformers")
@@ -48,9 +48,10 @@ def _tokenizer() -> transformers.PreTrainedTokenizerFast:
     return fast
 
 
-def t5_checkpoint(layout: str, layers: int = 2, decoder_layers: int | None = None, seed: int = 0):
+def t5_checkpoint(layout: str, layers: int = 2, decoder_layers: int | None = None, seed: int = 0, std: float = 0.4):
     """A small random T5 of one layout, its weights moved off their initialisation so that greedy
-    and beam search produce varied tokens and end at EOS."""
+    and beam search produce varied tokens and end at EOS (``std``: of the weights; the larger, the
+    more a small change of the logits changes the tokens)."""
     torch.manual_seed(seed)
     config = transformers.T5Config(
         vocab_size=96, d_model=32, d_kv=8, num_heads=3, d_ff=48, num_layers=layers, num_decoder_layers=decoder_layers,
@@ -62,7 +63,7 @@ def t5_checkpoint(layout: str, layers: int = 2, decoder_layers: int | None = Non
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "layer_norm" not in name:
-                p.normal_(0.0, 0.4 if "relative" not in name else 1.0)
+                p.normal_(0.0, std if "relative" not in name else 1.0)
         model.shared.weight[1] += 1.5 if layout == "t5" else 0.8  # EOS within reach
         if layout != "t5":
             model.lm_head.weight[1] += 0.6
@@ -244,3 +245,105 @@ def test_a_tied_output_layer_saved_apart_must_equal_the_embedding(tmp_path):
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match="lm_head.weight .the output layer. differs from shared.weight"):
         import_folder(folder)
+
+
+# ----------------------------------------------------------------------------- precisions
+def _export_variant(tmp_path: Path, model, precisions: list[str], **options):
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    source = resolve_model(from_hf=folder)
+    result = export_model(source.model, tmp_path / "out", precisions=precisions, **options, **source.export_fields())
+    return source.model, result, read_manifest(tmp_path / "out")
+
+
+def _overflowing_t5():
+    """A T5 v1.1 whose first encoder feed-forward writes values past float16's 65504 (as T5's do)."""
+    model = t5_checkpoint("v1.1", std=0.1)
+    with torch.no_grad():
+        model.encoder.block[0].layer[1].DenseReluDense.wo.weight *= 3e5
+    return model
+
+
+def _weight_types(path: Path, node_part: str) -> set[int]:
+    """Element types of the initializers feeding the nodes whose name contains ``node_part``."""
+    import onnx
+
+    graph = onnx.load(path).graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    return {types[i] for n in graph.node if node_part in n.name for i in n.input if i in types}
+
+
+def test_fp16_keeps_what_passes_float16s_range_in_float32(tmp_path):
+    """The feed-forward output (and the residual sums and squares after it) measured past float16's
+    range stay float32; a plain float16 conversion makes them float16 (inf / NaN on the GPU, see
+    test_cuda); edgeattn's fp16 stays finite and passes its gate."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from edgeattn.exporters.quantize import activation_peaks
+
+    ids, mask = _batch()
+    _, result, manifest = _export_variant(tmp_path, _overflowing_t5(), ["fp32-opt", "fp16"])
+    source = tmp_path / "out" / manifest.entry("encoder", "fp32-opt").file
+    peaks = activation_peaks(source, [{"input_ids": ids, "attention_mask": mask}])
+    wo = "/encoder/layers.0/ff/linear2/MatMul"
+    assert max(v for k, v in peaks.items() if k.startswith(wo)) > 65504  # the model does pass float16's range
+
+    naive = tmp_path / "naive.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(source), keep_io_types=True), naive)
+    assert _weight_types(naive, wo) == {onnx.TensorProto.FLOAT16}
+    ours = tmp_path / "out" / manifest.entry("encoder", "fp16").file
+    assert _weight_types(ours, wo) == {onnx.TensorProto.FLOAT}
+    assert _weight_types(ours, "/encoder/layers.1/ff/linear2/MatMul") == {onnx.TensorProto.FLOAT16}  # the rest fp16
+
+    assert result.gates["fp16"].passed
+    kept = manifest.entry("encoder", "fp16").quantization["kept_float32_nodes"]
+    assert wo in kept and manifest.entry("decoder", "fp16").quantization["kept_float32_nodes"] == []
+    fp16 = load(tmp_path / "out", precision="fp16", providers=["CPUExecutionProvider"])
+    fp32 = load(tmp_path / "out", providers=["CPUExecutionProvider"])
+    assert np.isfinite(fp16.encode(ids, mask)).all()
+    assert np.array_equal(fp16.greedy(ids, mask, 10), fp32.greedy(ids, mask, 10))
+
+
+def _with_outlier(model, factor: float):
+    """One feed-forward hidden channel of the second encoder layer ``factor`` times larger (its linear,
+    gating projection scaled), the output projection's column divided back: the same function in
+    float32, and the kind of outlier that makes a T5 v1.1 collapse when the input of its
+    feed-forward output projection is quantised per tensor."""
+    with torch.no_grad():
+        ff = model.encoder.block[1].layer[1].DenseReluDense
+        ff.wi_1.weight[5] *= factor
+        ff.wo.weight[:, 5] /= factor
+    return model
+
+
+def test_int8_gate_catches_the_t5_feed_forward_outlier_and_keeps_it_float32(tmp_path):
+    """The encoder graph alone (a random model's greedy tokens are too close to ties for the int8
+    generation metric to say anything): without the outlier int8 passes as it is; with it, the gate
+    catches the collapse and the sensitive-node search keeps that projection in float32."""
+    from edgeattn.exporters.precisions import PrecisionOptions
+
+    ids, mask = _batch()
+    plain = t5_checkpoint("v1.1", std=0.1)
+    _, result, manifest = _export_variant(tmp_path / "plain", plain, ["int8"], graphs=["encoder"])
+    excluded = manifest.entry("encoder", "int8").quantization["excluded_nodes"]
+    assert result.gates["int8"].passed and not [n for n in excluded if "MatMul" in n]  # every projection int8
+
+    outlier = _with_outlier(t5_checkpoint("v1.1", std=0.1), 1000.0)
+    with torch.no_grad():  # the same function in float32
+        same = plain.encoder(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+        moved = outlier.encoder(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+    assert (same - moved).abs().max() < 1e-4
+    options = PrecisionOptions(allow_degraded=True)
+    _, result, manifest = _export_variant(tmp_path / "outlier", outlier, ["int8"], graphs=["encoder"],
+                                          precision_options=options)  # fmt: skip
+    assert result.gates["int8"].passed
+    excluded = [n for n in manifest.entry("encoder", "int8").quantization["excluded_nodes"] if "MatMul" in n]
+    assert excluded[0] == "/encoder/layers.1/ff/linear2/MatMul", excluded  # the most damaging node, kept first
+
+    quantized_anyway = load(tmp_path / "outlier" / "out", precision="int8", providers=["CPUExecutionProvider"])
+    fp32 = load(tmp_path / "outlier" / "out", providers=["CPUExecutionProvider"])
+    a, b = quantized_anyway.encode(ids, mask), fp32.encode(ids, mask)
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cos[mask.astype(bool)].min() > 0.98
