@@ -14,6 +14,7 @@ from edgeattn.exporters.operators import FUSED_OPS
 from edgeattn.runtime.layout import MANIFEST
 from edgeattn.runtime.manifest import read_manifest
 from edgeattn.runtime.precisions import Verdict
+from edgeattn.runtime.safety import graph_bytes
 
 _DTYPES = {v: k.lower() for k, v in onnx.TensorProto.DataType.items()} | {
     onnx.TensorProto.FLOAT: "float32",
@@ -42,7 +43,8 @@ def _external_files(model: onnx.ModelProto) -> set[str]:
 
 def inspect_file(path: str | Path) -> dict[str, Any]:
     """Opset, IR version, inputs/outputs with symbolic axes, operator histogram (fused ones named),
-    parameter count, bytes on disk (external data included) and metadata of one ONNX file."""
+    parameter count, bytes it reads (the external-data regions it names included) and metadata of
+    one ONNX file."""
     path = Path(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -56,7 +58,7 @@ def inspect_file(path: str | Path) -> dict[str, Any]:
             n *= d
         params += n
     external = _external_files(model)
-    size = path.stat().st_size + sum((path.parent / f).stat().st_size for f in external if (path.parent / f).exists())
+    size = graph_bytes(path)
     meta = {p.key: p.value for p in model.metadata_props}
     return {
         "file": str(path),

@@ -19,9 +19,10 @@ import torch
 
 from edgeattn import __version__
 from edgeattn.errors import ExportError, VerificationError
+from edgeattn.exporters.compact import CheckpointIndex, share_weights
 from edgeattn.exporters.gate import GateResult, heldout_sources
 from edgeattn.exporters.lock import writer_lock
-from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph
+from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
 from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
@@ -29,6 +30,7 @@ from edgeattn.runtime.layout import (
     CHECKPOINT_CONFIG,
     TOKENIZER,
     WEIGHTS,
+    external_data_file,
     graph_file,
     partial_prefix,
     previous_name,
@@ -89,13 +91,16 @@ def export_model(
     labels: list[str] | None = None,
     pooling: Pooling | None = None,
     source_folder: str | Path | None = None,
+    compact: bool = True,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
     ``precisions`` adds optimised and reduced-precision files (see ``edgeattn.runtime.precisions``)
     beside the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``,
     token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``,
-    ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest.
+    ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest. ``compact``
+    (the default) keeps the graphs' float32 weights in the export's checkpoint, each stored once
+    (see :mod:`edgeattn.exporters.compact`); without it each graph holds its own.
 
     Raises :class:`ExportError` for unusable arguments, a failed export or a failed accuracy gate
     and :class:`VerificationError` when ONNX Runtime disagrees with eager PyTorch; in every case
@@ -135,10 +140,13 @@ def export_model(
             weights = save_weights(model, tmp / WEIGHTS)
             (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
             manifest.weights = FileEntry.describe(weights)
+            index = CheckpointIndex(weights)
             for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
                 path = tmp / graph_file(name)
                 spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
-                manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset)
+                shared = compact and share_file_weights(path, index, external_threshold)
+                manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset, [manifest.weights.as_data()] if shared
+                                                           else None)  # fmt: skip
             manifest.write(tmp)
             report = None
             if verify:
@@ -157,6 +165,17 @@ def export_model(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return ExportResult(out_dir, names, manifest, report, time.perf_counter() - start, gates)
+
+
+def share_file_weights(path: Path, index: CheckpointIndex, external_threshold: int = PROTOBUF_LIMIT) -> bool:
+    """Rewrite the graph at ``path`` to keep its weights in the checkpoint ``index`` describes
+    (see :mod:`edgeattn.exporters.compact`), checked again; True when it keeps any there."""
+    proto = onnx.load(str(path))
+    if not share_weights(proto, index):
+        return False
+    path.with_name(external_data_file(path.name)).unlink(missing_ok=True)
+    save_checked(proto, path, external_threshold)
+    return True
 
 
 def build_precisions(

@@ -25,6 +25,7 @@ import onnx
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.calibration import calibration_feeds, describe_calibration
+from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_weights
 from edgeattn.exporters.fusion import can_fuse, expected_attention_blocks, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GateResult, HeldOut, Reference, evaluate
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
@@ -33,8 +34,8 @@ from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_n
 from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.layout import external_data_file, graph_file
-from edgeattn.runtime.manifest import GraphEntry, Parity, Variant
+from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file
+from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision
 from edgeattn.runtime.specs import graph_spec
@@ -58,6 +59,8 @@ class PrecisionOptions:
     #: where ``heldout_data`` came from, recorded in the manifest
     heldout_source: str = ""
     allow_degraded: bool = False
+    #: run the sensitive-node search when a precision that has one misses its limits
+    sensitive_search: bool = True
     new_tokens: int = 16
     external_threshold: int = PROTOBUF_LIMIT
 
@@ -125,7 +128,7 @@ class PrecisionBuilder:
         self.reference = Reference(self.model, heldout, options.new_tokens)
         self.fusable, self.not_fused_because = can_fuse(self.model)
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
-        self._sources: dict[tuple[str, FusedForm], Path] = {}
+        self._sources: dict[tuple[str, FusedForm | None], Path] = {}
         self._made = 0
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
         #: the latest sensitive-node search of each graph
@@ -143,9 +146,15 @@ class PrecisionBuilder:
     # ---------------------------------------------------------------- sources
     def source(self, graph: str, precision: Precision) -> Path:
         """The float32 graph ``precision`` is made from: the fused graph of its form when this model
-        fuses (built once per form, in scratch), else the exported fp32 graph."""
+        fuses (built once per form, in scratch), else the exported fp32 graph with its weights
+        taken out of the checkpoint as plain initializers (the quantisers need them so)."""
         if not self.fusable or precision.form is None:
-            return self.fp32_dir / self.entries[graph].file
+            if (graph, None) not in self._sources:
+                dst = self._scratch / f"{graph}.fp32-folded.onnx"
+                proto = fold_transposes(onnx.load(str(self.fp32_dir / self.entries[graph].file)))
+                save_checked(proto, dst, self.options.external_threshold)
+                self._sources[(graph, None)] = dst
+            return self._sources[(graph, None)]
         key = (graph, precision.form)
         if key not in self._sources:
             self._sources[key] = self._fused(graph, precision.form)
@@ -234,7 +243,7 @@ class PrecisionBuilder:
             if not parity.passed:
                 raise VerificationError(f"{name} graphs disagree with eager PyTorch:\n" + parity.table())
         result = self.gate(name, candidates, runtime) if precision.gated else None
-        if result is not None and not result.passed and precision.sensitive_search:
+        if result is not None and not result.passed and precision.sensitive_search and self.options.sensitive_search:
             candidates, result = self.exclude_sensitive(precision, candidates, result.failing_graphs(self.graphs))
         build = PrecisionBuild(name, candidates, result, parity)
         if build.degraded and not self.options.allow_degraded:
@@ -269,14 +278,23 @@ class PrecisionBuilder:
     def commit(self, build: PrecisionBuild, export_dir: Path) -> dict[str, Variant]:
         """Write ``build``'s graphs into ``export_dir`` (checked) and return their manifest entries."""
         entries = {}
+        weights = export_dir / WEIGHTS
+        compact = any(WEIGHTS in {d.file for d in e.external_data} for e in self.entries.values())
+        index = CheckpointIndex(weights) if compact and weights.is_file() else None
+        weights_data = None
         for graph, c in build.candidates.items():
             path = export_dir / graph_file(graph, build.precision)
             for old in (path, path.with_name(external_data_file(path.name))):
                 old.unlink(missing_ok=True)
-            save_checked(c.stamped(self.model.config), path, self.options.external_threshold)
+            proto = c.stamped(self.model.config)
+            shared = index is not None and share_weights(proto, index) > 0
+            save_checked(proto, path, self.options.external_threshold)
             parity = None
             if build.parity is not None and graph in build.parity.summary():
                 parity = Parity(**build.parity.summary()[graph])
-            entries[graph] = Variant.describe(path, precision=build.precision, degraded=build.degraded, parity=parity,
-                                              **c.fields)  # fmt: skip
+            if shared and weights_data is None:
+                weights_data = DataFile(file=WEIGHTS, sha256=sha256_file(weights), bytes=weights.stat().st_size)
+            data = [weights_data] if shared and weights_data is not None else None
+            entries[graph] = Variant.describe(path, data, precision=build.precision, degraded=build.degraded,
+                                              parity=parity, **c.fields)  # fmt: skip
         return entries

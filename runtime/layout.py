@@ -61,3 +61,8 @@ def lock_name(export_name: str) -> str:
 def optimized_cache_file(sha256: str, graph: str) -> str:
     """ONNX Runtime's optimised copy of a graph in a ``load(optimized_cache=...)`` directory."""
     return f"{sha256[:24]}.{graph}.opt{ONNX_SUFFIX}"
+
+
+#: Suffix of the checkpoint initializer a ``Transpose`` node reads when a graph needs a checkpoint
+#: matrix transposed (see ``edgeattn.exporters.compact``).
+TRANSPOSED_SUFFIX = "::checkpoint"

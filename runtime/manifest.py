@@ -74,11 +74,17 @@ class FileEntry:
         return self.bytes + sum(d.bytes for d in self.external_data)
 
     @classmethod
-    def describe(cls, path: Path, **fields: Any) -> Any:
-        """The entry of ``path`` as it is on disk now (its external-data file too, when there is one)."""
+    def describe(cls, path: Path, shared: list[DataFile] | None = None, **fields: Any) -> Any:
+        """The entry of ``path`` as it is on disk now (its external-data file too, when there is one,
+        and ``shared``: files of the export it keeps other weights in)."""
         data = path.with_name(external_data_file(path.name))
         extra = [DataFile(file=data.name, sha256=sha256_file(data), bytes=data.stat().st_size)] if data.exists() else []
+        extra += shared or []
         return cls(file=path.name, sha256=sha256_file(path), bytes=path.stat().st_size, external_data=extra, **fields)
+
+    def as_data(self) -> DataFile:
+        """This file as the external data of a graph."""
+        return DataFile(file=self.file, sha256=self.sha256, bytes=self.bytes)
 
 
 @dataclass(kw_only=True)
@@ -142,9 +148,9 @@ class GraphEntry(FileEntry):
     OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"external_data", "precisions"})
 
     @classmethod
-    def of_spec(cls, path: Path, spec: GraphSpec, opset: int) -> GraphEntry:
-        """The entry of a freshly exported fp32 graph."""
-        return cls.describe(path, role=spec.name, opset=opset, description=spec.description,
+    def of_spec(cls, path: Path, spec: GraphSpec, opset: int, shared: list[DataFile] | None = None) -> GraphEntry:
+        """The entry of a freshly exported fp32 graph (``shared``: see :meth:`FileEntry.describe`)."""
+        return cls.describe(path, shared, role=spec.name, opset=opset, description=spec.description,
                             inputs=list(spec.inputs), outputs=list(spec.outputs))  # fmt: skip
 
     def at(self, precision: str) -> FileEntry:
@@ -266,20 +272,25 @@ def read_manifest(export_dir: str | Path) -> Manifest:
     return Manifest.from_json(data, str(path))
 
 
-def check_file(export_dir: Path, entry: FileEntry | DataFile) -> Path:
+def check_file(export_dir: Path, entry: FileEntry | DataFile, checked: set[tuple[str, str]] | None = None) -> Path:
     """The path of a manifest file entry after checking it is a regular file inside ``export_dir``
-    (see :func:`edgeattn.runtime.safety.member_path`) and its sha256 matches."""
+    (see :func:`edgeattn.runtime.safety.member_path`) and its sha256 matches. ``checked`` holds the
+    (file, sha256) pairs already hashed in this load (a checkpoint several graphs keep weights in
+    is hashed once); files hashed here are added to it."""
     from edgeattn.runtime.safety import member_path
 
     path = member_path(export_dir, entry.file)
-    digest = sha256_file(path)
-    if digest != entry.sha256:
-        raise ManifestError(
-            f"{path} does not match its manifest sha256 (file changed or corrupted since export): "
-            f"{digest[:16]}… != {entry.sha256[:16]}…"
-        )
+    if checked is None or (entry.file, entry.sha256) not in checked:
+        digest = sha256_file(path)
+        if digest != entry.sha256:
+            raise ManifestError(
+                f"{path} does not match its manifest sha256 (file changed or corrupted since export): "
+                f"{digest[:16]}… != {entry.sha256[:16]}…"
+            )
+        if checked is not None:
+            checked.add((entry.file, entry.sha256))
     for extra in getattr(entry, "external_data", []):
-        check_file(export_dir, extra)
+        check_file(export_dir, extra, checked)
     return path
 
 

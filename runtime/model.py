@@ -8,7 +8,8 @@ several threads: every call keeps its own decoding state.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,17 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_tokens
-from edgeattn.runtime.layout import TOKENIZER, optimized_cache_file
+from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
-from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data, external_data_entries
+from edgeattn.runtime.safety import (
+    ExternalTensor,
+    UnsafeFileError,
+    check_entries,
+    check_external_data,
+    external_data_entries,
+    external_tensors,
+)
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, encoder_feeds, graph_spec
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
@@ -104,21 +112,33 @@ class ExportedModel:
         export_dir = Path(export_dir)
         manifest = read_manifest(export_dir)
         config = manifest.config
-        sessions: dict[str, Any] = {}
+        checked: set[tuple[str, str]] = set()
+        paths: dict[str, tuple[Path, str]] = {}
         for name in manifest.graphs:
             entry = manifest.entry(name, precision)
-            path = check_file(export_dir, entry)
+            path = check_file(export_dir, entry, checked)
             listed = {d.file for d in entry.external_data}
             for data in check_external_data(path):
                 if data.name not in listed:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
-            cache = None
-            if optimized_cache is not None:
-                Path(optimized_cache).mkdir(parents=True, exist_ok=True)
-                cache = Path(optimized_cache) / optimized_cache_file(entry.sha256, name)
-            sessions[name] = create_session(
-                path, providers=providers, threads=threads, spinning=spinning, optimized_cache=cache, tf32=tf32
-            )
+            paths[name] = (path, entry.sha256)
+        self._shared = shared_initializers(export_dir, [p for p, _ in paths.values()])
+
+        def maker(name: str) -> Callable[[], Any]:
+            path, sha = paths[name]
+
+            def make() -> Any:
+                cache = None
+                if optimized_cache is not None:
+                    Path(optimized_cache).mkdir(parents=True, exist_ok=True)
+                    cache = Path(optimized_cache) / optimized_cache_file(sha, name)
+                shared = None if cache is not None else self._shared  # a cached graph holds its own weights
+                return create_session(path, providers=providers, threads=threads, spinning=spinning,
+                                      optimized_cache=cache, tf32=tf32, initializers=shared)  # fmt: skip
+
+            return make
+
+        sessions = LazySessions({name: maker(name) for name in paths})
         tokenizer = None
         if manifest.tokenizer is not None:
             tokenizer = load_tokenizer(check_file(export_dir, manifest.tokenizer))
@@ -162,7 +182,7 @@ class ExportedModel:
         self.precision = precision
         self.sessions = sessions
         self.specs: dict[str, GraphSpec] = {name: graph_spec(name, config) for name in sessions}
-        first = next(iter(sessions.values()))
+        first = sessions["encoder"] if "encoder" in sessions else next(iter(sessions.values()))
         self.providers: list[str] = first.get_providers()
         self.device = "cuda" if self.providers[0] == CUDA else "cpu"
         self.io_binding = self.device == "cuda" if io_binding is None else io_binding
@@ -433,6 +453,69 @@ def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
     """A generated row up to (not including) its first EOS."""
     ends = np.flatnonzero(row == eos_id)
     return row[: ends[0]] if ends.size else row
+
+
+class LazySessions(Mapping[str, Any]):
+    """ONNX Runtime sessions by graph name, each created the first time it is asked for (once, also
+    under threads): a model loads only the graphs its calls use (generation never builds the
+    attention graph's session)."""
+
+    def __init__(self, makers: dict[str, Callable[[], Any]]) -> None:
+        self._makers = makers
+        self._made: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._makers:
+            raise KeyError(name)
+        session = self._made.get(name)
+        if session is None:
+            with self._lock:
+                session = self._made.get(name)
+                if session is None:
+                    session = self._made[name] = self._makers[name]()
+        return session
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    @property
+    def created(self) -> list[str]:
+        """The graphs whose sessions exist so far."""
+        return list(self._made)
+
+
+def shared_initializers(export_dir: Path, graphs: list[Path]) -> dict[str, Any]:
+    """Weights that several of ``graphs`` keep in the export's checkpoint under the same name and
+    bytes (a shared embedding, relative-position tables), as ONNX Runtime values over one read-only
+    map of the checkpoint: handed to every session (``SessionOptions.add_initializer``), they are
+    held in memory once, not once per session."""
+    import onnxruntime as ort
+
+    seen: dict[tuple[str, str, str], tuple[ExternalTensor, int]] = {}
+    for path in graphs:
+        for t in external_tensors(path.read_bytes()):
+            if t.pairs.get("location") != WEIGHTS or t.name.endswith(TRANSPOSED_SUFFIX) or t.data_type not in _NUMPY:
+                continue
+            key = (t.name, t.pairs.get("offset", "0"), t.pairs.get("length", ""))
+            seen[key] = (t, seen.get(key, (t, 0))[1] + 1)
+    shared = [t for t, count in seen.values() if count > 1]
+    if not shared:
+        return {}
+    mapped = np.memmap(export_dir / WEIGHTS, dtype=np.uint8, mode="r")
+    values = {}
+    for t in shared:
+        offset, length = int(t.pairs.get("offset", "0")), int(t.pairs["length"])
+        array = mapped[offset : offset + length].view(_NUMPY[t.data_type]).reshape(t.dims)
+        values[t.name] = ort.OrtValue.ortvalue_from_numpy(array)
+    return values
+
+
+#: ONNX element type -> numpy dtype, for weights shared between sessions
+_NUMPY = {1: np.float32, 10: np.float16, 7: np.int64}
 
 
 def batch_texts(value: Any) -> list[str]:

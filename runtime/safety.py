@@ -14,6 +14,7 @@ import mmap
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgeattn.runtime.manifest import ManifestError
@@ -57,7 +58,7 @@ _ATTRIBUTE = {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 
 _SPARSE = {1: "tensor", 2: "tensor"}
 _KINDS = {"model": _MODEL, "graph": _GRAPH, "function": _FUNCTION, "node": _NODE, "attribute": _ATTRIBUTE,
           "sparse": _SPARSE}  # fmt: skip
-_TENSOR_NAME, _TENSOR_EXTERNAL, _TENSOR_LOCATION = 8, 13, 14
+_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_EXTERNAL, _TENSOR_LOCATION = 1, 2, 8, 13, 14
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 
 
@@ -117,16 +118,35 @@ def _tensors(buf: memoryview, kind: str, depth: int = 0) -> Iterator[memoryview]
             yield from _tensors(value, inner, depth + 1)
 
 
-def external_data_entries(data: bytes | memoryview | mmap.mmap) -> list[tuple[str, dict[str, str]]]:
-    """(tensor name, external-data key/values) of every tensor a serialised ONNX model keeps outside."""
-    entries = []
+@dataclass(frozen=True)
+class ExternalTensor:
+    """A tensor a serialised ONNX model keeps outside: its name, shape, element type and where."""
+
+    name: str
+    dims: tuple[int, ...]
+    data_type: int
+    pairs: dict[str, str]
+
+
+def external_tensors(data: bytes | memoryview | mmap.mmap) -> list[ExternalTensor]:
+    """Every tensor a serialised ONNX model keeps outside (external data), read without onnx."""
+    found = []
     for tensor in _tensors(memoryview(data), "model"):
-        name, location, pairs = "", 0, {}
+        name, location, pairs, dims, elem = "", 0, {}, [], 0
         for number, wire, value in _fields(tensor):
             if number == _TENSOR_NAME and wire == 2:
                 name = bytes(value).decode("utf-8", "replace")  # type: ignore[arg-type]
             elif number == _TENSOR_LOCATION and wire == 0:
                 location = int(value)  # type: ignore[arg-type]
+            elif number == _TENSOR_DIMS and wire == 0:
+                dims.append(int(value))  # type: ignore[arg-type]
+            elif number == _TENSOR_DIMS and wire == 2:  # packed
+                pos, buf = 0, value
+                while pos < len(buf):  # type: ignore[arg-type]
+                    dim, pos = _varint(buf, pos)  # type: ignore[arg-type]
+                    dims.append(dim)
+            elif number == _TENSOR_TYPE and wire == 0:
+                elem = int(value)  # type: ignore[arg-type]
             elif number == _TENSOR_EXTERNAL and wire == 2:
                 key = val = ""
                 for n, w, v in _fields(value):  # type: ignore[arg-type]
@@ -135,8 +155,13 @@ def external_data_entries(data: bytes | memoryview | mmap.mmap) -> list[tuple[st
                         key, val = (text, val) if n == 1 else (key, text)
                 pairs[key] = val
         if location == _EXTERNAL or pairs:
-            entries.append((name, pairs))
-    return entries
+            found.append(ExternalTensor(name, tuple(dims), elem, pairs))
+    return found
+
+
+def external_data_entries(data: bytes | memoryview | mmap.mmap) -> list[tuple[str, dict[str, str]]]:
+    """(tensor name, external-data key/values) of every tensor a serialised ONNX model keeps outside."""
+    return [(t.name, t.pairs) for t in external_tensors(data)]
 
 
 def check_external_data(path: str | Path) -> list[Path]:
@@ -183,3 +208,18 @@ def check_entries(entries: list[tuple[str, dict[str, str]]], directory: Path | N
         if offset < 0 or end > size or (length < 0 and "length" in pairs):
             raise UnsafeFileError(f"{said} at bytes {offset}..{end}, past the end of the file ({size} bytes)")
     return [path for path, _ in files.values()]
+
+
+def graph_bytes(path: str | Path) -> int:
+    """What loading the ONNX graph at ``path`` reads: the file and every external-data region it
+    names, once each (a shared checkpoint counts only for the tensors this graph uses)."""
+    path = Path(path)
+    regions = set()
+    for t in external_tensors(path.read_bytes()):
+        length = t.pairs.get("length")
+        if length is None:
+            data = path.parent / t.pairs.get("location", "")
+            regions.add((t.pairs.get("location", ""), 0, data.stat().st_size if data.is_file() else 0))
+        else:
+            regions.add((t.pairs.get("location", ""), int(t.pairs.get("offset", "0")), int(length)))
+    return path.stat().st_size + sum(r[2] for r in regions)

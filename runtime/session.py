@@ -99,6 +99,7 @@ def create_session(
     cuda_graph: bool = False,
     require: bool = False,
     fixed_dims: dict[str, int] | None = None,
+    initializers: dict[str, ort.OrtValue] | None = None,
 ) -> ort.InferenceSession:
     """An inference session for one ONNX file, or for a serialised graph held in memory (``bytes``).
 
@@ -111,7 +112,9 @@ def create_session(
     when CUDA libraries are missing) is an error instead of a warning. ``fixed_dims`` pins named
     dynamic axes (``{"batch": 8, "src_len": 128}``), so that ONNX Runtime folds the shape
     arithmetic away: a graph capture needs every node on the CUDA provider, and the provider
-    leaves shape computations on the CPU.
+    leaves shape computations on the CPU. ``initializers`` replace the graph's weights of those
+    names with values the caller keeps alive (weights shared between sessions); names the graph
+    does not have are left out.
     """
     picked = pick_providers(providers)
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
@@ -123,6 +126,13 @@ def create_session(
     opts = session_options(threads, spinning)
     for axis, size in (fixed_dims or {}).items():
         opts.add_free_dimension_override_by_name(axis, size)
+    if initializers and not isinstance(path, bytes):
+        from edgeattn.runtime.safety import external_tensors
+
+        own = {t.name for t in external_tensors(Path(path).read_bytes())}
+        for name, value in initializers.items():
+            if name in own:
+                opts.add_initializer(name, value)
     if optimized_cache is not None:
         cache = Path(optimized_cache)
         if cache.is_file():
@@ -130,6 +140,11 @@ def create_session(
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         else:
             opts.optimized_model_filepath = str(cache)
+            # weights a graph keeps in the export's checkpoint go beside the cached graph, so the cache
+            # stands alone (its external-data paths are relative to its own folder)
+            opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                          cache.name + ".data")  # fmt: skip
+            opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     disabled = [] if CUDA in picked else CPU_DISABLED_OPTIMIZERS
     try:
         session = ort.InferenceSession(source, sess_options=opts, providers=chosen, disabled_optimizers=disabled)

@@ -189,7 +189,7 @@ def test_graph_selection(tmp_path):
 
 def test_large_graphs_use_external_data(tmp_path):
     out = tmp_path / "out"
-    result = export_model(build_model(BASE), out, graphs=["encoder"], external_threshold=1000)
+    result = export_model(build_model(BASE), out, graphs=["encoder"], external_threshold=1000, compact=False)
     assert result.report.passed
     entry = read_manifest(out).graphs["encoder"]
     assert entry.external_data[0].file == "encoder.onnx.data"

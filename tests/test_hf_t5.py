@@ -269,7 +269,9 @@ def _weight_types(path: Path, node_part: str) -> set[int]:
     """Element types of the initializers feeding the nodes whose name contains ``node_part``."""
     import onnx
 
-    graph = onnx.load(path).graph
+    from edgeattn.exporters.compact import fold_transposes
+
+    graph = fold_transposes(onnx.load(path)).graph
     types = {t.name: t.data_type for t in graph.initializer}
     return {types[i] for n in graph.node if node_part in n.name for i in n.input if i in types}
 
@@ -281,6 +283,7 @@ def test_fp16_keeps_what_passes_float16s_range_in_float32(tmp_path):
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    from edgeattn.exporters.compact import fold_transposes
     from edgeattn.exporters.quantize import activation_peaks
 
     ids, mask = _batch()
@@ -291,7 +294,7 @@ def test_fp16_keeps_what_passes_float16s_range_in_float32(tmp_path):
     assert max(v for k, v in peaks.items() if k.startswith(wo)) > 65504  # the model does pass float16's range
 
     naive = tmp_path / "naive.onnx"
-    onnx.save(convert_float_to_float16(onnx.load(source), keep_io_types=True), naive)
+    onnx.save(convert_float_to_float16(fold_transposes(onnx.load(source)), keep_io_types=True), naive)
     assert _weight_types(naive, wo) == {onnx.TensorProto.FLOAT16}
     ours = tmp_path / "out" / manifest.entry("encoder", "fp16").file
     assert _weight_types(ours, wo) == {onnx.TensorProto.FLOAT}
@@ -347,3 +350,21 @@ def test_int8_gate_catches_the_t5_feed_forward_outlier_and_keeps_it_float32(tmp_
     a, b = quantized_anyway.encode(ids, mask), fp32.encode(ids, mask)
     cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
     assert cos[mask.astype(bool)].min() > 0.98
+
+
+def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_path):
+    """The generation benchmark's engine on a small folder: transformers and edgeattn side by side,
+    the same greedy tokens, and the table and JSON (the full run is benchmarks/t5_generation.py)."""
+    from edgeattn.benchmark.seq2seq import bench_seq2seq, write_json
+
+    _, ref, _, _ = exported
+    ref.save_pretrained(tmp_path / "hf")
+    result = bench_seq2seq(tmp_path / "hf", tmp_path / "work", batches=(2,), src_len=9, new_tokens=5, passes=1,
+                           variants=("transformers", "edgeattn-fp32"))  # fmt: skip
+    assert not result.skipped, result.skipped
+    rows = {r.variant: r for r in result.rows}
+    assert set(rows) == {"transformers", "edgeattn-fp32"} and rows["transformers"].ratio == 1.0
+    assert rows["edgeattn-fp32"].agreement == 1.0 and rows["edgeattn-fp32"].tokens_per_s > 0
+    assert rows["edgeattn-fp32"].resident_mb > 0 and "edgeattn-fp32" in result.table()
+    write_json(result, tmp_path / "bench.json")
+    assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["batch"] == 2

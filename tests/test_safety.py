@@ -29,7 +29,7 @@ ENC = ModelConfig(architecture="encoder", vocab_size=50, d_model=32, n_heads=4, 
 def pristine(tmp_path_factory) -> Path:
     """An encoder export whose graph keeps its weights in external data (encoder.onnx.data)."""
     out = tmp_path_factory.mktemp("safety") / "export"
-    export_model(build_model(ENC, seed=0), out, graphs=["encoder"], verify=False, external_threshold=0)
+    export_model(build_model(ENC, seed=0), out, graphs=["encoder"], verify=False, external_threshold=0, compact=False)
     assert (out / "encoder.onnx.data").is_file()
     return out
 

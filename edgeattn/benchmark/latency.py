@@ -253,6 +253,7 @@ def onnx_variants(
 
     from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner
     from edgeattn.runtime.manifest import read_manifest
+    from edgeattn.runtime.safety import graph_bytes
     from edgeattn.runtime.session import CPU, CUDA, create_session
 
     manifest = read_manifest(export_dir)
@@ -279,7 +280,7 @@ def onnx_variants(
                 skipped[name] = str(exc)
                 continue
             path = export_dir / variant_entry.file
-            size = variant_entry.total_bytes
+            size = graph_bytes(path)
             start = time.perf_counter()
             try:
                 session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32,

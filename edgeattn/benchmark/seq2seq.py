@@ -1,0 +1,270 @@
+"""Seq2seq generation beside its peers on one Hugging Face checkpoint: ``transformers`` eager with its
+cache, Hugging Face Optimum's ``ORTModelForSeq2SeqLM`` (fp32 and dynamic int8 from its own
+quantiser) and edgeattn's runtime (fp32 and int8), each variant in its own process, interleaved
+pass by pass, greedy, every row made to run all ``new_tokens`` steps. Reports tokens per second,
+resident memory after loading and at peak, and each variant's files on disk. Needs the ``peers``
+extra (transformers, optimum-onnx).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeattn.benchmark.machine import machine_info
+from edgeattn.benchmark.memory import _peak_mb
+
+log = logging.getLogger(__name__)
+
+#: Every variant, in the order they run within a pass.
+VARIANTS = ("transformers", "optimum-fp32", "optimum-int8", "edgeattn-fp32", "edgeattn-int8")
+#: The variant the others are measured against.
+BASELINE = "transformers"
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def _source(batch: int, src_len: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, min(vocab, 32000), size=(batch, src_len), dtype=np.int64)
+    ids[:, -1] = 1  # T5 sources end with EOS
+    return ids, np.ones_like(ids)
+
+
+def _generator(variant: str, path: Path, threads: int) -> Any:
+    """A function (ids, mask, new_tokens) -> generated tokens for ``variant`` loaded from ``path``."""
+    if variant.startswith("edgeattn"):
+        from edgeattn.runtime import load
+        from edgeattn.runtime.session import CPU
+
+        rt = load(path, providers=[CPU], threads=threads, precision=variant.split("-", 1)[1], spinning="run")
+        return lambda ids, mask, n: rt.generate(ids, mask, n, eos_id=-1).tokens
+    import torch
+
+    torch.set_num_threads(threads)
+    if variant == "transformers":
+        from transformers import AutoModelForSeq2SeqLM
+
+        model = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+    else:
+        import onnxruntime as ort
+        from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch shares the cores
+        model = ORTModelForSeq2SeqLM.from_pretrained(path, provider="CPUExecutionProvider", session_options=options)
+
+    def generate(ids: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=n,
+                                 min_new_tokens=n, do_sample=False, num_beams=1)  # fmt: skip
+        return out[:, 1:].numpy()
+
+    return generate
+
+
+def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load one variant, generate once untimed, then ``runs`` timed times: tokens/s of each run,
+    resident memory after loading and the peak, and the first run's tokens."""
+    start = time.perf_counter()
+    generate = _generator(spec["variant"], Path(spec["path"]), spec["threads"])
+    loaded_s = time.perf_counter() - start
+    resident = _resident_mb()
+    ids, mask = _source(spec["batch"], spec["src_len"], spec["vocab"])
+    tokens = generate(ids, mask, spec["new_tokens"])
+    rates = []
+    for _ in range(spec["runs"]):
+        start = time.perf_counter()
+        generate(ids, mask, spec["new_tokens"])
+        rates.append(spec["batch"] * spec["new_tokens"] / (time.perf_counter() - start))
+    return {"tokens_per_s": rates, "resident_mb": resident, "peak_mb": _peak_mb(), "load_s": loaded_s,
+            "tokens": np.asarray(tokens).tolist()}  # fmt: skip
+
+
+@dataclass
+class Seq2SeqRow:
+    """One variant at one batch size, pooled over the passes."""
+
+    variant: str
+    batch: int
+    tokens_per_s: float
+    ratio: float
+    resident_mb: float
+    peak_mb: float
+    agreement: float  # fraction of generated tokens equal to transformers' (greedy)
+
+
+@dataclass
+class Seq2SeqBench:
+    folder: str
+    src_len: int
+    new_tokens: int
+    threads: int
+    passes: int
+    rows: list[Seq2SeqRow] = field(default_factory=list)
+    disk_mb: dict[str, float] = field(default_factory=dict)
+    checkpoint_mb: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        lines = [
+            f"seq2seq generation, greedy, source {self.src_len}, {self.new_tokens} new tokens, {self.threads} threads, "
+            f"each variant in its own process, {self.passes} interleaved passes",
+            f"{'variant':<16} {'batch':>5} {'tok/s':>8} {'vs transformers':>15} {'resident MB':>11} {'peak MB':>8} "
+            f"{'same tokens':>11}",
+        ]
+        for r in self.rows:
+            lines.append(f"{r.variant:<16} {r.batch:>5} {r.tokens_per_s:>8.1f} {r.ratio:>14.2f}x "
+                         f"{r.resident_mb:>11.0f} {r.peak_mb:>8.0f} {r.agreement:>11.3f}")  # fmt: skip
+        lines.append(f"checkpoint {self.checkpoint_mb:.0f} MB; on disk: "
+                     + ", ".join(f"{k} {v:.0f} MB" for k, v in self.disk_mb.items()))  # fmt: skip
+        for name, why in self.skipped.items():
+            lines.append(f"skipped {name}: {why}")
+        return "\n".join(lines)
+
+
+def _mb(path: Path, pattern: str = "*") -> float:
+    return sum(f.stat().st_size for f in path.glob(pattern) if f.is_file()) / 1e6
+
+
+def prepare(folder: Path, work: Path, variants: tuple[str, ...]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each variant's files: the folder itself, Optimum's exports (fp32, and int8 by its quantiser
+    with this CPU's configuration) and edgeattn's export (fp32 and int8 through the gate)."""
+    paths: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    if "transformers" in variants:
+        paths["transformers"] = folder
+    if {"optimum-fp32", "optimum-int8"} & set(variants):
+        try:
+            paths.update(_optimum(folder, work, "optimum-int8" in variants))
+        except Exception as exc:  # a peer that cannot be built is reported, not fatal
+            skipped["optimum"] = f"{type(exc).__name__}: {exc}"
+    if {"edgeattn-fp32", "edgeattn-int8"} & set(variants):
+        from edgeattn.exporters.package import export_model
+        from edgeattn.exporters.precisions import PrecisionOptions
+        from edgeattn.sources import resolve_model
+
+        out = work / "edgeattn"
+        if not (out / "manifest.json").is_file():
+            source = resolve_model(from_hf=folder)
+            export_model(source.model, out, precisions=["int8"] if "edgeattn-int8" in variants else None,
+                         precision_options=PrecisionOptions(allow_degraded=True, sensitive_search=False),
+                         **source.export_fields())  # fmt: skip
+        paths.update({v: out for v in variants if v.startswith("edgeattn")})
+    return {v: p for v, p in paths.items() if v in variants}, skipped
+
+
+def _optimum(folder: Path, work: Path, int8: bool) -> dict[str, Path]:
+    from optimum.exporters.onnx import main_export
+
+    from edgeattn.host import has_vnni, quiet_quantization
+
+    fp32 = work / "optimum-fp32"
+    if not (fp32 / "encoder_model.onnx").is_file():
+        main_export(str(folder), output=str(fp32), task="text2text-generation-with-past", device="cpu")
+    paths = {"optimum-fp32": fp32}
+    if int8:
+        from optimum.onnxruntime import ORTQuantizer
+        from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+        q8 = work / "optimum-int8"
+        if not (q8 / "encoder_model.onnx").is_file():
+            q8.mkdir(parents=True, exist_ok=True)
+            config = (AutoQuantizationConfig.avx512_vnni if has_vnni() else AutoQuantizationConfig.avx2)(
+                is_static=False, per_channel=True
+            )
+            for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+                with quiet_quantization():
+                    ORTQuantizer.from_pretrained(fp32, file_name=name).quantize(config, save_dir=work / "q8-tmp")
+                shutil.move(work / "q8-tmp" / name.replace(".onnx", "_quantized.onnx"), q8 / name)
+            for f in fp32.iterdir():
+                if f.suffix != ".onnx" and f.is_file() and not (q8 / f.name).exists():
+                    shutil.copy(f, q8 / f.name)
+            shutil.rmtree(work / "q8-tmp", ignore_errors=True)
+        paths["optimum-int8"] = q8
+    return paths
+
+
+def _disk(variant: str, path: Path) -> float:
+    if variant == "edgeattn-fp32":
+        return _mb(path, "*.onnx") - _mb(path, "*.int8.onnx")
+    if variant == "edgeattn-int8":
+        return _mb(path, "*.int8.onnx")
+    if variant == "transformers":
+        return _mb(path, "*.safetensors")
+    return _mb(path, "*.onnx*")
+
+
+def bench_seq2seq(
+    folder: str | Path, work: str | Path, batches: tuple[int, ...] = (1, 8), src_len: int = 128,
+    new_tokens: int = 64, threads: int = 2, passes: int = 3, runs: int = 1, variants: tuple[str, ...] = VARIANTS,
+    timeout: float = 1200,
+) -> Seq2SeqBench:  # fmt: skip
+    """Run the benchmark; see the module docstring."""
+    folder, work = Path(folder), Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    paths, skipped = prepare(folder, work, variants)
+    result = Seq2SeqBench(str(folder), src_len, new_tokens, threads, passes, skipped=skipped, machine=machine_info())
+    result.checkpoint_mb = _mb(folder, "*.safetensors")
+    result.disk_mb = {v: _disk(v, p) for v, p in paths.items()}
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for _ in range(passes):
+        for batch in batches:
+            for variant, path in paths.items():
+                spec = {"variant": variant, "path": str(path), "batch": batch, "src_len": src_len,
+                        "new_tokens": new_tokens, "threads": threads, "runs": runs, "vocab": vocab}  # fmt: skip
+                done = subprocess.run([sys.executable, "-m", "edgeattn.benchmark.seq2seq", json.dumps(spec)],
+                                      capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                if done.returncode != 0:
+                    result.skipped[variant] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+                    continue
+                samples.setdefault((variant, batch), []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for batch in batches:
+        base = samples.get((BASELINE, batch))
+        base_rate = float(np.median([r for s in base for r in s["tokens_per_s"]])) if base else float("nan")
+        reference = np.asarray(base[0]["tokens"]) if base else None
+        for variant in paths:
+            got = samples.get((variant, batch))
+            if not got:
+                continue
+            rate = float(np.median([r for s in got for r in s["tokens_per_s"]]))
+            tokens = np.asarray(got[0]["tokens"])
+            agree = float((tokens == reference).mean()) if reference is not None and tokens.shape == reference.shape \
+                else float("nan")  # fmt: skip
+            result.rows.append(Seq2SeqRow(variant, batch, rate, rate / base_rate,
+                                          float(np.median([s["resident_mb"] for s in got])),
+                                          float(np.median([s["peak_mb"] for s in got])), agree))  # fmt: skip
+    return result
+
+
+def write_json(result: Seq2SeqBench, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":  # the worker: one variant in this process
+    logging.disable(logging.WARNING)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    print(json.dumps(worker(json.loads(sys.argv[1]))))

@@ -1,0 +1,137 @@
+"""One copy of every weight on disk: graphs keep their float32 weights inside the export's
+``weights.safetensors``.
+
+An ONNX initializer can live in any file at any offset (external data), and a safetensors file is a
+JSON header followed by each tensor's raw bytes. So every initializer of an exported graph that
+equals a tensor of the checkpoint, byte for byte, points at that tensor's bytes in the checkpoint,
+and one that equals a checkpoint matrix transposed (a ``Linear`` weight as ``MatMul`` takes it, a
+tied output layer) becomes a ``Transpose`` node over it, which ONNX Runtime folds when it loads the
+graph. A weight several graphs use (the shared embedding, the relative-position tables, the first
+encoder layer in the attention graph) is then stored once, and the copy kept for ``verify`` and for
+making precisions is the same bytes. Initializers that match nothing (folded constants) stay in the
+graph file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from edgeattn.runtime.layout import TRANSPOSED_SUFFIX
+
+#: safetensors dtype -> ONNX element type, for the types weights come in
+_DTYPES = {"F32": onnx.TensorProto.FLOAT, "F16": onnx.TensorProto.FLOAT16, "I64": onnx.TensorProto.INT64,
+           "BF16": onnx.TensorProto.BFLOAT16}  # fmt: skip
+#: Initializers smaller than this stay in the graph file.
+MIN_SHARED_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where one tensor's bytes lie in the checkpoint file."""
+
+    offset: int
+    length: int
+
+
+def _key(elem: int, dims: tuple[int, ...], data: bytes) -> tuple[int, tuple[int, ...], str]:
+    return elem, dims, hashlib.sha256(data).hexdigest()
+
+
+class CheckpointIndex:
+    """The tensors of a safetensors file by content: as stored, and 2-D ones transposed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.exact: dict[tuple[int, tuple[int, ...], str], Region] = {}
+        self.transposed: dict[tuple[int, tuple[int, ...], str], tuple[Region, tuple[int, ...]]] = {}
+        raw = path.read_bytes()
+        (size,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + size])
+        start = 8 + size
+        for name, info in header.items():
+            if name == "__metadata__" or info["dtype"] not in _DTYPES:
+                continue
+            elem, dims = _DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
+            begin, end = info["data_offsets"]
+            data = raw[start + begin : start + end]
+            if end - begin < MIN_SHARED_BYTES:
+                continue
+            region = Region(start + begin, end - begin)
+            self.exact.setdefault(_key(elem, dims, data), region)
+            if len(dims) == 2 and elem == onnx.TensorProto.FLOAT:
+                flipped = np.frombuffer(data, dtype=np.float32).reshape(dims).T.tobytes()
+                self.transposed.setdefault(_key(elem, dims[::-1], flipped), (region, dims))
+
+
+def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
+    tensor.ClearField("raw_data")
+    for field in ("float_data", "int64_data", "int32_data", "double_data"):
+        tensor.ClearField(field)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for k, v in (("location", location), ("offset", str(region.offset)), ("length", str(region.length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = k, v
+
+
+def share_weights(proto: onnx.ModelProto, index: CheckpointIndex) -> int:
+    """Point ``proto``'s initializers at the checkpoint where they equal one of its tensors, as
+    stored or transposed (see the module docstring); returns the bytes no longer in the graph."""
+    location = index.path.name
+    moved = 0
+    transposes = []
+    kept = []
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            kept.append(tensor)
+            continue
+        array = numpy_helper.to_array(tensor)
+        if array.nbytes < MIN_SHARED_BYTES:
+            kept.append(tensor)
+            continue
+        key = _key(tensor.data_type, tuple(tensor.dims), np.ascontiguousarray(array).tobytes())
+        if key in index.exact:
+            _external(tensor, location, index.exact[key])
+            kept.append(tensor)
+            moved += array.nbytes
+        elif key in index.transposed:
+            region, dims = index.transposed[key]
+            source = onnx.TensorProto(name=tensor.name + TRANSPOSED_SUFFIX, data_type=tensor.data_type, dims=dims)
+            _external(source, location, region)
+            kept.append(source)
+            transposes.append(helper.make_node("Transpose", [source.name], [tensor.name], perm=[1, 0],
+                                               name=f"{tensor.name}/from_checkpoint"))  # fmt: skip
+            moved += array.nbytes
+        else:
+            kept.append(tensor)
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    for node in reversed(transposes):
+        proto.graph.node.insert(0, node)
+    return moved
+
+
+def fold_transposes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with the Transpose nodes :func:`share_weights` added folded back into plain
+    initializers (external data loaded), for tools that need a MatMul's weight as an initializer
+    (ONNX Runtime's quantisers)."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    folded = []
+    for node in proto.graph.node:
+        source = node.input[0] if node.op_type == "Transpose" and node.input else ""
+        if source.endswith(TRANSPOSED_SUFFIX) and source in inits:
+            array = numpy_helper.to_array(inits[source]).T
+            folded.append((node, numpy_helper.from_array(np.ascontiguousarray(array), node.output[0])))
+    for node, tensor in folded:
+        proto.graph.node.remove(node)
+        proto.graph.initializer.remove(inits[node.input[0]])
+        proto.graph.initializer.append(tensor)
+    return proto

@@ -1,0 +1,107 @@
+"""One copy of every weight: graphs keep their float32 weights in the export's checkpoint, the
+runtime builds only the sessions its calls use and holds weights several graphs share once."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from edgeattn.config import ModelConfig
+from edgeattn.exporters.compact import fold_transposes
+from edgeattn.exporters.package import export_model
+from edgeattn.exporters.precisions import PrecisionOptions
+from edgeattn.exporters.quantize import quantizable_nodes
+from edgeattn.model import build_model
+from edgeattn.runtime import load, read_manifest
+from edgeattn.runtime.layout import TRANSPOSED_SUFFIX, WEIGHTS
+
+CFG = ModelConfig(vocab_size=300, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                  max_len=64, dropout=0.0, position="t5", relative_shared=True, norm="rmsnorm", norm_first=True,
+                  attention_scaled=False, bias=False, scale_embedding=False, scale_decoder_output=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compact") / "out"
+    model = build_model(CFG, seed=0)
+    options = PrecisionOptions(allow_degraded=True, sensitive_search=False)  # random weights: layout, not accuracy
+    export_model(model, out, precisions=["fp32-opt", "int8"], precision_options=options)
+    return out, model
+
+
+def _big_initializers(path, embedded: bool) -> dict[str, onnx.TensorProto]:
+    graph = onnx.load(str(path), load_external_data=False).graph
+    external = {t.name: t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    if not embedded:
+        return external
+    return {t.name: t for t in graph.initializer if t.name not in external and len(t.raw_data) >= 1024}
+
+
+def test_graphs_keep_their_weights_in_the_checkpoint_once(export, tmp_path):
+    out, model = export
+    manifest = read_manifest(out)
+    export_model(model, tmp_path / "apart", verify=False, compact=False)
+    apart = read_manifest(tmp_path / "apart")
+    compact_bytes = sum(e.bytes for e in manifest.graphs.values()) + (out / WEIGHTS).stat().st_size
+    apart_bytes = sum(e.bytes for e in apart.graphs.values()) + (tmp_path / "apart" / WEIGHTS).stat().st_size
+    assert compact_bytes < 0.6 * apart_bytes  # on a model this small the graphs' structure weighs as much as weights
+    for name, entry in manifest.graphs.items():
+        assert not _big_initializers(out / entry.file, embedded=True), name
+        assert WEIGHTS in {d.file for d in entry.external_data}
+    regions = {}
+    for name in ("encoder", "decoder"):
+        for t in _big_initializers(out / manifest.graphs[name].file, embedded=False).values():
+            where = {e.key: e.value for e in t.external_data}
+            assert where["location"] == WEIGHTS
+            regions.setdefault(name, set()).add((where["offset"], where["length"]))
+    assert regions["encoder"] & regions["decoder"]  # the shared embedding and bias tables: stored once
+    decoder = onnx.load(str(out / manifest.graphs["decoder"].file), load_external_data=False).graph
+    transposed = [n for n in decoder.node if n.op_type == "Transpose" and n.input[0].endswith(TRANSPOSED_SUFFIX)]
+    assert transposed  # the tied output layer (and the projections) read the checkpoint's matrices
+    fp32_opt = manifest.entry("encoder", "fp32-opt")
+    assert WEIGHTS in {d.file for d in fp32_opt.external_data}  # the optimised graphs share them too
+
+
+def test_folded_sources_give_the_quantisers_plain_weights(export, tmp_path):
+    out, _ = export
+    proto = fold_transposes(onnx.load(str(out / "decoder.onnx")))
+    assert not [n for n in proto.graph.node if n.op_type == "Transpose" and n.input[0].endswith(TRANSPOSED_SUFFIX)]
+    onnx.save(proto, tmp_path / "folded.onnx")
+    assert len(quantizable_nodes(tmp_path / "folded.onnx")) > len(quantizable_nodes(out / "decoder.onnx"))
+
+
+def test_runtime_builds_only_the_sessions_it_uses_and_shares_weights(export):
+    out, model = export
+    rt = load(out, providers=["CPUExecutionProvider"])
+    assert rt.sessions.created == ["encoder"]
+    tokens = rt.greedy(np.array([[5, 6, 7, 8, 9]]), max_new_tokens=6)
+    assert sorted(rt.sessions.created) == ["cross_kv", "decoder", "encoder"]  # never the attention graph
+    assert any("embed" in name for name in rt._shared)
+    import torch
+
+    with torch.no_grad():
+        want = model.greedy(torch.tensor([[5, 6, 7, 8, 9]]), max_new_tokens=6).numpy()
+    assert np.array_equal(tokens, want)
+    assert rt.run("attention", _attention_feeds())["attention_output"].shape == (1, 3, 32)
+    assert "attention" in rt.sessions.created
+
+
+def _attention_feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 32)).astype(np.float32)
+    return {"query": x, "key": x, "value": x, "key_padding_mask": np.ones((1, 3), np.int64)}
+
+
+def test_a_corrupted_checkpoint_stops_the_load_even_for_graphs_not_yet_built(export, tmp_path):
+    import shutil
+
+    from edgeattn.runtime.manifest import ManifestError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(export[0], copy)
+    data = bytearray((copy / WEIGHTS).read_bytes())
+    data[-5] ^= 0xFF
+    (copy / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="does not match its manifest sha256"):
+        load(copy, providers=["CPUExecutionProvider"])
