@@ -94,8 +94,10 @@ class ExportedModel:
     ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
     unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
     ``spinning`` is how ONNX Runtime's intra-op threads wait for work (see
-    :data:`edgeattn.runtime.session.Spinning`). :meth:`from_graphs` builds one from graphs that
-    are not (yet) an export directory.
+    :data:`edgeattn.runtime.session.Spinning`). ``memory_arena=False`` lowers the peak memory of
+    large batches (see :func:`edgeattn.runtime.session.create_session`). Sessions are created on
+    first use: a model builds only the graphs its calls need. :meth:`from_graphs` builds one from
+    graphs that are not (yet) an export directory.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class ExportedModel:
         optimized_cache: str | Path | None = None,
         io_binding: bool | None = None,
         tf32: bool = False,
+        memory_arena: bool = True,
     ) -> None:
         export_dir = Path(export_dir)
         manifest = read_manifest(export_dir)
@@ -134,7 +137,8 @@ class ExportedModel:
                     cache = Path(optimized_cache) / optimized_cache_file(sha, name)
                 shared = None if cache is not None else self._shared  # a cached graph holds its own weights
                 return create_session(path, providers=providers, threads=threads, spinning=spinning,
-                                      optimized_cache=cache, tf32=tf32, initializers=shared)  # fmt: skip
+                                      optimized_cache=cache, tf32=tf32, initializers=shared,
+                                      memory_arena=memory_arena)  # fmt: skip
 
             return make
 
