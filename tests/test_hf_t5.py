@@ -368,3 +368,36 @@ def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_pa
     assert rows["edgeattn-fp32"].resident_mb > 0 and "edgeattn-fp32" in result.table()
     write_json(result, tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["batch"] == 2
+
+
+@pytest.mark.slow
+def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
+    """Every ``$ edgeattn`` line of the README's T5 section, on a small random folder named as it
+    says: an export exits 0, or (a random model's int8) is refused by the gate in one line and then
+    kept with --allow-degraded as the README describes; every run prints answers."""
+    import shlex
+    import shutil
+
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Hugging Face T5", 1)[1].split("\n## ", 1)[0]
+    commands = [line[2:] for line in section.splitlines() if line.startswith("$ edgeattn ")]
+    assert len(commands) >= 5 and any("--stream" in c for c in commands)
+    monkeypatch.chdir(tmp_path)
+    t5_folder(tmp_path / "my-t5", "v1.1")
+    (tmp_path / "articles.txt").write_text("\n".join(CORPUS) + "\n")
+    for command in commands:
+        args = shlex.split(command)[1:]
+        if args[0] == "export":
+            shutil.rmtree(tmp_path / "t5", ignore_errors=True)
+        result = CliRunner().invoke(cli, args)
+        if args[0] == "export" and result.exit_code == 1:
+            assert "miss their accuracy thresholds" in result.output, result.output
+            result = CliRunner().invoke(cli, [*args, "--allow-degraded"])
+        assert result.exit_code == 0, (command, result.output)
+        if args[0] == "run":
+            lines = result.output.strip().splitlines()
+            assert lines and len(lines) == (len(CORPUS) if "--file" in args else 1), (command, result.output)
