@@ -60,8 +60,10 @@ def map_config(hf: dict[str, Any], tied: bool, path: object) -> ModelConfig:
             raise ConfigError(f"{path} lacks {key!r}")
         return hf[key]
 
-    pad = int(hf.get("pad_token_id", 0) if hf.get("pad_token_id") is not None else 0)
+    pad = int(hf.get("pad_token_id") or 0)
     start = hf.get("decoder_start_token_id")
+    eos = hf.get("eos_token_id", 1)
+    eos = eos[0] if isinstance(eos, list) and eos else eos
     scale = bool(hf["scale_decoder_outputs"]) if "scale_decoder_outputs" in hf else tied
     layers = int(need("num_layers"))
     try:
@@ -75,8 +77,7 @@ def map_config(hf: dict[str, Any], tied: bool, path: object) -> ModelConfig:
             relative_max_distance=int(hf.get("relative_attention_max_distance", 128)), relative_shared=True,
             attention_scaled=False, bias=False, scale_embedding=False, embedding_norm=False, tie_embeddings=tied,
             scale_decoder_output=scale, pad_id=pad, bos_id=pad if start is None else int(start),
-            eos_id=int(hf.get("eos_token_id", 1) if not isinstance(hf.get("eos_token_id"), list)
-                       else hf["eos_token_id"][0]),
+            eos_id=int(eos),
         )  # fmt: skip
     except (ConfigError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path} does not describe a model edgeattn can build: {exc}") from exc

@@ -35,7 +35,7 @@ from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file
-from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
+from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision
 from edgeattn.runtime.specs import graph_spec
@@ -130,6 +130,7 @@ class PrecisionBuilder:
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
         self._sources: dict[tuple[str, FusedForm | None], Path] = {}
         self._made = 0
+        self._index: CheckpointIndex | None = None
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
         #: the latest sensitive-node search of each graph
         self.searches: dict[str, SearchResult[Candidate]] = {}
@@ -275,26 +276,31 @@ class PrecisionBuilder:
         return candidates, self.gate(precision.name, candidates)
 
     # ----------------------------------------------------------------- commit
+    def _checkpoint(self, export_dir: Path) -> tuple[DataFile, CheckpointIndex] | None:
+        """The checkpoint the fp32 graphs keep their weights in (their manifest entry for it, and
+        its index, read once per builder), or None for an export whose graphs hold their own."""
+        data = next((d for e in self.entries.values() for d in e.external_data if d.file == WEIGHTS), None)
+        if data is None:
+            return None
+        if self._index is None:
+            self._index = CheckpointIndex(export_dir / WEIGHTS)
+        return data, self._index
+
     def commit(self, build: PrecisionBuild, export_dir: Path) -> dict[str, Variant]:
         """Write ``build``'s graphs into ``export_dir`` (checked) and return their manifest entries."""
         entries = {}
-        weights = export_dir / WEIGHTS
-        compact = any(WEIGHTS in {d.file for d in e.external_data} for e in self.entries.values())
-        index = CheckpointIndex(weights) if compact and weights.is_file() else None
-        weights_data = None
+        checkpoint = self._checkpoint(export_dir)
         for graph, c in build.candidates.items():
             path = export_dir / graph_file(graph, build.precision)
             for old in (path, path.with_name(external_data_file(path.name))):
                 old.unlink(missing_ok=True)
             proto = c.stamped(self.model.config)
-            shared = index is not None and share_weights(proto, index) > 0
+            shared = checkpoint is not None and share_weights(proto, checkpoint[1]) > 0
             save_checked(proto, path, self.options.external_threshold)
             parity = None
             if build.parity is not None and graph in build.parity.summary():
                 parity = Parity(**build.parity.summary()[graph])
-            if shared and weights_data is None:
-                weights_data = DataFile(file=WEIGHTS, sha256=sha256_file(weights), bytes=weights.stat().st_size)
-            data = [weights_data] if shared and weights_data is not None else None
+            data = [checkpoint[0]] if shared and checkpoint is not None else None
             entries[graph] = Variant.describe(path, data, precision=build.precision, degraded=build.degraded,
                                               parity=parity, **c.fields)  # fmt: skip
         return entries

@@ -125,7 +125,9 @@ class ExportedModel:
                 if data.name not in listed:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             paths[name] = (path, entry.sha256)
-        self._shared = shared_initializers(export_dir, [p for p, _ in paths.values()])
+        shared_by_graph = shared_initializers(export_dir, {name: path for name, (path, _) in paths.items()})
+        #: every weight the sessions share, by initializer name
+        self._shared = {n: v for values in shared_by_graph.values() for n, v in values.items()}
 
         def maker(name: str) -> Callable[[], Any]:
             path, sha = paths[name]
@@ -135,7 +137,7 @@ class ExportedModel:
                 if optimized_cache is not None:
                     Path(optimized_cache).mkdir(parents=True, exist_ok=True)
                     cache = Path(optimized_cache) / optimized_cache_file(sha, name)
-                shared = None if cache is not None else self._shared  # a cached graph holds its own weights
+                shared = None if cache is not None else shared_by_graph[name]  # a cached graph holds its own weights
                 return create_session(path, providers=providers, threads=threads, spinning=spinning,
                                       optimized_cache=cache, tf32=tf32, initializers=shared,
                                       memory_arena=memory_arena)  # fmt: skip
@@ -406,7 +408,7 @@ class ExportedModel:
         export's tokenizer). ``max_new_tokens`` defaults to twice the longest input plus 8; a text
         longer than the model takes is an error unless ``truncate``."""
         ids, mask = self._text_source(texts, truncate)
-        steps = max_new_tokens or min(self.config.max_len, 2 * ids.shape[1] + 8)
+        steps = max_new_tokens or self._default_steps(ids.shape[1])
         out = self.generate(ids, mask, steps, **options)
         assert self.tokenizer is not None
         return [self.tokenizer.decode(_until_eos(row, self.config.eos_id)) for row in out.tokens]
@@ -418,7 +420,7 @@ class ExportedModel:
         each piece is what the tokens so far add to the decoded answer (a sub-word piece may add
         nothing until its word is complete), so the pieces join to :meth:`generate_text`'s answer."""
         ids, mask = self._text_source([text_in], truncate)
-        steps = max_new_tokens or min(self.config.max_len, 2 * ids.shape[1] + 8)
+        steps = max_new_tokens or self._default_steps(ids.shape[1])
         assert self.tokenizer is not None
         tokens: list[int] = []
         shown = ""
@@ -431,6 +433,10 @@ class ExportedModel:
             if decoded.startswith(shown) and len(decoded) > len(shown):
                 yield decoded[len(shown) :]
                 shown = decoded
+
+    def _default_steps(self, width: int) -> int:
+        """New tokens when none are asked for: twice the longest source plus 8, within max_len."""
+        return min(self.config.max_len, 2 * width + 8)
 
     def _text_source(self, texts: Any, truncate: bool) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask) of texts through the export's tokenizer, right-padded."""
@@ -492,29 +498,34 @@ class LazySessions(Mapping[str, Any]):
         return list(self._made)
 
 
-def shared_initializers(export_dir: Path, graphs: list[Path]) -> dict[str, Any]:
+def shared_initializers(export_dir: Path, graphs: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Weights that several of ``graphs`` keep in the export's checkpoint under the same name and
     bytes (a shared embedding, relative-position tables), as ONNX Runtime values over one read-only
-    map of the checkpoint: handed to every session (``SessionOptions.add_initializer``), they are
-    held in memory once, not once per session."""
+    map of the checkpoint, by the graph that uses them: handed to each session
+    (``SessionOptions.add_initializer``), they are held in memory once, not once per session."""
     import onnxruntime as ort
 
-    seen: dict[tuple[str, str, str], tuple[ExternalTensor, int]] = {}
-    for path in graphs:
+    users: dict[tuple[str, str, str], list[str]] = {}
+    tensors: dict[tuple[str, str, str], ExternalTensor] = {}
+    for graph, path in graphs.items():
         for t in external_tensors(path.read_bytes()):
             if t.pairs.get("location") != WEIGHTS or t.name.endswith(TRANSPOSED_SUFFIX) or t.data_type not in _NUMPY:
                 continue
             key = (t.name, t.pairs.get("offset", "0"), t.pairs.get("length", ""))
-            seen[key] = (t, seen.get(key, (t, 0))[1] + 1)
-    shared = [t for t, count in seen.values() if count > 1]
+            tensors[key] = t
+            users.setdefault(key, []).append(graph)
+    shared = {key: names for key, names in users.items() if len(names) > 1}
+    values: dict[str, dict[str, Any]] = {graph: {} for graph in graphs}
     if not shared:
-        return {}
+        return values
     mapped = np.memmap(export_dir / WEIGHTS, dtype=np.uint8, mode="r")
-    values = {}
-    for t in shared:
+    for key, names in shared.items():
+        t = tensors[key]
         offset, length = int(t.pairs.get("offset", "0")), int(t.pairs["length"])
         array = mapped[offset : offset + length].view(_NUMPY[t.data_type]).reshape(t.dims)
-        values[t.name] = ort.OrtValue.ortvalue_from_numpy(array)
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        for graph in names:
+            values[graph][t.name] = value
     return values
 
 

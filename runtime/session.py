@@ -114,8 +114,8 @@ def create_session(
     dynamic axes (``{"batch": 8, "src_len": 128}``), so that ONNX Runtime folds the shape
     arithmetic away: a graph capture needs every node on the CUDA provider, and the provider
     leaves shape computations on the CPU. ``initializers`` replace the graph's weights of those
-    names with values the caller keeps alive (weights shared between sessions); names the graph
-    does not have are left out. Without ``memory_arena`` the CPU provider allocates each
+    names (each one the graph has) with values the caller keeps alive (weights shared between
+    sessions). Without ``memory_arena`` the CPU provider allocates each
     intermediate tensor on its own instead of growing an arena (a lower peak, a little slower).
     """
     picked = pick_providers(providers)
@@ -129,13 +129,8 @@ def create_session(
     opts.enable_cpu_mem_arena = memory_arena
     for axis, size in (fixed_dims or {}).items():
         opts.add_free_dimension_override_by_name(axis, size)
-    if initializers and not isinstance(path, bytes):
-        from edgeattn.runtime.safety import external_tensors
-
-        own = {t.name for t in external_tensors(Path(path).read_bytes())}
-        for name, value in initializers.items():
-            if name in own:
-                opts.add_initializer(name, value)
+    for name, value in (initializers or {}).items():
+        opts.add_initializer(name, value)
     if optimized_cache is not None:
         cache = Path(optimized_cache)
         if cache.is_file():

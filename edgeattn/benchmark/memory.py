@@ -38,18 +38,29 @@ def transformers_probe(folder: str, task: str | None, threads: int) -> Probe:
     return {"kind": "transformers", "folder": str(folder), "task": task, "threads": threads}
 
 
-def _peak_mb() -> float:
-    """This process's peak resident set. VmHWM belongs to the process's own address space;
-    ru_maxrss would also carry the high-water mark of the parent that spawned it (Linux keeps it
-    across fork and exec), so it is only the fallback where /proc is missing."""
+def _status_mb(field: str) -> float | None:
+    """A memory line of /proc/self/status (``VmHWM``, ``VmRSS``) in MB, or None without /proc."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0  # kB
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return None
+
+
+def peak_mb() -> float:
+    """This process's peak resident set. VmHWM belongs to the process's own address space;
+    ru_maxrss would also carry the high-water mark of the parent that spawned it (Linux keeps it
+    across fork and exec), so it is only the fallback where /proc is missing."""
+    peak = _status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def resident_mb() -> float:
+    """This process's resident set now (0 where /proc is missing)."""
+    return _status_mb("VmRSS") or 0.0
 
 
 def measure_peak(probe: Probe, batch: int, seq: int, vocab_size: int, timeout: float = 600) -> dict[str, float]:
@@ -105,7 +116,7 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
         from edgeattn.runtime.session import create_session
         from edgeattn.runtime.specs import encoder_feeds
 
-        baseline = _peak_mb()
+        baseline = peak_mb()
         session = create_session(spec["path"], providers=[spec["provider"]], threads=spec["threads"], spinning="run")
 
         names = [i.name for i in session.get_inputs()]
@@ -121,7 +132,7 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
         from edgeattn.weights import load_model
 
         torch.set_num_threads(spec["threads"])
-        baseline = _peak_mb()
+        baseline = peak_mb()
         model = load_model(spec["weights"], ModelConfig.from_dict(spec["config"])).eval()
         return eager_runner(use_sdpa(model) if spec["sdpa"] else model, spec["autocast"]), baseline
     if spec["kind"] == "transformers":
@@ -130,7 +141,7 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
         from edgeattn.benchmark.transformers_eager import load_transformers, transformers_answer
 
         torch.set_num_threads(spec["threads"])
-        baseline = _peak_mb()
+        baseline = peak_mb()
         answer = transformers_answer(load_transformers(spec["folder"], spec["task"]), spec["task"])
         return answer, baseline
     raise ValueError(f"unknown probe kind {spec['kind']!r}")
@@ -139,7 +150,7 @@ def build_variant(spec: dict[str, Any]) -> tuple[Callable[[Any, Any], object], f
 def _run_probe(spec: dict[str, Any]) -> dict[str, float]:
     run, baseline = build_variant(spec)
     run(*bench_inputs(spec["vocab_size"], spec["batch"], spec["seq"]))
-    peak = _peak_mb()
+    peak = peak_mb()
     return {"baseline_mb": baseline, "peak_mb": peak, "added_mb": peak - baseline}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
-from edgeattn.benchmark.memory import _peak_mb
+from edgeattn.benchmark.memory import peak_mb, resident_mb
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,6 @@ log = logging.getLogger(__name__)
 VARIANTS = ("transformers", "optimum-fp32", "optimum-int8", "edgeattn-fp32", "edgeattn-int8")
 #: The variant the others are measured against.
 BASELINE = "transformers"
-
-
-def _resident_mb() -> float:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return 0.0
 
 
 def _source(batch: int, src_len: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +77,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     generate = _generator(spec["variant"], Path(spec["path"]), spec["threads"])
     loaded_s = time.perf_counter() - start
-    resident = _resident_mb()
+    resident = resident_mb()
     ids, mask = _source(spec["batch"], spec["src_len"], spec["vocab"])
     tokens = generate(ids, mask, spec["new_tokens"])
     rates = []
@@ -93,7 +85,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         generate(ids, mask, spec["new_tokens"])
         rates.append(spec["batch"] * spec["new_tokens"] / (time.perf_counter() - start))
-    return {"tokens_per_s": rates, "resident_mb": resident, "peak_mb": _peak_mb(), "load_s": loaded_s,
+    return {"tokens_per_s": rates, "resident_mb": resident, "peak_mb": peak_mb(), "load_s": loaded_s,
             "tokens": np.asarray(tokens).tolist()}  # fmt: skip
 
 
