@@ -425,6 +425,113 @@ def run(
         click.echo(answer)
 
 
+_SERVE_TASKS = click.Choice(["classify", "tag", "embed", "encode", "generate"])
+
+
+def _serving_options(func: Any) -> Any:
+    for option in reversed([
+        click.option("--precision", default=FP32, show_default=True,
+                     help=f"One of {', '.join(PRECISIONS)} the export holds."),
+        click.option("--max-batch-size", default=8, show_default=True,
+                     help="Triton's max_batch_size (0: no batching)."),
+        click.option("--max-queue-delay-us", default=1000, show_default=True,
+                     help="How long the dynamic batcher waits to fill a batch."),
+        click.option("--instances", default=1, show_default=True, help="Model instances (instance_group count)."),
+        click.option("--name", default=None, help="The model name clients call (default: the export's name)."),
+        click.option("--task", type=_SERVE_TASKS, default=None, help="What to serve (default: what the head says)."),
+    ]):  # fmt: skip
+        func = option(func)
+    return func
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.argument("repository", type=click.Path(path_type=Path))
+@_serving_options
+@click.option(
+    "--kind",
+    type=click.Choice(["cpu", "gpu"]),
+    default="cpu",
+    show_default=True,
+    help="Where the graph models' instances run.",
+)
+@click.option(
+    "--accelerator",
+    type=click.Choice(["cuda", "tensorrt"]),
+    default=None,
+    help="GPU execution accelerator of the graph models (with --kind gpu).",
+)
+@click.option("--fp16", is_flag=True, help="TensorRT in float16 (with --accelerator tensorrt).")
+@click.option(
+    "--graphs",
+    type=click.Choice(["bls", "in-process"]),
+    default="bls",
+    show_default=True,
+    help="The end-to-end model calls the graph models through Triton, or runs them itself.",
+)
+def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: int, max_queue_delay_us: int,
+           instances: int, name: str | None, task: str | None, kind: str, accelerator: str | None, fp16: bool,
+           graphs: str) -> None:  # fmt: skip
+    """Write a Triton Inference Server model repository for an export. Needs no torch.
+
+    One ONNX Runtime backend model per graph the task needs, and the task end to end (text in,
+    answers out) as a Python-backend model; encoder-decoders also get a streaming model.
+    """
+    from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
+
+    options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances, kind=kind,
+                                accelerator=accelerator, fp16=fp16, max_queue_delay_us=max_queue_delay_us,
+                                name=name, task=task, graphs=graphs)  # fmt: skip
+    repo = write_repository(export_dir, repository, options)
+    click.echo(f"wrote {repo.path}: {', '.join(f'{m} ({b})' for m, b in repo.models.items())}")
+    click.echo(f"start: tritonserver --model-repository {repo.path}   (see {repo.path / 'README.md'})")
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@_serving_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", default=8000, show_default=True, help="HTTP port.")
+@click.option("--grpc-port", default=8001, show_default=True)
+@click.option("--metrics-port", default=8002, show_default=True)
+@click.option(
+    "--repository",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Keep the Triton repository here (default: a temporary directory).",
+)
+def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay_us: int, instances: int,
+          name: str | None, task: str | None, host: str, port: int, grpc_port: int, metrics_port: int,
+          repository: Path | None) -> None:  # fmt: skip
+    """Serve an export behind a Triton Inference Server on this machine (HTTP, gRPC, metrics).
+
+    The end-to-end model runs the graphs in its own process with dynamic batching; needs the
+    serve extra (nvidia-pytriton's server) and no torch. Stops on Ctrl-C.
+    """
+    import tempfile
+
+    from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
+    from edgeattn.runtime.triton_server import TritonServer
+
+    options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances,
+                                max_queue_delay_us=max_queue_delay_us, name=name, task=task,
+                                graphs="in-process")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="edgeattn-serve-") as work:
+        repo = write_repository(export_dir, repository or Path(work) / "repository", options)
+        models = [m for m, backend in repo.models.items() if backend == "python"]
+        server = TritonServer(repo.path, models, host=host, http_port=port, grpc_port=grpc_port,
+                              metrics_port=metrics_port, log_file=Path(work) / "tritonserver.log")  # fmt: skip
+        with server:
+            click.echo(f"serving {', '.join(models)} ({repo.task}, {precision}): HTTP {server.http_url}, "
+                       f"gRPC {server.grpc_url}, metrics {server.metrics_url}; Ctrl-C stops")  # fmt: skip
+            try:
+                code = server.wait()
+            except KeyboardInterrupt:
+                click.echo("stopping")
+                return
+        raise click.ClickException(f"the Triton server stopped (exit code {code})")
+
+
 def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, aggregation: str) -> None:
     """Entities, labels or embeddings of ``texts``, by the encoder's head."""
     head = model.config.head

@@ -148,7 +148,7 @@ class ExportedModel:
         tokenizer = None
         if manifest.tokenizer is not None:
             tokenizer = load_tokenizer(check_file(export_dir, manifest.tokenizer))
-        self._attach(config, sessions, precision, io_binding, tokenizer)
+        self._attach(config, sessions, precision, io_binding, tokenizer, manifest.labels, manifest.pooling)
         self.export_dir: Path | None = export_dir
         self.manifest: Manifest | None = manifest
 
@@ -178,9 +178,27 @@ class ExportedModel:
         self.export_dir, self.manifest = None, None
         return self
 
+    @classmethod
+    def from_sessions(
+        cls,
+        config: ModelConfig,
+        sessions: Mapping[str, Any],
+        precision: str = FP32,
+        tokenizer: WordTokenizer | TextTokenizer | None = None,
+        labels: list[str] | None = None,
+        pooling: Pooling | None = None,
+    ) -> ExportedModel:
+        """A model over objects that run its graphs as ONNX Runtime sessions do (``run(output_names,
+        feeds)`` and ``get_providers()``), for example graphs served by another process."""
+        self = cls.__new__(cls)
+        self._attach(config, sessions, precision, False, tokenizer, labels, pooling)
+        self.export_dir, self.manifest = None, None
+        return self
+
     def _attach(
-        self, config: ModelConfig, sessions: dict[str, Any], precision: str, io_binding: bool | None,
-        tokenizer: WordTokenizer | TextTokenizer | None,
+        self, config: ModelConfig, sessions: Mapping[str, Any], precision: str, io_binding: bool | None,
+        tokenizer: WordTokenizer | TextTokenizer | None, labels: list[str] | None = None,
+        pooling: Pooling | None = None,
     ) -> None:  # fmt: skip
         if not sessions:
             raise EdgeattnError("a model needs at least one graph")
@@ -193,6 +211,10 @@ class ExportedModel:
         self.device = "cuda" if self.providers[0] == CUDA else "cpu"
         self.io_binding = self.device == "cuda" if io_binding is None else io_binding
         self.tokenizer = tokenizer
+        #: label names by output index (classification heads), when the export has them
+        self.labels = labels
+        #: how :meth:`embed` pools token vectors
+        self.pooling = pooling or Pooling()
 
     @property
     def graphs(self) -> list[str]:
@@ -269,7 +291,7 @@ class ExportedModel:
             return self._logits(input_ids, attention_mask, token_type_ids, "sequence")
         batch = self.text_batch(input_ids, truncate)
         logits = self._logits(batch.ids, batch.mask, self._types(batch), "sequence")
-        return text.classifications(logits, text.label_names(self._labels(), logits.shape[-1]))
+        return text.classifications(logits, text.label_names(self.labels, logits.shape[-1]))
 
     def tag(
         self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, *, truncate: bool = False,
@@ -285,7 +307,7 @@ class ExportedModel:
             raise InputError(f"aggregation {aggregation!r} is not one of {', '.join(text.AGGREGATIONS)}")
         batch = self.text_batch(input_ids, truncate)
         logits = self._logits(batch.ids, batch.mask, self._types(batch), "token")
-        labels = text.label_names(self._labels(), logits.shape[-1])
+        labels = text.label_names(self.labels, logits.shape[-1])
         texts = batch_texts(input_ids)
         return [
             text.entities(logits[i], t, batch.offsets[i], batch.special[i], labels, batch.words[i], aggregation)
@@ -303,8 +325,7 @@ class ExportedModel:
         else:
             feeds = self.encoder_feeds(input_ids, attention_mask, token_type_ids)
         hidden = self.run("encoder", feeds)["last_hidden_state"]
-        pooling = (self.manifest.pooling if self.manifest is not None else None) or Pooling()
-        return text.pool(hidden, feeds["attention_mask"], pooling)
+        return text.pool(hidden, feeds["attention_mask"], self.pooling)
 
     def text_batch(self, texts: Any, truncate: bool = False) -> TextBatch:
         """``texts`` tokenized by the export's Hugging Face tokenizer into one padded batch."""
@@ -319,9 +340,6 @@ class ExportedModel:
 
     def _types(self, batch: TextBatch) -> np.ndarray | None:
         return batch.type_ids if self.config.token_types else None
-
-    def _labels(self) -> list[str] | None:
-        return None if self.manifest is None else self.manifest.labels
 
     # ------------------------------------------------------------- generation
     def empty_cache(self, rows: int) -> dict[str, np.ndarray]:
@@ -407,11 +425,18 @@ class ExportedModel:
         """Tokenize ``texts`` (one string or a list), generate, and decode the answers (needs the
         export's tokenizer). ``max_new_tokens`` defaults to twice the longest input plus 8; a text
         longer than the model takes is an error unless ``truncate``."""
+        return [answer for answer, _ in self.generate_answers(texts, max_new_tokens, truncate=truncate, **options)]
+
+    def generate_answers(
+        self, texts: Any, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
+    ) -> list[tuple[str, np.ndarray]]:
+        """As :meth:`generate_text`, with each answer's tokens (up to, not including, EOS)."""
         ids, mask = self._text_source(texts, truncate)
         steps = max_new_tokens or self._default_steps(ids.shape[1])
         out = self.generate(ids, mask, steps, **options)
         assert self.tokenizer is not None
-        return [self.tokenizer.decode(_until_eos(row, self.config.eos_id)) for row in out.tokens]
+        rows = [until_eos(row, self.config.eos_id) for row in out.tokens]
+        return [(self.tokenizer.decode(row), row) for row in rows]
 
     def stream_text(
         self, text_in: str, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
@@ -459,7 +484,7 @@ class ExportedModel:
         return ids, mask
 
 
-def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
+def until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
     """A generated row up to (not including) its first EOS."""
     ends = np.flatnonzero(row == eos_id)
     return row[: ends[0]] if ends.size else row

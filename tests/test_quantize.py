@@ -122,8 +122,8 @@ def _corrupt_scales(path, factor=60.0):
     hit = 0
     for init in model.graph.initializer:
         if init.name.endswith("_scale") or init.name.endswith("_scales"):
-            arr = onnx.numpy_helper.to_array(init) * factor
-            init.CopyFrom(onnx.numpy_helper.from_array(arr.astype(arr.dtype), init.name))
+            arr = onnx.numpy_helper.to_array(init)
+            init.CopyFrom(onnx.numpy_helper.from_array((arr * factor).astype(arr.dtype), init.name))
             hit += 1
     assert hit, "no scales found to corrupt"
     onnx.save(model, str(path))

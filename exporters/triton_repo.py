@@ -1,0 +1,380 @@
+"""A Triton Inference Server model repository from an export directory.
+
+```
+<repo>/
+  README.md                        how to start it, call it, and run it on KServe
+  kserve.yaml                      a KServe InferenceService for the repository
+  <name>_<graph>/                  one ONNX Runtime backend model per graph the task needs
+    config.pbtxt                   from the graph's spec: names, types, -1 for dynamic axes
+    1/model.onnx (+ model.onnx.data)
+    warmup/                        data files of the warm-up requests
+  <name>/                          the task end to end (Python backend): text in, answers out
+    config.pbtxt
+    1/model.py, 1/edgeattn.json, 1/tokenizer.json, 1/vendor/edgeattn/...
+  <name>_stream/                   encoder-decoders: generation streamed (decoupled mode)
+```
+The end-to-end model calls the graph models through Triton (business logic scripting) by
+default, or runs the same ONNX files in its own process (``graphs: "in-process"``), which needs
+no ONNX Runtime backend. It carries the torch-free part of edgeattn with it, so the server's
+Python needs only numpy, onnxruntime and tokenizers. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import edgeattn
+from edgeattn.errors import ConfigError, EdgeattnError
+from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
+from edgeattn.runtime.precisions import FP32, get_precision
+from edgeattn.runtime.serving import TASKS, ServedTensor, task_inputs, task_of, task_outputs
+from edgeattn.runtime.specs import GraphSpec, graph_spec
+
+log = logging.getLogger(__name__)
+
+KINDS = ("cpu", "gpu")
+ACCELERATORS = ("cuda", "tensorrt")
+#: Where the end-to-end model's graphs run.
+GRAPH_MODES = ("bls", "in-process")
+#: The end-to-end model's settings file, beside its model.py.
+SETTINGS = "edgeattn.json"
+#: Sequence length of the warm-up requests.
+WARMUP_LEN = 16
+_ONNX_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32"}
+_NUMPY_TYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
+
+MODEL_PY = '''"""Triton Python-backend model written by edgeattn: the task end to end (see edgeattn.json)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "vendor"))
+
+from edgeattn.runtime.triton_backend import TritonPythonModel  # noqa: E402,F401
+'''
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """How the repository serves: which precision, batching, instances and hardware."""
+
+    precision: str = FP32
+    max_batch_size: int = 8
+    instances: int = 1
+    kind: str = "cpu"
+    accelerator: str | None = None
+    fp16: bool = False
+    max_queue_delay_us: int = 1000
+    #: the model name clients call (default: the export directory's name)
+    name: str | None = None
+    #: the served task (default: what the model's head says)
+    task: str | None = None
+    graphs: str = "bls"
+
+    def check(self) -> None:
+        get_precision(self.precision)
+        if self.max_batch_size < 0:
+            raise ConfigError(f"--max-batch-size must be 0 (no batching) or more, not {self.max_batch_size}")
+        if self.instances < 1:
+            raise ConfigError(f"--instances must be at least 1, not {self.instances}")
+        if self.kind not in KINDS:
+            raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        if self.accelerator is not None and self.accelerator not in ACCELERATORS:
+            raise ConfigError(f"--accelerator must be one of {', '.join(ACCELERATORS)}, not {self.accelerator!r}")
+        if self.accelerator is not None and self.kind != "gpu":
+            raise ConfigError(f"--accelerator {self.accelerator} needs --kind gpu")
+        if self.fp16 and self.accelerator != "tensorrt":
+            raise ConfigError(
+                "--fp16 sets TensorRT's precision mode and needs --accelerator tensorrt; for float16 graphs on "
+                "the CUDA provider export --precision fp16 and serve it with --precision fp16"
+            )
+        if self.graphs not in GRAPH_MODES:
+            raise ConfigError(f"graphs must be one of {', '.join(GRAPH_MODES)}, not {self.graphs!r}")
+        if self.name is not None and not _valid_name(self.name):
+            raise ConfigError(f"model name {self.name!r} may hold only letters, digits, '.', '_' and '-'")
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and all(c.isalnum() or c in "._-" for c in name)
+
+
+def graphs_for(task: str) -> list[str]:
+    """The graphs a served task runs."""
+    return ["encoder", "cross_kv", "decoder"] if task == "generate" else ["encoder"]
+
+
+# -------------------------------------------------------------------------------- config.pbtxt
+def _quote(text: str) -> str:
+    return json.dumps(text)
+
+
+def _tensor(name: str, triton_type: str, dims: list[int] | tuple[int, ...], optional: bool = False) -> str:
+    extra = " optional: true" if optional else ""
+    return f"  {{ name: {_quote(name)} data_type: {triton_type} dims: [ {', '.join(map(str, dims))} ]{extra} }}"
+
+
+def _block(key: str, items: list[str]) -> str:
+    return f"{key} [\n" + ",\n".join(items) + "\n]"
+
+
+def _dims(axes: tuple[str | int, ...], batched: bool) -> list[int]:
+    """A spec tensor's Triton dims: -1 for named (dynamic) axes; the batch axis left to max_batch_size."""
+    rest = axes[1:] if batched else axes
+    return [-1 if isinstance(a, str) else int(a) for a in rest]
+
+
+def _common(options: RepositoryOptions, gpu_capable: bool) -> list[str]:
+    lines = []
+    if options.max_batch_size > 0:
+        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}")
+    kind = "KIND_GPU" if options.kind == "gpu" and gpu_capable else "KIND_CPU"
+    lines.append(f"instance_group [ {{ count: {options.instances} kind: {kind} }} ]")
+    return lines
+
+
+def graph_config(model_name: str, spec: GraphSpec, options: RepositoryOptions, warmup: list[str]) -> str:
+    """The config.pbtxt of one graph served by the ONNX Runtime backend."""
+    batched = options.max_batch_size > 0
+    lines = [
+        f"name: {_quote(model_name)}",
+        'backend: "onnxruntime"',
+        f"max_batch_size: {options.max_batch_size}",
+        _block("input", [_tensor(t.name, _ONNX_TYPES[t.dtype], _dims(t.axes, batched)) for t in spec.inputs]),
+        _block("output", [_tensor(t.name, _ONNX_TYPES[t.dtype], _dims(t.axes, batched)) for t in spec.outputs]),
+        *_common(options, gpu_capable=True),
+    ]
+    if options.accelerator == "tensorrt":
+        mode = "FP16" if options.fp16 else "FP32"
+        lines.append(
+            'optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
+            f'parameters {{ key: "precision_mode" value: "{mode}" }} '
+            'parameters { key: "max_workspace_size_bytes" value: "1073741824" } } ] } }'
+        )
+    if warmup:
+        lines.append(_block("model_warmup", warmup))
+    return "\n".join(lines) + "\n"
+
+
+def _served(tensors: tuple[ServedTensor, ...]) -> list[str]:
+    return [_tensor(t.name, t.triton_type, t.dims, t.optional) for t in tensors]
+
+
+def task_config(model_name: str, task: str, config: object, options: RepositoryOptions, decoupled: bool) -> str:
+    """The config.pbtxt of the end-to-end Python-backend model."""
+    lines = [
+        f"name: {_quote(model_name)}",
+        'backend: "python"',
+        f"max_batch_size: {options.max_batch_size}",
+        _block("input", _served(task_inputs(task))),
+        _block("output", _served(task_outputs(task, config))),
+        *_common(options, gpu_capable=False),
+        f'parameters {{ key: "graphs" value: {{ string_value: "{options.graphs}" }} }}',
+    ]
+    if decoupled:
+        lines.append("model_transaction_policy { decoupled: true }")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------- warm-up
+def _warmup(spec: GraphSpec, model_dir: Path, batched: bool) -> list[str]:
+    """One warm-up request at real shapes (source of WARMUP_LEN tokens, one cached position), its
+    mask of ones written under ``model_dir/warmup``."""
+    sizes = {"src_len": WARMUP_LEN, "tgt_len": 1, "past_len": 1, "total_len": 2}
+    inputs = []
+    for t in spec.inputs:
+        dims = [sizes.get(a, 1) if isinstance(a, str) else int(a) for a in (t.axes[1:] if batched else t.axes)]
+        if not batched:
+            dims[0] = 1
+        if "mask" in t.name:
+            data = np.ones(dims, _NUMPY_TYPES[t.dtype])
+            (model_dir / "warmup").mkdir(exist_ok=True)
+            (model_dir / "warmup" / t.name).write_bytes(data.tobytes())
+            source = f"input_data_file: {_quote(t.name)}"
+        elif t.dtype.startswith("float"):
+            source = "random_data: true"
+        else:
+            source = "zero_data: true"
+        inputs.append(
+            f"    inputs {{ key: {_quote(t.name)} value: {{ data_type: {_ONNX_TYPES[t.dtype]} "
+            f"dims: [ {', '.join(map(str, dims))} ] {source} }} }}"
+        )
+    batch = "batch_size: 1\n" if batched else ""
+    return ['  {\n    name: "real shapes"\n    ' + batch + "\n".join(inputs) + "\n  }"]
+
+
+# ------------------------------------------------------------------------------------ the writer
+def _copy_graph(src: Path, dst_dir: Path) -> None:
+    """The graph as one self-contained ONNX file (its weights beside it when they are large),
+    whatever layout the export keeps them in."""
+    model = onnx.load(str(src), load_external_data=True)
+    dst_dir.mkdir(parents=True)
+    large = model.ByteSize() > (1 << 30)
+    onnx.save_model(model, str(dst_dir / "model.onnx"), save_as_external_data=large,
+                    all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)  # fmt: skip
+
+
+def _vendor(dst: Path) -> None:
+    """The torch-free part of edgeattn (its top module, config, errors and runtime) under ``dst``."""
+    package = Path(edgeattn.__file__).resolve().parent
+    runtime = Path(__import__("edgeattn.runtime", fromlist=["_"]).__file__).resolve().parent
+    (dst / "edgeattn" / "runtime").mkdir(parents=True)
+    for name in ("__init__.py", "config.py", "errors.py"):
+        shutil.copy2(package / name, dst / "edgeattn" / name)
+    for path in runtime.glob("*.py"):
+        shutil.copy2(path, dst / "edgeattn" / "runtime" / path.name)
+
+
+@dataclass
+class Repository:
+    """What :func:`write_repository` wrote."""
+
+    path: Path
+    #: the end-to-end model clients call
+    name: str
+    task: str
+    #: every model of the repository, by name: "onnxruntime" or "python"
+    models: dict[str, str]
+
+
+def write_repository(export_dir: str | Path, repo: str | Path, options: RepositoryOptions) -> Repository:
+    """Write a Triton model repository serving the export at ``options.precision``."""
+    options.check()
+    export_dir, repo = Path(export_dir), Path(repo)
+    manifest = read_manifest(export_dir)
+    config = manifest.config
+    task = task_of(config, options.task or (manifest.task if manifest.task in TASKS else None))
+    name = options.name or _clean_name(export_dir.resolve().name)
+    needed = graphs_for(task)
+    missing = [g for g in needed if g not in manifest.graphs]
+    if missing:
+        raise EdgeattnError(f"task {task!r} needs the {', '.join(missing)} graph(s), which {export_dir} lacks")
+    if manifest.tokenizer is None:
+        raise EdgeattnError(f"{export_dir} has no tokenizer: the served model takes text")
+    if repo.exists() and any(repo.iterdir()):
+        raise EdgeattnError(f"{repo} is not empty; choose a new directory for the repository")
+    repo.mkdir(parents=True, exist_ok=True)
+    models: dict[str, str] = {}
+    batched = options.max_batch_size > 0
+    graph_models = {}
+    for graph in needed:
+        entry = manifest.entry(graph, options.precision)
+        src = check_file(export_dir, entry)
+        model_name = f"{name}_{graph}"
+        model_dir = repo / model_name
+        _copy_graph(src, model_dir / "1")
+        spec = graph_spec(graph, config)
+        warmup = _warmup(spec, model_dir, batched)
+        (model_dir / "config.pbtxt").write_text(graph_config(model_name, spec, options, warmup), encoding="utf-8")
+        models[model_name] = "onnxruntime"
+        graph_models[graph] = model_name
+    variants = [(name, False)] + ([(f"{name}_stream", True)] if task == "generate" else [])
+    for model_name, decoupled in variants:
+        _write_task_model(repo / model_name, export_dir, manifest, task, graph_models, options, decoupled)
+        (repo / model_name / "config.pbtxt").write_text(
+            task_config(model_name, task, config, options, decoupled), encoding="utf-8"
+        )
+        models[model_name] = "python"
+    (repo / "README.md").write_text(_readme(name, task, models, options), encoding="utf-8")
+    (repo / "kserve.yaml").write_text(_kserve(name), encoding="utf-8")
+    log.info("wrote Triton repository %s: %s", repo, ", ".join(models))
+    return Repository(repo, name, task, models)
+
+
+def _clean_name(text: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in text).strip("._-")
+    return cleaned or "model"
+
+
+def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, task: str, graph_models: dict[str, str],
+                      options: RepositoryOptions, decoupled: bool) -> None:  # fmt: skip
+    version = model_dir / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
+    assert manifest.tokenizer is not None
+    shutil.copy2(check_file(export_dir, manifest.tokenizer), version / "tokenizer.json")
+    settings = {
+        "task": task,
+        "precision": options.precision,
+        "config": manifest.config.to_dict(),
+        "labels": manifest.labels,
+        "pooling": None if manifest.pooling is None else {"mode": manifest.pooling.mode,
+                                                          "normalize": manifest.pooling.normalize},
+        "graph_models": graph_models,
+        "decoupled": decoupled,
+        "edgeattn_version": edgeattn.__version__,
+    }  # fmt: skip
+    (version / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    _vendor(version / "vendor")
+
+
+def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOptions) -> str:
+    listing = "\n".join(f"- `{m}` ({backend})" for m, backend in models.items())
+    outputs = {"classify": "label, score, probabilities", "tag": "entities (JSON)", "embed": "embedding",
+               "encode": "last_hidden_state, attention_mask", "generate": "answer, tokens"}[task]  # fmt: skip
+    stream = (
+        f"\n`{name}_stream` streams the answer as it grows (decoupled mode: call it over gRPC streaming, "
+        "one request, one response per piece of text).\n"
+        if task == "generate"
+        else ""
+    )
+    return f"""# Triton repository for `{name}` ({task}, {options.precision})
+
+Written by edgeattn {edgeattn.__version__}. Models:
+
+{listing}
+
+Clients call `{name}` with `text` (strings, one per row) and get {outputs}.{stream}
+The graph models serve the ONNX graphs alone (their config names every tensor; -1 marks a dynamic axis).
+
+## Start it
+```bash
+docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD:/models \\
+  nvcr.io/nvidia/tritonserver:24.08-py3 \\
+  bash -c "pip install numpy onnxruntime tokenizers && tritonserver --model-repository /models"
+```
+The Python-backend model carries edgeattn's torch-free runtime (`1/vendor`); the server's Python needs
+numpy, onnxruntime and tokenizers. Without the ONNX Runtime backend (or to keep everything in one
+process) set the `graphs` parameter of `{name}/config.pbtxt` to `"in-process"` and start only it:
+`tritonserver --model-repository /models --model-control-mode explicit --load-model {name}`.
+
+## Call it
+```python
+import numpy as np, tritonclient.http as http
+client = http.InferenceServerClient("localhost:8000")
+text = http.InferInput("text", [1, 1], "BYTES")
+text.set_data_from_numpy(np.array([["your text"]], dtype=object))
+print(client.infer("{name}", [text]).as_numpy("{outputs.split(",")[0]}"))
+```
+
+## KServe
+`kserve.yaml` is an `InferenceService` for this repository: copy the repository to the storage it
+names (`storageUri`) and `kubectl apply -f kserve.yaml`.
+"""
+
+
+def _kserve(name: str) -> str:
+    service = name.lower().replace("_", "-").replace(".", "-")
+    return f"""apiVersion: serving.kserve.io/v1beta1
+kind: InferenceService
+metadata:
+  name: {service}
+spec:
+  predictor:
+    model:
+      modelFormat:
+        name: triton
+      runtimeVersion: 24.08-py3
+      storageUri: s3://your-bucket/{name}-repository
+      args: ["--strict-model-config=false"]
+      resources:
+        limits:
+          cpu: "2"
+          memory: 4Gi
+"""
