@@ -101,7 +101,7 @@ class TritonServer:
         cmd = [binary, f"--model-repository={self.repository}", f"--http-address={self.host}",
                f"--grpc-address={self.host}", f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                f"--metrics-port={self.metrics_port}", "--allow-metrics=true", "--allow-gpu-metrics=false",
-               "--exit-on-error=true", "--log-verbose=0"]  # fmt: skip
+               "--exit-on-error=true", "--exit-timeout-secs=5", "--log-verbose=0"]  # fmt: skip
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
         if self.models is not None:
