@@ -463,6 +463,11 @@ def _serving_options(func: Any) -> Any:
 )
 @click.option("--fp16", is_flag=True, help="TensorRT in float16 (with --accelerator tensorrt).")
 @click.option(
+    "--per-tensor-scales",
+    is_flag=True,
+    help="int8: keep one activation scale per batch (faster; answers then depend on batch-mates).",
+)
+@click.option(
     "--graphs",
     type=click.Choice(["bls", "in-process"]),
     default="bls",
@@ -471,7 +476,7 @@ def _serving_options(func: Any) -> Any:
 )
 def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: int, max_queue_delay_us: int,
            instances: int, name: str | None, task: str | None, kind: str, accelerator: str | None, fp16: bool,
-           graphs: str) -> None:  # fmt: skip
+           per_tensor_scales: bool, graphs: str) -> None:  # fmt: skip
     """Write a Triton Inference Server model repository for an export. Needs no torch.
 
     One ONNX Runtime backend model per graph the task needs, and the task end to end (text in,
@@ -481,7 +486,7 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
 
     options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances, kind=kind,
                                 accelerator=accelerator, fp16=fp16, max_queue_delay_us=max_queue_delay_us,
-                                name=name, task=task, graphs=graphs)  # fmt: skip
+                                name=name, task=task, graphs=graphs, per_tensor_scales=per_tensor_scales)  # fmt: skip
     repo = write_repository(export_dir, repository, options)
     click.echo(f"wrote {repo.path}: {', '.join(f'{m} ({b})' for m, b in repo.models.items())}")
     click.echo(f"start: tritonserver --model-repository {repo.path}   (see {repo.path / 'README.md'})")

@@ -32,6 +32,7 @@ import onnx
 
 import edgeattn
 from edgeattn.errors import ConfigError, EdgeattnError
+from edgeattn.exporters.rowwise import row_independent
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
 from edgeattn.runtime.serving import TASKS, ServedTensor, task_inputs, task_of, task_outputs
@@ -77,6 +78,9 @@ class RepositoryOptions:
     #: the served task (default: what the model's head says)
     task: str | None = None
     graphs: str = "bls"
+    #: keep ONNX Runtime's one activation scale per batch in dynamic int8 graphs (faster; a row's
+    #: answer then depends on the rows batched with it)
+    per_tensor_scales: bool = False
 
     def check(self) -> None:
         get_precision(self.precision)
@@ -210,14 +214,20 @@ def _warmup(spec: GraphSpec, model_dir: Path, batched: bool) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ the writer
-def _copy_graph(src: Path, dst_dir: Path) -> None:
+def _copy_graph(src: Path, dst_dir: Path, per_tensor_scales: bool) -> dict[str, int] | None:
     """The graph as one self-contained ONNX file (its weights beside it when they are large),
-    whatever layout the export keeps them in."""
+    whatever layout the export keeps them in. Dynamic int8 graphs get one activation scale per
+    row unless ``per_tensor_scales`` (see :mod:`edgeattn.exporters.rowwise`); returns what changed."""
     model = onnx.load(str(src), load_external_data=True)
+    changed = None
+    if not per_tensor_scales and any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node):
+        changed = row_independent(model)
+        onnx.checker.check_model(model)
     dst_dir.mkdir(parents=True)
     large = model.ByteSize() > (1 << 30)
     onnx.save_model(model, str(dst_dir / "model.onnx"), save_as_external_data=large,
                     all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)  # fmt: skip
+    return changed
 
 
 def _vendor(dst: Path) -> None:
@@ -263,12 +273,15 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
     models: dict[str, str] = {}
     batched = options.max_batch_size > 0
     graph_models = {}
+    rewritten: dict[str, dict[str, int]] = {}
     for graph in needed:
         entry = manifest.entry(graph, options.precision)
         src = check_file(export_dir, entry)
         model_name = f"{name}_{graph}"
         model_dir = repo / model_name
-        _copy_graph(src, model_dir / "1")
+        changed = _copy_graph(src, model_dir / "1", options.per_tensor_scales)
+        if changed:
+            rewritten[graph] = changed
         spec = graph_spec(graph, config)
         warmup = _warmup(spec, model_dir, batched)
         (model_dir / "config.pbtxt").write_text(graph_config(model_name, spec, options, warmup), encoding="utf-8")
@@ -276,12 +289,12 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
         graph_models[graph] = model_name
     variants = [(name, False)] + ([(f"{name}_stream", True)] if task == "generate" else [])
     for model_name, decoupled in variants:
-        _write_task_model(repo / model_name, export_dir, manifest, task, graph_models, options, decoupled)
+        _write_task_model(repo / model_name, export_dir, manifest, task, graph_models, options, decoupled, rewritten)
         (repo / model_name / "config.pbtxt").write_text(
             task_config(model_name, task, config, options, decoupled), encoding="utf-8"
         )
         models[model_name] = "python"
-    (repo / "README.md").write_text(_readme(name, task, models, options), encoding="utf-8")
+    (repo / "README.md").write_text(_readme(name, task, models, options, bool(rewritten)), encoding="utf-8")
     (repo / "kserve.yaml").write_text(_kserve(name), encoding="utf-8")
     log.info("wrote Triton repository %s: %s", repo, ", ".join(models))
     return Repository(repo, name, task, models)
@@ -293,7 +306,8 @@ def _clean_name(text: str) -> str:
 
 
 def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, task: str, graph_models: dict[str, str],
-                      options: RepositoryOptions, decoupled: bool) -> None:  # fmt: skip
+                      options: RepositoryOptions, decoupled: bool, rewritten: dict[str, dict[str, int]]
+                      ) -> None:  # fmt: skip
     version = model_dir / "1"
     version.mkdir(parents=True)
     (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
@@ -308,13 +322,14 @@ def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, tas
                                                           "normalize": manifest.pooling.normalize},
         "graph_models": graph_models,
         "decoupled": decoupled,
+        "row_independent_int8": rewritten,
         "edgeattn_version": edgeattn.__version__,
     }  # fmt: skip
     (version / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     _vendor(version / "vendor")
 
 
-def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOptions) -> str:
+def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOptions, rows: bool) -> str:
     listing = "\n".join(f"- `{m}` ({backend})" for m, backend in models.items())
     outputs = {"classify": "label, score, probabilities", "tag": "entities (JSON)", "embed": "embedding",
                "encode": "last_hidden_state, attention_mask", "generate": "answer, tokens"}[task]  # fmt: skip
@@ -332,7 +347,7 @@ Written by edgeattn {edgeattn.__version__}. Models:
 
 Clients call `{name}` with `text` (strings, one per row) and get {outputs}.{stream}
 The graph models serve the ONNX graphs alone (their config names every tensor; -1 marks a dynamic axis).
-
+{ROWS if rows else ""}
 ## Start it
 ```bash
 docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD:/models \\
@@ -356,6 +371,13 @@ print(client.infer("{name}", [text]).as_numpy("{outputs.split(",")[0]}"))
 ## KServe
 `kserve.yaml` is an `InferenceService` for this repository: copy the repository to the storage it
 names (`storageUri`) and `kubectl apply -f kserve.yaml`.
+"""
+
+
+ROWS = """
+The int8 graphs quantise each row's activations with that row's own scale (ONNX Runtime's dynamic
+int8 takes one scale for the whole batch), so an answer does not change with the requests Triton
+batches it with; `edgeattn triton --per-tensor-scales` keeps the faster batch-wide scale.
 """
 
 

@@ -339,3 +339,76 @@ def test_edgeattn_serve_serves_until_interrupted(demo_export, tmp_path):
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert "serving sort, sort_stream" in out and "stopping" in out
+
+
+# ------------------------------------------------------------------ answers independent of batching
+def _encoder_rows(path: Path, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=CPU)
+    return session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
+
+
+def test_served_int8_graphs_give_a_row_the_same_result_in_any_batch(demo_export, tmp_path):
+    from edgeattn.runtime.manifest import read_manifest
+
+    repo = write_repository(demo_export, tmp_path / "repo", RepositoryOptions(precision="int8"))
+    settings = json.loads((repo.path / "sorter" / "1" / "edgeattn.json").read_text())
+    assert settings["row_independent_int8"]["encoder"]["per_tensor_left"] == 0
+    assert "own scale" in (repo.path / "README.md").read_text()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(3, 12, (4, 14)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1:, 6:] = 0  # shorter batch-mates, padded
+    fp32 = _encoder_rows(demo_export / "encoder.onnx", ids, mask)
+    per_tensor = demo_export / read_manifest(demo_export).entry("encoder", "int8").file
+    served = repo.path / "sorter_encoder" / "1" / "model.onnx"
+    for path, independent in ((per_tensor, False), (served, True)):
+        batched = _encoder_rows(path, ids, mask)
+        alone = _encoder_rows(path, ids[:1], mask[:1])
+        gap = float(np.abs(batched[0] - alone[0]).max())
+        assert (gap == 0.0) == independent, (path.name, gap)  # the per-tensor graph shows the test can fail
+        cosine = (batched * fp32).sum(-1) / np.linalg.norm(batched, axis=-1) / np.linalg.norm(fp32, axis=-1)
+        assert cosine[mask == 1].min() > 0.999
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int8-static", "fp16"])
+def test_served_answers_do_not_depend_on_batch_mates(demo_export, tmp_path, precision):
+    from edgeattn.runtime.triton_backend import served_model
+
+    write_repository(demo_export, tmp_path / "repo", RepositoryOptions(precision=precision, graphs="in-process"))
+    model, _ = served_model(tmp_path / "repo" / "sorter" / "1", "in-process", 8)
+    alone = [answer(model, "generate", [{"text": _texts(s)}])[0] for s in SOURCES]
+    together = answer(model, "generate", [{"text": _texts(s)} for s in SOURCES])
+    mixed = answer(model, "generate", [{"text": _texts(*SOURCES[::-1])}])[0]
+    for i, own in enumerate(alone):
+        assert together[i]["answer"].tolist() == own["answer"].tolist()
+        np.testing.assert_array_equal(together[i]["tokens"], own["tokens"])
+        assert mixed["answer"][len(SOURCES) - 1 - i, 0] == own["answer"][0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["tag", "classify"])
+def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task):
+    pytest.importorskip("transformers")
+    from test_hf import BERT_SPECIALS, TEXTS, _checkpoint, _tokenizer
+
+    from edgeattn.runtime.triton_backend import served_model
+
+    head = "ForTokenClassification" if task == "tag" else "ForSequenceClassification"
+    _checkpoint("Bert", head).save_pretrained(tmp_path / "hf")
+    _tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
+    source = resolve_model(from_hf=tmp_path / "hf")
+    export_model(source.model, tmp_path / "out", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
+                 labels=source.labels, precisions=["int8"], verify=False)  # fmt: skip
+    texts = [*TEXTS, "Paris.", "Ada Lovelace visited Warsaw and London and Paris in May with Angela Merkel."]
+    output = "entities" if task == "tag" else "label"
+    for precision in ("fp32", "int8"):
+        repo = tmp_path / f"repo-{precision}"
+        write_repository(tmp_path / "out", repo, RepositoryOptions(precision=precision, graphs="in-process"))
+        model, _ = served_model(repo / "out" / "1", "in-process", 8)
+        alone = [answer(model, task, [{"text": _texts(t)}])[0][output][0, 0] for t in texts]
+        together = answer(model, task, [{"text": _texts(*texts)}])[0][output][:, 0].tolist()
+        assert together == alone, precision
+        if task == "tag":
+            assert any(json.loads(a) for a in alone)  # entities were found, so spans were compared
