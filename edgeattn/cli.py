@@ -437,6 +437,8 @@ def _serving_options(func: Any) -> Any:
         click.option("--max-queue-delay-us", default=1000, show_default=True,
                      help="How long the dynamic batcher waits to fill a batch."),
         click.option("--instances", default=1, show_default=True, help="Model instances (instance_group count)."),
+        click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
+                     help="Gather concurrent requests into one batch."),
         click.option("--name", default=None, help="The model name clients call (default: the export's name)."),
         click.option("--task", type=_SERVE_TASKS, default=None, help="What to serve (default: what the head says)."),
     ]):  # fmt: skip
@@ -475,8 +477,8 @@ def _serving_options(func: Any) -> Any:
     help="The end-to-end model calls the graph models through Triton, or runs them itself.",
 )
 def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: int, max_queue_delay_us: int,
-           instances: int, name: str | None, task: str | None, kind: str, accelerator: str | None, fp16: bool,
-           per_tensor_scales: bool, graphs: str) -> None:  # fmt: skip
+           instances: int, dynamic_batching: bool, name: str | None, task: str | None, kind: str,
+           accelerator: str | None, fp16: bool, per_tensor_scales: bool, graphs: str) -> None:  # fmt: skip
     """Write a Triton Inference Server model repository for an export. Needs no torch.
 
     One ONNX Runtime backend model per graph the task needs, and the task end to end (text in,
@@ -486,7 +488,8 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
 
     options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances, kind=kind,
                                 accelerator=accelerator, fp16=fp16, max_queue_delay_us=max_queue_delay_us,
-                                name=name, task=task, graphs=graphs, per_tensor_scales=per_tensor_scales)  # fmt: skip
+                                name=name, task=task, graphs=graphs, per_tensor_scales=per_tensor_scales,
+                                dynamic_batching=dynamic_batching)  # fmt: skip
     repo = write_repository(export_dir, repository, options)
     click.echo(f"wrote {repo.path}: {', '.join(f'{m} ({b})' for m, b in repo.models.items())}")
     click.echo(f"start: tritonserver --model-repository {repo.path}   (see {repo.path / 'README.md'})")
@@ -506,6 +509,7 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
     help="Keep the Triton repository here (default: a temporary directory).",
 )
 def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay_us: int, instances: int,
+          dynamic_batching: bool,
           name: str | None, task: str | None, host: str, port: int, grpc_port: int, metrics_port: int,
           repository: Path | None) -> None:  # fmt: skip
     """Serve an export behind a Triton Inference Server on this machine (HTTP, gRPC, metrics).
@@ -520,7 +524,7 @@ def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay
 
     options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances,
                                 max_queue_delay_us=max_queue_delay_us, name=name, task=task,
-                                graphs="in-process")  # fmt: skip
+                                graphs="in-process", dynamic_batching=dynamic_batching)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="edgeattn-serve-") as work:
         repo = write_repository(export_dir, repository or Path(work) / "repository", options)
         models = [m for m, backend in repo.models.items() if backend == "python"]

@@ -35,7 +35,7 @@ from edgeattn.errors import ConfigError, EdgeattnError
 from edgeattn.exporters.rowwise import row_independent
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
-from edgeattn.runtime.serving import TASKS, ServedTensor, task_inputs, task_of, task_outputs
+from edgeattn.runtime.serving import ServedTensor, task_inputs, task_of, task_outputs
 from edgeattn.runtime.specs import GraphSpec, graph_spec
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class RepositoryOptions:
     accelerator: str | None = None
     fp16: bool = False
     max_queue_delay_us: int = 1000
+    #: let Triton gather concurrent requests into one batch (off: each request runs alone)
+    dynamic_batching: bool = True
     #: the model name clients call (default: the export directory's name)
     name: str | None = None
     #: the served task (default: what the model's head says)
@@ -136,7 +138,7 @@ def _dims(axes: tuple[str | int, ...], batched: bool) -> list[int]:
 
 def _common(options: RepositoryOptions, gpu_capable: bool) -> list[str]:
     lines = []
-    if options.max_batch_size > 0:
+    if options.max_batch_size > 0 and options.dynamic_batching:
         lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}")
     kind = "KIND_GPU" if options.kind == "gpu" and gpu_capable else "KIND_CPU"
     lines.append(f"instance_group [ {{ count: {options.instances} kind: {kind} }} ]")
@@ -166,8 +168,8 @@ def graph_config(model_name: str, spec: GraphSpec, options: RepositoryOptions, w
     return "\n".join(lines) + "\n"
 
 
-def _served(tensors: tuple[ServedTensor, ...]) -> list[str]:
-    return [_tensor(t.name, t.triton_type, t.dims, t.optional) for t in tensors]
+def _served(tensors: tuple[ServedTensor, ...], batched: bool) -> list[str]:
+    return [_tensor(t.name, t.triton_type, t.dims if batched else (-1, *t.dims), t.optional) for t in tensors]
 
 
 def task_config(model_name: str, task: str, config: object, options: RepositoryOptions, decoupled: bool) -> str:
@@ -176,8 +178,8 @@ def task_config(model_name: str, task: str, config: object, options: RepositoryO
         f"name: {_quote(model_name)}",
         'backend: "python"',
         f"max_batch_size: {options.max_batch_size}",
-        _block("input", _served(task_inputs(task))),
-        _block("output", _served(task_outputs(task, config))),
+        _block("input", _served(task_inputs(task), options.max_batch_size > 0)),
+        _block("output", _served(task_outputs(task, config), options.max_batch_size > 0)),
         *_common(options, gpu_capable=False),
         f'parameters {{ key: "graphs" value: {{ string_value: "{options.graphs}" }} }}',
     ]
@@ -259,7 +261,7 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
     export_dir, repo = Path(export_dir), Path(repo)
     manifest = read_manifest(export_dir)
     config = manifest.config
-    task = task_of(config, options.task or (manifest.task if manifest.task in TASKS else None))
+    task = task_of(config, options.task, manifest.task)
     name = options.name or _clean_name(export_dir.resolve().name)
     needed = graphs_for(task)
     missing = [g for g in needed if g not in manifest.graphs]

@@ -62,9 +62,11 @@ GENERATION_INPUTS = (
 )
 
 
-def task_of(config: Any, task: str | None = None) -> str:
-    """The served task of a model: ``task`` when given and the model can do it, else what its
-    head says (generate for encoder-decoders, classify / tag for sequence / token heads, else embed)."""
+def task_of(config: Any, task: str | None = None, recorded: str | None = None) -> str:
+    """The served task of a model: ``task`` when given and the model can do it, else the task its
+    export recorded (``recorded``, when it is one of :data:`TASKS`), else what its head says
+    (generate for encoder-decoders, classify / tag for sequence / token heads, else embed)."""
+    task = task or (recorded if recorded in TASKS else None)
     natural = ("generate" if config.is_seq2seq else "classify" if config.head == "sequence"
                else "tag" if config.head == "token" else "embed")  # fmt: skip
     if task in (None, "", natural):
