@@ -412,3 +412,20 @@ def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task)
         assert together == alone, precision
         if task == "tag":
             assert any(json.loads(a) for a in alone)  # entities were found, so spans were compared
+
+
+def test_writing_and_serving_need_no_torch(demo_export, tmp_path):
+    code = (
+        "import sys\n"
+        "from edgeattn.cli import main\n"
+        "from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository\n"
+        "import edgeattn.runtime.triton_backend, edgeattn.runtime.triton_server\n"
+        f"write_repository({str(demo_export)!r}, {str(tmp_path / 'repo')!r}, RepositoryOptions())\n"
+        "from edgeattn.runtime.triton_backend import served_model\n"
+        f"model, _ = served_model(__import__('pathlib').Path({str(tmp_path / 'repo' / 'sorter' / '1')!r}), "
+        "'in-process', 8)\n"
+        "assert model.generate_text(['3 1 2']) == ['1 2 3']\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
