@@ -33,6 +33,7 @@ import onnx
 import edgeattn
 from edgeattn.errors import ConfigError, EdgeattnError
 from edgeattn.exporters.rowwise import row_independent
+from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
 from edgeattn.runtime.serving import ServedTensor, task_inputs, task_of, task_outputs
@@ -44,8 +45,6 @@ KINDS = ("cpu", "gpu")
 ACCELERATORS = ("cuda", "tensorrt")
 #: Where the end-to-end model's graphs run.
 GRAPH_MODES = ("bls", "in-process")
-#: The end-to-end model's settings file, beside its model.py.
-SETTINGS = "edgeattn.json"
 #: Sequence length of the warm-up requests.
 WARMUP_LEN = 16
 _ONNX_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32"}
@@ -327,7 +326,7 @@ def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, tas
         "row_independent_int8": rewritten,
         "edgeattn_version": edgeattn.__version__,
     }  # fmt: skip
-    (version / SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    (version / TRITON_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     _vendor(version / "vendor")
 
 

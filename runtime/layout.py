@@ -23,6 +23,8 @@ WEIGHTS = "weights.safetensors"
 TOKENIZER = "tokenizer.json"
 #: Written beside a safetensors checkpoint by ``save_weights``; an export keeps its config in the manifest.
 CHECKPOINT_CONFIG = "config.json"
+#: A Triton repository's end-to-end model keeps its settings here, beside its model.py.
+TRITON_SETTINGS = "edgeattn.json"
 EXTERNAL_DATA_SUFFIX = ".data"
 ONNX_SUFFIX = ".onnx"
 

@@ -435,7 +435,7 @@ class ExportedModel:
         steps = max_new_tokens or self._default_steps(ids.shape[1])
         out = self.generate(ids, mask, steps, **options)
         assert self.tokenizer is not None
-        rows = [until_eos(row, self.config.eos_id) for row in out.tokens]
+        rows = [_until_eos(row, self.config.eos_id) for row in out.tokens]
         return [(self.tokenizer.decode(row), row) for row in rows]
 
     def stream_text(
@@ -484,7 +484,7 @@ class ExportedModel:
         return ids, mask
 
 
-def until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
+def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
     """A generated row up to (not including) its first EOS."""
     ends = np.flatnonzero(row == eos_id)
     return row[: ends[0]] if ends.size else row

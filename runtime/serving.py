@@ -45,10 +45,6 @@ class ServedTensor:
     def triton_type(self) -> str:
         return TRITON_TYPES[self.dtype]
 
-    @property
-    def numpy_type(self) -> Any:
-        return np.object_ if self.dtype == "bytes" else np.dtype(self.dtype)
-
 
 #: Decoding settings a generate request may send, with their types.
 GENERATION_INPUTS = (

@@ -21,6 +21,7 @@ import numpy as np
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import Pooling
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.serving import answer, decoding, generation_options, request_texts, task_inputs, task_outputs
@@ -28,8 +29,6 @@ from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
-
-SETTINGS = "edgeattn.json"
 
 
 def _pb() -> Any:
@@ -70,7 +69,7 @@ class BlsSession:
 
 def served_model(version_dir: Path, graphs: str, max_batch: int) -> tuple[ExportedModel, dict[str, Any]]:
     """The runtime model the settings in ``version_dir`` describe, its graphs run as ``graphs`` says."""
-    settings = json.loads((version_dir / SETTINGS).read_text(encoding="utf-8"))
+    settings = json.loads((version_dir / TRITON_SETTINGS).read_text(encoding="utf-8"))
     config = ModelConfig.from_dict(settings["config"])
     repo = version_dir.parent.parent
     if graphs == "bls":
