@@ -517,6 +517,7 @@ def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay
     The end-to-end model runs the graphs in its own process with dynamic batching; needs the
     serve extra (nvidia-pytriton's server) and no torch. Stops on Ctrl-C.
     """
+    import signal
     import tempfile
 
     from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
@@ -530,6 +531,8 @@ def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay
         models = [m for m, backend in repo.models.items() if backend == "python"]
         server = TritonServer(repo.path, models, host=host, http_port=port, grpc_port=grpc_port,
                               metrics_port=metrics_port, log_file=Path(work) / "tritonserver.log")  # fmt: skip
+        for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background start left SIGINT ignored
+            signal.signal(signum, _interrupt)
         with server:
             click.echo(f"serving {', '.join(models)} ({repo.task}, {precision}): HTTP {server.http_url}, "
                        f"gRPC {server.grpc_url}, metrics {server.metrics_url}; Ctrl-C stops")  # fmt: skip
@@ -539,6 +542,10 @@ def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay
                 click.echo("stopping")
                 return
         raise click.ClickException(f"the Triton server stopped (exit code {code})")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, aggregation: str) -> None:

@@ -55,6 +55,18 @@ def _bundled() -> tuple[Path, Path, Path, Path] | None:
     return root / "bin" / "tritonserver", root / "backends" / "python", Path(get_stub_path(version)), get_libs_path()
 
 
+def _stop_with_parent() -> None:
+    """In the server's process before it runs (Linux): SIGTERM when the process that started it
+    dies, so that a killed ``edgeattn serve`` or test leaves no server behind."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class TritonServer:
     """``tritonserver`` on ``repository`` loading ``models`` (all of the repository's when None),
     HTTP, gRPC and metrics on ``host``; a context manager that waits until the server is ready
@@ -132,7 +144,8 @@ class TritonServer:
         log.info("starting %s", " ".join(cmd))
         self._log = open(self.log_file, "wb") if self.log_file else None  # noqa: SIM115
         self.process = subprocess.Popen(cmd, stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                        env=self._environment(bundled[3] if bundled else None))  # fmt: skip
+                                        env=self._environment(bundled[3] if bundled else None),
+                                        preexec_fn=_stop_with_parent)  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
