@@ -533,14 +533,15 @@ def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay
                               metrics_port=metrics_port, log_file=Path(work) / "tritonserver.log")  # fmt: skip
         for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background start left SIGINT ignored
             signal.signal(signum, _interrupt)
-        with server:
-            click.echo(f"serving {', '.join(models)} ({repo.task}, {precision}): HTTP {server.http_url}, "
-                       f"gRPC {server.grpc_url}, metrics {server.metrics_url}; Ctrl-C stops")  # fmt: skip
-            try:
+        try:  # an interrupt while starting stops the server too
+            with server:
+                click.echo(f"serving {', '.join(models)} ({repo.task}, {precision}): HTTP {server.http_url}, "
+                           f"gRPC {server.grpc_url}, metrics {server.metrics_url}; Ctrl-C stops")  # fmt: skip
                 code = server.wait()
-            except KeyboardInterrupt:
-                click.echo("stopping")
-                return
+        except KeyboardInterrupt:
+            click.echo("stopping")
+            server.stop()
+            return
         raise click.ClickException(f"the Triton server stopped (exit code {code})")
 
 

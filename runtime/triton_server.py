@@ -11,9 +11,11 @@ Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -59,7 +61,6 @@ def _stop_with_parent() -> None:
     """In the server's process before it runs (Linux): SIGTERM when the process that started it
     dies, so that a killed ``edgeattn serve`` or test leaves no server behind."""
     import ctypes
-    import signal
 
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -145,7 +146,7 @@ class TritonServer:
         self._log = open(self.log_file, "wb") if self.log_file else None  # noqa: SIM115
         self.process = subprocess.Popen(cmd, stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                         env=self._environment(bundled[3] if bundled else None),
-                                        preexec_fn=_stop_with_parent)  # fmt: skip
+                                        preexec_fn=_stop_with_parent, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -173,14 +174,18 @@ class TritonServer:
         return self.process.wait()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after ``timeout``)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout``) and whatever it started (its
+        Python-backend stubs: the server runs in a process group of its own)."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         self._cleanup()
 
     def _cleanup(self) -> None:

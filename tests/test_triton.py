@@ -339,6 +339,13 @@ def test_edgeattn_serve_serves_until_interrupted(demo_export, tmp_path):
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert "serving sort, sort_stream" in out and "stopping" in out
+    early = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # interrupted while it writes the repository or the server starts
+    early.send_signal(2)
+    out, err = early.communicate(timeout=60)
+    assert early.returncode in (0, 1) and ("stopping" in out or "aborted" in err), (out, err)
+    with pytest.raises(Exception):  # noqa: B017 - nothing listens any more
+        http.InferenceServerClient(f"127.0.0.1:{ports[0]}").is_server_live()
 
 
 # ------------------------------------------------------------------ answers independent of batching
