@@ -12,7 +12,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from edgeattn.benchmark.generation import bench_generation, write_json
+from edgeattn.benchmark.generation import bench_generation
+from edgeattn.benchmark.report import publish
 
 
 def main() -> None:
@@ -39,10 +40,7 @@ def main() -> None:
         result = bench_generation(
             export_dir, positions, args.batch, args.src_len, args.threads, args.repeats, args.decode_tokens
         )
-    print(result.table())
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_json(result, args.json)
-    print(f"wrote {args.json}")
+    publish(result, args.json)
 
 
 if __name__ == "__main__":

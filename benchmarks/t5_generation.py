@@ -12,7 +12,8 @@ import logging
 import tempfile
 from pathlib import Path
 
-from edgeattn.benchmark.seq2seq import VARIANTS, bench_seq2seq, write_json
+from edgeattn.benchmark.report import publish
+from edgeattn.benchmark.seq2seq import VARIANTS, bench_seq2seq
 
 #: t5-small's sizes (60M parameters, 242 MB of float32 weights)
 T5_SMALL = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
@@ -49,10 +50,7 @@ def main() -> None:
         result = bench_seq2seq(folder, work, tuple(int(b) for b in args.batch.split(",")), args.src_len,
                                args.new_tokens, args.threads, args.passes,
                                variants=tuple(args.variants.split(",")))  # fmt: skip
-    print(result.table())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(result, args.out)
-    print(f"wrote {args.out}")
+    publish(result, args.out)
 
 
 if __name__ == "__main__":

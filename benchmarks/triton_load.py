@@ -14,7 +14,8 @@ import random
 import tempfile
 from pathlib import Path
 
-from edgeattn.benchmark.serving import bench_serving, write_json
+from edgeattn.benchmark.report import publish
+from edgeattn.benchmark.serving import bench_serving
 from edgeattn.exporters.package import export_model
 from edgeattn.sources import resolve_model
 
@@ -86,10 +87,7 @@ def main() -> None:
                                {"classifier": encoder_texts, "sorter": seq2seq_texts},
                                tuple(int(c) for c in args.concurrency.split(",")), args.seconds,
                                args.max_batch_size, args.max_queue_delay_us)  # fmt: skip
-    print(result.table())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(result, args.out)
-    print(f"wrote {args.out}")
+    publish(result, args.out)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from edgeattn.exporters.rowwise import row_independent
 from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
-from edgeattn.runtime.serving import ServedTensor, task_inputs, task_of, task_outputs
+from edgeattn.runtime.serving import TRITON_TYPES, ServedTensor, task_inputs, task_of, task_outputs
 from edgeattn.runtime.specs import GraphSpec, graph_spec
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ ACCELERATORS = ("cuda", "tensorrt")
 GRAPH_MODES = ("bls", "in-process")
 #: Sequence length of the warm-up requests.
 WARMUP_LEN = 16
-_ONNX_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32"}
 _NUMPY_TYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 MODEL_PY = '''"""Triton Python-backend model written by edgeattn: the task end to end (see edgeattn.json)."""
@@ -151,8 +150,8 @@ def graph_config(model_name: str, spec: GraphSpec, options: RepositoryOptions, w
         f"name: {_quote(model_name)}",
         'backend: "onnxruntime"',
         f"max_batch_size: {options.max_batch_size}",
-        _block("input", [_tensor(t.name, _ONNX_TYPES[t.dtype], _dims(t.axes, batched)) for t in spec.inputs]),
-        _block("output", [_tensor(t.name, _ONNX_TYPES[t.dtype], _dims(t.axes, batched)) for t in spec.outputs]),
+        _block("input", [_tensor(t.name, TRITON_TYPES[t.dtype], _dims(t.axes, batched)) for t in spec.inputs]),
+        _block("output", [_tensor(t.name, TRITON_TYPES[t.dtype], _dims(t.axes, batched)) for t in spec.outputs]),
         *_common(options, gpu_capable=True),
     ]
     if options.accelerator == "tensorrt":
@@ -207,7 +206,7 @@ def _warmup(spec: GraphSpec, model_dir: Path, batched: bool) -> list[str]:
         else:
             source = "zero_data: true"
         inputs.append(
-            f"    inputs {{ key: {_quote(t.name)} value: {{ data_type: {_ONNX_TYPES[t.dtype]} "
+            f"    inputs {{ key: {_quote(t.name)} value: {{ data_type: {TRITON_TYPES[t.dtype]} "
             f"dims: [ {', '.join(map(str, dims))} ] {source} }} }}"
         )
     batch = "batch_size: 1\n" if batched else ""
@@ -274,10 +273,11 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
     models: dict[str, str] = {}
     batched = options.max_batch_size > 0
     graph_models = {}
+    checked: set[tuple[str, str]] = set()  # the checkpoint several graphs read is hashed once
     rewritten: dict[str, dict[str, int]] = {}
     for graph in needed:
         entry = manifest.entry(graph, options.precision)
-        src = check_file(export_dir, entry)
+        src = check_file(export_dir, entry, checked)
         model_name = f"{name}_{graph}"
         model_dir = repo / model_name
         changed = _copy_graph(src, model_dir / "1", options.per_tensor_scales)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from edgeattn.benchmark.generation import bench_generation, write_json
+from edgeattn.benchmark.generation import bench_generation
+from edgeattn.benchmark.report import write_json
 from edgeattn.config import get_preset
 from edgeattn.exporters.package import export_model
 from edgeattn.model import build_model

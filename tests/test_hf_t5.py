@@ -355,7 +355,8 @@ def test_int8_gate_catches_the_t5_feed_forward_outlier_and_keeps_it_float32(tmp_
 def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_path):
     """The generation benchmark's engine on a small folder: transformers and edgeattn side by side,
     the same greedy tokens, and the table and JSON (the full run is benchmarks/t5_generation.py)."""
-    from edgeattn.benchmark.seq2seq import bench_seq2seq, write_json
+    from edgeattn.benchmark.report import write_json
+    from edgeattn.benchmark.seq2seq import bench_seq2seq
 
     _, ref, _, _ = exported
     ref.save_pretrained(tmp_path / "hf")

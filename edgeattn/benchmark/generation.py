@@ -8,7 +8,6 @@ exported graphs through the runtime's CPU sessions, interleaved run by run.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -142,7 +141,3 @@ def bench_generation(
         result.recompute_tokens_per_s = n * batch / (time.perf_counter() - start)
         result.tokens = n
     return result
-
-
-def write_json(result: GenerationBench, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -258,10 +258,6 @@ def bench_seq2seq(
     return result
 
 
-def write_json(result: Seq2SeqBench, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-
-
 if __name__ == "__main__":  # the worker: one variant in this process
     logging.disable(logging.WARNING)
     import warnings

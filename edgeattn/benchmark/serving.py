@@ -4,7 +4,6 @@ called directly, in one run. ``benchmarks/triton_load.py`` runs it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import threading
@@ -168,7 +167,3 @@ def bench_serving(
             result = drive(direct, batch_texts, concurrency, duration)
             bench.rows.append(_row(label, task, PATHS[2], concurrency, result, None))
     return bench
-
-
-def write_json(bench: ServingBench, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(bench.to_dict(), indent=2) + "\n", encoding="utf-8")
