@@ -107,6 +107,14 @@ class _Reader:
         return next(self._it, None)
 
 
+#: Operators whose outputs static int8 leaves in float32. A matrix product's output feeds float
+#: operators (bias add, attention, activation), so quantising it only adds a quantise/dequantise
+#: pass; left in float32, ONNX Runtime runs dequantise + MatMul as one ``MatMulIntegerToFloat``
+#: instead of ``QLinearMatMul`` + dequantise. Reference encoder, 2 AVX2 cores: 5% faster at 1x512
+#: and 8x128, worst-token cosine to float32 0.99885 against 0.99871.
+UNQUANTIZED_OUTPUTS = ("MatMul",)
+
+
 def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     """Static QDQ int8 quantisation calibrated on ``job``'s feeds; returns the settings."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -127,11 +135,13 @@ def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, 
             reduce_range=settings["reduce_range"], activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=job.exclude,
             calibrate_method=methods[job.calibration_method],
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True,
+                           "OpTypesToExcludeOutputQuantization": list(UNQUANTIZED_OUTPUTS)},
             calibration_providers=[CPU],
         )  # fmt: skip
-    return {**settings, "format": "QDQ", "calibration": job.calibration_method,
-            "calibration_batches": len(calibration), "excluded_nodes": list(job.exclude),
+    return {**settings, "format": "QDQ", "float_outputs": list(UNQUANTIZED_OUTPUTS),
+            "calibration": job.calibration_method, "calibration_batches": len(calibration),
+            "excluded_nodes": list(job.exclude),
             "calibration_data": job.calibration_source}  # fmt: skip
 
 

@@ -97,6 +97,16 @@ def test_int8_settings_and_sizes_are_recorded(quantized):
     static = manifest.graphs["encoder"].precisions["int8-static"].quantization
     assert static["format"] == "QDQ" and static["calibration"] == "minmax"
     assert static["weight_type"] == "int8" and static["reduce_range"] is (not has_vnni())
+    # matrix products keep float outputs: no quantise/dequantise pass between them and their float consumers
+    assert static["float_outputs"] == ["MatMul"]
+    graph = onnx.load(str(out / "encoder.int8-static.onnx"), load_external_data=False).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    requantized = [n.name for n in graph.node if n.op_type == "QuantizeLinear" and producer.get(n.input[0]) == "MatMul"]
+    assert sum(n.op_type == "MatMul" for n in graph.node) >= 4 and requantized == []
+    cache = out / "static.optimized.onnx"
+    create_session(out / "encoder.int8-static.onnx", optimized_cache=cache)
+    ops = Counter(n.op_type for n in onnx.load(str(cache)).graph.node)
+    assert ops["MatMulIntegerToFloat"] >= 4 and ops["QLinearMatMul"] == 0
     fp32 = onnx.load(str(out / "decoder.onnx")).ByteSize()  # the graph with the checkpoint weights it reads
     assert (
         manifest.graphs["decoder"].precisions["int8"].bytes < 0.55 * fp32
