@@ -355,6 +355,17 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
 @click.option("--threads", type=int, default=None)
 @click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
+@click.option(
+    "--providers",
+    default=None,
+    help="Comma-separated ONNX Runtime providers, built in or installed as plugins (e.g. OpenVINOExecutionProvider).",
+)
+@click.option(
+    "--provider-option",
+    "provider_specs",
+    multiple=True,
+    help="NAME:KEY=VALUE (or KEY=VALUE for the first of --providers); repeatable.",
+)
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
@@ -379,6 +390,8 @@ def run(
     precision: str,
     threads: int | None,
     cpu: bool,
+    providers: str | None,
+    provider_specs: tuple[str, ...],
     stream: bool,
     as_json: bool,
     truncate: bool,
@@ -389,7 +402,6 @@ def run(
     An encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
     """
     from edgeattn.runtime import load
-    from edgeattn.runtime.session import CPU
 
     if (text is None) == (input_file is None):
         raise click.UsageError("give one TEXT argument or --file, not both or neither")
@@ -405,7 +417,8 @@ def run(
             raise click.UsageError(f"{input_file} holds no input lines")
     else:
         texts = [text or ""]
-    model = load(export_dir, providers=[CPU] if cpu else None, threads=threads, precision=precision)
+    model = load(export_dir, providers=_providers(cpu, providers, provider_specs), threads=threads,
+                 precision=precision)  # fmt: skip
     if not model.config.is_seq2seq:
         _run_encoder(model, texts, as_json, truncate, aggregation)
         return
@@ -423,6 +436,21 @@ def run(
         return
     for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, truncate=truncate, **options):
         click.echo(answer)
+
+
+def _providers(cpu: bool, providers: str | None, specs: tuple[str, ...]) -> list[Any] | None:
+    """The providers ``--cpu`` / ``--providers`` / ``--provider-option`` ask for (None: the default)."""
+    from edgeattn.runtime.providers import parse_provider_options
+    from edgeattn.runtime.session import CPU
+
+    if cpu and providers is not None:
+        raise click.UsageError("give --cpu or --providers, not both")
+    names = [CPU] if cpu else _split(providers) if providers is not None else None
+    if names is None:
+        if specs:
+            raise click.UsageError("--provider-option needs --providers")
+        return None
+    return parse_provider_options(names, specs)
 
 
 _SERVE_TASKS = click.Choice(["classify", "tag", "embed", "encode", "generate"])
@@ -586,7 +614,18 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
     "--shapes", default=None, help="Comma-separated BATCHxSEQ shapes (e.g. 1x128,32x128) instead of --batch/--seq."
 )
 @click.option("--threads", default=2, show_default=True, type=int)
-@click.option("--providers", default=None, help="Comma-separated ONNX Runtime providers (default: the CPU provider).")
+@click.option(
+    "--providers",
+    default=None,
+    help="Comma-separated ONNX Runtime providers, built in or plugins (default: the CPU provider).",
+)
+@click.option(
+    "--provider-option",
+    "provider_specs",
+    multiple=True,
+    help="NAME:KEY=VALUE (or KEY=VALUE for the first of --providers); repeatable.",
+)
+@click.option("--no-openvino", is_flag=True, help="Skip the OpenVINO variants timed where its plugin is installed.")
 @click.option(
     "--io-binding/--no-io-binding",
     default=None,
@@ -625,6 +664,8 @@ def bench(
     shapes: str | None,
     threads: int,
     providers: str | None,
+    provider_specs: tuple[str, ...],
+    no_openvino: bool,
     io_binding: bool | None,
     no_cuda_graph: bool,
     tf32: bool,
@@ -648,10 +689,11 @@ def bench(
             threads=threads, precisions=tuple(_split(precisions) or []),
             repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
             shapes=_shapes(shapes), io_binding=io_binding, cuda_graph=not no_cuda_graph, tf32=tf32,
-            hf_folder=hf_folder,
+            hf_folder=hf_folder, openvino=not no_openvino,
         )  # fmt: skip
-        if providers is not None:
-            options.providers = tuple(_split(providers) or [])
+        chosen = _providers(False, providers, provider_specs)
+        if chosen is not None:
+            options.providers = tuple(chosen)
     except ValueError as exc:
         raise click.UsageError(f"--batch and --seq take comma-separated integers, --shapes BATCHxSEQ: {exc}") from exc
     report, gen = run_benchmark(export_dir, preset, options, json_path, plot_path, progress=sys.stderr.isatty())

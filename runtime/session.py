@@ -6,11 +6,19 @@ import functools
 import logging
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import onnxruntime as ort
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.providers import (
+    Provider,
+    is_plugin,
+    plugin_session_options,
+    provider_name,
+    provider_options,
+    why_unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +31,35 @@ CUDA = "CUDAExecutionProvider"
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
-def pick_providers(requested: list[str] | tuple[str, ...] | None) -> list[str]:
-    """Providers to use: CUDA then CPU when ``requested`` is None, else those requested that this
-    onnxruntime build has, always ending with CPU. Missing ones give a warning, not a crash."""
+_WARNED: set[str] = set()
+
+
+def pick_providers(requested: list[Provider] | tuple[Provider, ...] | None) -> list[Provider]:
+    """Providers to use: CUDA then CPU when ``requested`` is None, else those requested that can run
+    here (built into this onnxruntime, or an installed plugin with a device; see
+    :mod:`edgeattn.runtime.providers`), always ending with CPU. Entries are names or (name, options)
+    as ONNX Runtime takes them. Missing ones give a warning, not a crash."""
     available = ort.get_available_providers()
-    wanted = [CUDA, CPU] if requested is None else list(requested)
-    chosen = []
+    wanted: list[Provider] = (
+        [CUDA, CPU]
+        if requested is None
+        else [
+            p if isinstance(p, str) else (provider_name(p), provider_options(p))
+            for p in requested  # JSON gives lists
+        ]
+    )
+    chosen: list[Provider] = []
     for p in wanted:
-        if p in available:
-            chosen.append(p)
-        elif requested is not None:
-            log.warning("provider %s is not available in this onnxruntime (%s); using the CPU", p, ", ".join(available))
-        else:
+        reason = why_unavailable(p) if requested is not None else None
+        if requested is None and p not in available:
             log.info("no CUDA provider in this onnxruntime; running on the CPU")
-    if CPU not in chosen:
+        elif reason is not None:
+            if reason not in _WARNED:  # once per process, not once per graph
+                _WARNED.add(reason)
+                log.warning("%s; using the CPU", reason)
+        else:
+            chosen.append(p)
+    if CPU not in [provider_name(p) for p in chosen]:
         chosen.append(CPU)
     return chosen
 
@@ -91,7 +114,7 @@ def session_options(threads: int | None = None, spinning: bool | Spinning = True
 
 def create_session(
     path: str | Path | bytes,
-    providers: list[str] | tuple[str, ...] | None = (CPU,),
+    providers: list[Provider] | tuple[Provider, ...] | None = (CPU,),
     threads: int | None = None,
     spinning: bool | Spinning = True,
     optimized_cache: str | Path | None = None,
@@ -118,10 +141,24 @@ def create_session(
     sessions). Without ``memory_arena`` the CPU provider allocates each
     intermediate tensor on its own instead of growing an arena (a lower peak, a little slower).
     """
+    if require:
+        for p in providers or []:
+            reason = why_unavailable(p)
+            if reason is not None:
+                raise EdgeattnError(reason)
     picked = pick_providers(providers)
+    names = [provider_name(p) for p in picked]
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
-    chosen: list[str | tuple[str, dict[str, str]]] = [(p, cuda_options) if p == CUDA else p for p in picked]
-    if CUDA in picked:
+    plugins = [p for p in picked if is_plugin(provider_name(p))]
+    chosen: list[str | tuple[str, dict[str, Any]]] = [
+        (provider_name(p), {**cuda_options, **provider_options(p)}) if provider_name(p) == CUDA else p
+        for p in picked
+        if p not in plugins
+    ]
+    if plugins and [c for c in chosen if provider_name(c) != CPU]:
+        raise EdgeattnError(f"a plugin provider ({provider_name(plugins[0])}) runs with the CPU provider "
+                            f"behind it, not beside {provider_name(chosen[0])}")  # fmt: skip
+    if CUDA in names:
         preload_cuda_libraries()
     source: str | bytes = path if isinstance(path, bytes) else str(path)
     name = "a graph in memory" if isinstance(path, bytes) else str(path)
@@ -129,8 +166,8 @@ def create_session(
     opts.enable_cpu_mem_arena = memory_arena
     for axis, size in (fixed_dims or {}).items():
         opts.add_free_dimension_override_by_name(axis, size)
-    for name, value in (initializers or {}).items():
-        opts.add_initializer(name, value)
+    for weight, value in (initializers or {}).items():
+        opts.add_initializer(weight, value)
     if optimized_cache is not None:
         cache = Path(optimized_cache)
         if cache.is_file():
@@ -143,12 +180,16 @@ def create_session(
             opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                           cache.name + ".data")  # fmt: skip
             opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    disabled = [] if CUDA in picked else CPU_DISABLED_OPTIMIZERS
+    for plugin in plugins:
+        plugin_session_options(opts, plugin, threads)
+    disabled = [] if CUDA in names else CPU_DISABLED_OPTIMIZERS
     try:
-        session = ort.InferenceSession(source, sess_options=opts, providers=chosen, disabled_optimizers=disabled)
+        session = ort.InferenceSession(source, sess_options=opts, providers=None if plugins else chosen,
+                                       disabled_optimizers=disabled)  # fmt: skip
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EdgeattnError(f"onnxruntime cannot load {name}: {exc}") from exc
-    missing = [p for p in (providers or []) if p not in session.get_providers()] if require else []
+    asked = [provider_name(p) for p in providers or []]
+    missing = [p for p in asked if p not in session.get_providers()] if require else []
     if missing:
         raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(name).name}")
     return session

@@ -101,3 +101,21 @@ def test_the_main_job_with_no_arguments(tmp_path):
     }
     assert edgeattn("run", str(out), "7 3 5").stdout.strip() == "3 5 7"
     assert json.loads((out / "manifest.json").read_text())["task"] == "demo-sort"  # quantize gates on its held-out set
+
+
+def test_run_takes_providers_and_their_options(demo_export):
+    """Providers by name on the command line, built in or plugins; one that cannot run here is a
+    warning and the CPU; misused options are usage errors in one line."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return edgeattn("run", str(demo_export), "5 6 7", *args)
+
+    ok = run("--providers", "NoSuchExecutionProvider,CPUExecutionProvider")
+    assert ok.returncode == 0 and ok.stdout.strip() == "5 6 7"
+    assert ok.stderr.count("NoSuchExecutionProvider is neither built into") == 1  # once, not once per graph
+    both = run("--cpu", "--providers", "CPUExecutionProvider")
+    assert both.returncode == 2 and "--cpu or --providers" in both.stderr
+    orphan = run("--provider-option", "a=1")
+    assert orphan.returncode == 2 and "--provider-option needs --providers" in orphan.stderr
+    stray = run("--providers", "CPUExecutionProvider", "--provider-option", "Other:a=1")
+    assert stray.returncode == 1 and "not among the providers" in stray.stderr and "Traceback" not in stray.stderr

@@ -7,6 +7,7 @@ import platform
 from typing import Any
 
 from edgeattn.host import cpu_flags, cpu_model
+from edgeattn.runtime.providers import describe_plugins
 
 
 def machine_info() -> dict[str, Any]:
@@ -22,6 +23,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "onnxruntime": ort.__version__,
         "providers": ort.get_available_providers(),
+        "plugin_providers": describe_plugins(),
     }
     try:
         import torch

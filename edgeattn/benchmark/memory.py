@@ -20,8 +20,9 @@ from typing import Any
 Probe = dict[str, Any]
 
 
-def onnx_probe(path: str, provider: str, threads: int) -> Probe:
-    """How to rebuild an ONNX Runtime variant: the file, the provider and the threads."""
+def onnx_probe(path: str, provider: Any, threads: int) -> Probe:
+    """How to rebuild an ONNX Runtime variant: the file, the provider (a name or [name, options])
+    and the threads."""
     return {"kind": "onnx", "path": str(path), "provider": provider, "threads": threads}
 
 

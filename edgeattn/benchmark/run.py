@@ -11,10 +11,24 @@ from typing import Any
 
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
 from edgeattn.errors import EdgeattnError
+from edgeattn.host import cpu_flags
 from edgeattn.runtime.precisions import FP32, PRECISIONS, get_precision
+from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, provider_name
 from edgeattn.runtime.session import CPU, CUDA
 
 log = logging.getLogger(__name__)
+
+#: Exported precisions timed on OpenVINO: its own float32 (or bf16) and the standard QDQ int8 graph
+#: (the other precisions hold ONNX Runtime's own operators, which OpenVINO hands back to it).
+OPENVINO_PRECISIONS = ("fp32", "int8-static")
+
+
+def openvino_providers() -> list[Provider]:
+    """OpenVINO with float32 inference, and with bf16 where the CPU has bf16 instructions."""
+    providers: list[Provider] = [(OPENVINO, {"precision_hint": "f32"})]
+    if any(f in cpu_flags() for f in ("amx_bf16", "avx512_bf16")):
+        providers.append((OPENVINO, {"precision_hint": "bf16"}))
+    return providers
 
 
 @dataclass
@@ -22,7 +36,8 @@ class BenchOptions:
     batches: tuple[int, ...] = (1, 8)
     seqs: tuple[int, ...] = (32, 128, 512)
     threads: int = 2
-    providers: tuple[str, ...] = (CPU,)
+    #: provider names, or (name, options); plugin providers too (see edgeattn.runtime.providers)
+    providers: tuple[Provider, ...] = (CPU,)
     precisions: tuple[str, ...] = tuple(PRECISIONS)
     repeats: int = 20
     warmup: int = 3
@@ -41,6 +56,8 @@ class BenchOptions:
     hf_folder: str | Path | None = None
     #: each variant's peak memory, alone in a fresh process
     memory: bool = True
+    #: OpenVINO variants where its plugin (onnxruntime-ep-openvino) is installed, on CPU runs
+    openvino: bool = True
 
     def grid(self) -> list[tuple[int, int]]:
         """The shapes to time: ``shapes`` when given, else every batch with every sequence length."""
@@ -65,7 +82,8 @@ def run_benchmark(
     options = options or BenchOptions()
     for name in options.precisions:
         get_precision(name)
-    on_cpu = CPU in options.providers
+    names = [provider_name(p) for p in options.providers]
+    on_cpu = CPU in names
     with tempfile.TemporaryDirectory(prefix="edgeattn-bench-") as scratch:
         if export_dir is None:
             from edgeattn.exporters.package import export_model
@@ -90,7 +108,7 @@ def run_benchmark(
                 weights = check_file(export_dir, manifest.weights)
                 model = load_model(weights, config)
                 variants, skipped = eager_variants(model, options.threads, weights=weights, cpu=on_cpu,
-                                                   cuda=CUDA in options.providers)  # fmt: skip
+                                                   cuda=CUDA in names)  # fmt: skip
             else:
                 skipped["eager"] = "the export holds no weights"
         onnx_vars, onnx_skipped = onnx_variants(
@@ -99,6 +117,13 @@ def run_benchmark(
         )  # fmt: skip
         variants += onnx_vars
         skipped.update(onnx_skipped)
+        if on_cpu and options.openvino and OPENVINO not in names and OPENVINO in installed_plugins():
+            ov_vars, ov_skipped = onnx_variants(
+                export_dir, [p for p in OPENVINO_PRECISIONS if p in options.precisions], openvino_providers(),
+                options.threads,
+            )  # fmt: skip
+            variants += ov_vars
+            skipped.update(ov_skipped)
         reference = None
         if options.peers and on_cpu:
             peer_vars, peer_skipped, reference = _peers(manifest, options, Path(scratch))

@@ -1,0 +1,108 @@
+"""Execution providers by name: built-in ones, installed plugin ones (OpenVINO), their options, and
+what a user is told when one cannot run here."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from edgeattn.config import get_preset
+from edgeattn.errors import EdgeattnError
+from edgeattn.exporters.package import export_model
+from edgeattn.model import build_model
+from edgeattn.runtime import load
+from edgeattn.runtime.providers import (
+    OPENVINO,
+    installed_plugins,
+    openvino_options,
+    parse_provider_options,
+    plugin_devices,
+    why_unavailable,
+)
+from edgeattn.runtime.session import CPU, create_session
+
+HAS_OPENVINO = OPENVINO in installed_plugins()
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    out = tmp_path_factory.mktemp("providers") / "out"
+    export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False)
+    return out
+
+
+def _inputs(vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(0).integers(4, vocab, (2, 11)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 7:] = 0
+    return ids, mask
+
+
+def test_provider_options_parse_per_provider():
+    names = [OPENVINO, CPU]
+    parsed = parse_provider_options(names, ["precision_hint=bf16", 'OpenVINOExecutionProvider:load_config={"CPU": {}}'])
+    assert parsed == [(OPENVINO, {"precision_hint": "bf16", "load_config": '{"CPU": {}}'}), CPU]
+    for bad, said in [("novalue", "NAME:KEY=VALUE"), ("=x", "NAME:KEY=VALUE"), ("Other:a=1", "not among")]:
+        with pytest.raises(EdgeattnError, match=said):
+            parse_provider_options(names, [bad])
+
+
+def test_openvino_settings_go_where_the_plugin_reads_them():
+    """Plain ``precision_hint`` and the session's threads move into OpenVINO's load_config (as plain
+    options the plugin ignores them); a load_config given is kept and added to."""
+    options = openvino_options({"precision_hint": "bf16", "load_config": '{"CPU": {"PERF": "x"}}'}, "CPU", 2)
+    assert json.loads(options.pop("load_config")) == {
+        "CPU": {"PERF": "x", "INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": "2"}
+    }
+    assert options == {}
+    assert "load_config" not in openvino_options({}, "GPU", 2)  # threads are the CPU's setting only
+
+
+def test_a_provider_nothing_provides_warns_and_runs_on_the_cpu(export, tiny_config, caplog):
+    reason = why_unavailable("NoSuchExecutionProvider")
+    assert reason is not None and "nor provided by an installed plugin package" in reason
+    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.session"):
+        model = load(export, providers=["NoSuchExecutionProvider"])
+        hidden = model.encode(*_inputs(tiny_config.vocab_size))
+    assert model.providers == [CPU] and np.isfinite(hidden).all()
+    assert sum("NoSuchExecutionProvider" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(EdgeattnError, match="nor provided by an installed plugin"):
+        create_session(export / "encoder.onnx", providers=["NoSuchExecutionProvider"], require=True)
+
+
+@pytest.mark.skipif(not HAS_OPENVINO, reason="onnxruntime-ep-openvino is not installed")
+def test_the_installed_openvino_plugin_is_found_by_name():
+    plugin = installed_plugins()[OPENVINO]
+    assert plugin.package == "onnxruntime-ep-openvino" and plugin.library.is_file()
+
+
+@pytest.mark.skipif(not HAS_OPENVINO or bool(plugin_devices(OPENVINO)), reason="needs OpenVINO without a device")
+def test_openvino_without_a_device_here_says_so(export):
+    """OpenVINO's plugin offers devices of Intel CPUs only: elsewhere the user is told that, not left
+    wondering why it runs on the CPU provider."""
+    reason = why_unavailable(OPENVINO)
+    assert reason is not None and "offers no CPU device on this machine" in reason
+    with pytest.raises(EdgeattnError, match="offers no CPU device"):
+        create_session(export / "encoder.onnx", providers=[OPENVINO], require=True)
+
+
+@pytest.mark.skipif(not HAS_OPENVINO or not plugin_devices(OPENVINO), reason="needs OpenVINO with a CPU device")
+@pytest.mark.parametrize("hint", ["f32", "bf16"])
+def test_openvino_runs_the_export_by_name(export, tiny_config, hint):
+    """Where OpenVINO offers the CPU, the export runs on it by name, with its options: float32 to
+    within 1e-4 of the CPU provider, bf16 (emulated or AMX) close in direction."""
+    ids, mask = _inputs(tiny_config.vocab_size)
+    reference = load(export, providers=[CPU]).encode(ids, mask)
+    model = load(export, providers=[(OPENVINO, {"precision_hint": hint})], threads=2)
+    assert model.providers[0] == OPENVINO
+    hidden = model.encode(ids, mask)
+    real = mask.astype(bool)
+    if hint == "f32":
+        np.testing.assert_allclose(hidden[real], reference[real], atol=1e-4)
+    else:
+        a, b = hidden[real], reference[real]
+        cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+        assert cosine.min() > 0.999
