@@ -73,6 +73,37 @@ def test_floor_graph_computes_every_projection_of_a_layer(int8):
         np.testing.assert_allclose(y, expected, atol=tol)
 
 
+@pytest.mark.parametrize("kind", ["int8-static", "int4"])
+def test_converted_floor_graph_runs_the_precisions_kernels(kind, tmp_path):
+    """The int8-static and int4 floors are the float32 layer through the export's own converter:
+    they run that precision's kernels and still compute the layer's products."""
+    from collections import Counter
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from edgeattn.benchmark.floors import _converted_layer, _layer_graph, projection_shapes
+    from edgeattn.runtime.session import create_session
+
+    config = get_preset("tiny")
+    path = _converted_layer(config, kind, tmp_path)
+    cache = tmp_path / "optimized.onnx"
+    session = create_session(path, optimized_cache=cache)
+    ops = Counter(n.op_type for n in onnx.load(str(cache)).graph.node)
+    expected_op = "MatMulIntegerToFloat" if kind == "int8-static" else "MatMulNBits"
+    assert ops[expected_op] == len(projection_shapes(config)) and ops["MatMul"] == 0
+    weights = {
+        t.name: numpy_helper.to_array(t) for t in onnx.load_from_string(_layer_graph(config, False)).graph.initializer
+    }
+    rng = np.random.default_rng(0)
+    feeds = {f"x_{k}": rng.standard_normal((5, k)).astype(np.float32) for k, _ in projection_shapes(config)}
+    for i, ((k, _), y) in enumerate(zip(projection_shapes(config), session.run(None, feeds), strict=True)):
+        expected = feeds[f"x_{k}"] @ weights[f"w{i}"]
+        cosine = (y * expected).sum(-1) / np.linalg.norm(y, axis=-1) / np.linalg.norm(expected, axis=-1)
+        assert y.shape == expected.shape and cosine.min() > 0.99, cosine  # quantisation noise, not another product
+
+
 def test_bench_command_smoke(tmp_path):
     """The whole `edgeattn bench` path on a tiny preset: every variant timed, JSON and PNG written."""
     import subprocess
@@ -102,6 +133,11 @@ def test_bench_command_smoke(tmp_path):
     for f in data["floors"]:
         assert 0 < f["attention_ms"] < f["fp32_ms"] and f["int8_ms"] > f["attention_ms"] and f["fp32_ratio"] > 0
     assert "floors (projections alone" in result.stdout
+    for f in data["floors"]:  # every CPU precision's own kernels, each variant against its own floor
+        assert set(f["kinds"]) == {"fp32", "int8", "int8-static", "int4"} and min(f["kinds"].values()) > 0
+    held = {r["variant"] for r in data["rows"] if r["floor_ratio"] is not None}
+    assert held == {"onnx fp32 CPU", "onnx fp32-opt CPU", "onnx int8 CPU", "onnx int8-static CPU", "onnx int4 CPU"}
+    assert "time / the variant's own floor" in result.stdout
     assert data["generation"]["steps"] and data["generation"]["cached_tokens_per_s"] > 0
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio = median / eager fp32" in result.stdout

@@ -2,16 +2,19 @@
 
 A layer's projections (packed QKV, output, feed-forward) are timed as one small ONNX graph of
 those products alone, at the benchmark's own row count, on ONNX Runtime with the same threads and
-spinning as the variants: float32 ``MatMul`` and the ``DynamicQuantizeMatMul`` that int8 graphs
-run. Attention scores and weighted values are added at the float32 GEMM ceiling. No variant of
-that precision can run faster than its floor with these kernels on this machine, so a floor's
-ratio to eager PyTorch bounds what any graph rewrite can reach.
+spinning as the variants, with the kernels each precision's graphs run: float32 ``MatMul``; the
+``DynamicQuantizeMatMul`` of dynamic int8; for static int8 and int4, the float32 layer put
+through the export's own converter (quantise + ``MatMulIntegerToFloat``; ``MatMulNBits``).
+Attention scores and weighted values are added at the float32 GEMM ceiling. No variant of that
+precision can run faster than its floor with these kernels on this machine, so a floor's ratio
+to eager PyTorch bounds what any graph rewrite can reach, and a variant's ratio to its own floor
+is what graph rewrites and session settings can still win.
 """
 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,9 @@ import numpy as np
 from edgeattn.benchmark.timing import best_seconds
 from edgeattn.config import ModelConfig
 from edgeattn.host import dynamic_int8_weights
+
+#: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU provider).
+PRECISION_FLOORS = {"fp32": "fp32", "fp32-opt": "fp32", "int8": "int8", "int8-static": "int8-static", "int4": "int4"}
 
 
 @dataclass
@@ -32,6 +38,10 @@ class Floor:
     attention_ms: float
     fp32_ratio: float = 0.0
     int8_ratio: float = 0.0
+    #: every kind timed (fp32, int8, and int8-static / int4 where those variants ran), in ms
+    kinds: dict[str, float] = field(default_factory=dict)
+    #: each kind's ratio to the benchmark's baseline
+    kind_ratios: dict[str, float] = field(default_factory=dict)
 
 
 def projection_shapes(config: ModelConfig) -> list[tuple[int, int]]:
@@ -76,12 +86,30 @@ def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | 
     return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opsets)).SerializeToString()
 
 
-def _time_layer(config: ModelConfig, rows: int, int8: bool, threads: int, repeats: int) -> float:
+def _converted_layer(config: ModelConfig, kind: str, folder: Path) -> Path:
+    """The float32 layer graph through the export's converter for ``kind`` (int8-static, int4)."""
+    from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
+
+    src, dst = folder / "layer.fp32.onnx", folder / f"layer.{kind}.onnx"
+    src.write_bytes(_layer_graph(config, False))
+    rng = np.random.default_rng(2)
+    calibration = [
+        {f"x_{k}": rng.standard_normal((16, k)).astype(np.float32) for k, _ in projection_shapes(config)}
+        for _ in range(4)
+    ]  # fmt: skip
+    CONVERTERS[kind](src, dst, ConversionJob(calibration=lambda: calibration))
+    return dst
+
+
+def _time_layer(config: ModelConfig, rows: int, kind: str, threads: int, repeats: int) -> float:
     from edgeattn.runtime.session import create_session
 
     with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
-        path = Path(tmp) / "layer.onnx"
-        path.write_bytes(_layer_graph(config, int8))
+        if kind in ("fp32", "int8"):
+            path = Path(tmp) / "layer.onnx"
+            path.write_bytes(_layer_graph(config, kind == "int8"))
+        else:
+            path = _converted_layer(config, kind, Path(tmp))
         session = create_session(path, threads=threads, spinning="run")
     rng = np.random.default_rng(1)
     feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
@@ -94,13 +122,22 @@ def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
 
 
 def measure_floor(
-    config: ModelConfig, batch: int, seq: int, threads: int, fp32_ceiling_gflops: float, repeats: int = 10
+    config: ModelConfig,
+    batch: int,
+    seq: int,
+    threads: int,
+    fp32_ceiling_gflops: float,
+    repeats: int = 10,
+    kinds: tuple[str, ...] = ("fp32", "int8"),
 ) -> Floor:
     """Floors of one forward at (batch, seq): best-of-``repeats`` projection time per layer times the
-    layer count, plus attention at ``fp32_ceiling_gflops``."""
+    layer count, plus attention at ``fp32_ceiling_gflops``; fp32 and int8 always, the other
+    ``kinds`` (int8-static, int4) as asked."""
     rows = batch * seq
     attention_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
     layers = config.n_encoder_layers
-    fp32 = _time_layer(config, rows, False, threads, repeats) * layers + attention_ms
-    int8 = _time_layer(config, rows, True, threads, repeats) * layers + attention_ms
-    return Floor(batch, seq, fp32, int8, attention_ms)
+    timed = {
+        kind: _time_layer(config, rows, kind, threads, repeats) * layers + attention_ms
+        for kind in dict.fromkeys(("fp32", "int8", *kinds))
+    }  # fmt: skip
+    return Floor(batch, seq, timed["fp32"], timed["int8"], attention_ms, kinds=timed)

@@ -7,7 +7,8 @@ Figures per variant and shape: median/p90/p99 ms, sequences and tokens per secon
 GFLOP/s against a float32 GEMM ceiling measured in the same run, cold start (session creation
 to first result), peak resident memory (each variant alone in a fresh process, see
 :mod:`edgeattn.benchmark.memory`), and file size; and per shape the matrix-product floors of
-float32 and int8 (see :mod:`edgeattn.benchmark.floors`).
+float32 and int8 (and of int8-static and int4 when those variants run), each ONNX Runtime CPU variant
+against its own (see :mod:`edgeattn.benchmark.floors`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.benchmark.floors import Floor, measure_floor
+from edgeattn.benchmark.floors import PRECISION_FLOORS, Floor, measure_floor
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.memory import (
     Probe,
@@ -37,6 +38,7 @@ from edgeattn.errors import EdgeattnError
 from edgeattn.host import cpu_flags
 from edgeattn.runtime.manifest import ManifestError
 from edgeattn.runtime.precisions import get_precision
+from edgeattn.runtime.providers import Provider, provider_name, provider_options
 from edgeattn.runtime.specs import encoder_feeds
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
@@ -57,6 +59,8 @@ class Variant:
     probe: Probe | None = None
     #: its outputs by name, for accuracy against a reference (None: not measured)
     answer: Answer | None = None
+    #: the floor it is held to (a key of :data:`edgeattn.benchmark.floors.PRECISION_FLOORS`), if any
+    floor: str | None = None
 
 
 @dataclass
@@ -69,6 +73,8 @@ class Row:
     tokens_per_s: float
     gflops: float
     ratio: float = 1.0
+    #: median / the variant's own floor at this shape (None: no floor)
+    floor_ratio: float | None = None
 
 
 @dataclass
@@ -124,10 +130,18 @@ class LatencyReport:
         if memory_shape:
             text.append(f"peak MB: resident memory of the whole process running the variant alone at {memory_shape}")
         if self.floors:
-            cells = [f"{f.batch}x{f.seq} fp32 {f.fp32_ms:.2f} ({f.fp32_ratio:.2f}), int8 {f.int8_ms:.2f} "
-                     f"({f.int8_ratio:.2f})" for f in self.floors]  # fmt: skip
+            cells = [f"{f.batch}x{f.seq} " + ", ".join(f"{k} {ms:.2f} ({f.kind_ratios[k]:.2f})"
+                                                       for k, ms in f.kinds.items())
+                     for f in self.floors]  # fmt: skip
             text.append("floors (projections alone at ONNX Runtime's own GEMM speed, + attention at the ceiling): "
                         + "; ".join(cells))  # fmt: skip
+            held = [(name, [r for r in self.rows if r.variant == name and r.floor_ratio is not None])
+                    for name in self.variants]  # fmt: skip
+            if any(rows for _, rows in held):
+                text.append("time / the variant's own floor (its precision's kernels):")
+                for name, rows in held:
+                    if rows:
+                        text.append(f"  {name}: " + ", ".join(f"{r.batch}x{r.seq} {r.floor_ratio:.2f}" for r in rows))
         if self.agreement:
             text.append(f"accuracy ({self.agreement_note}):")
             for name, a in self.agreement.items():
@@ -238,21 +252,21 @@ def _cuda_runner(model: Any, dtype: Any) -> Runner:
 def onnx_variants(
     export_dir: Path,
     precisions: list[str],
-    providers: list[str],
+    providers: list[Provider],
     threads: int,
     io_binding: bool | None = None,
     cuda_graph: bool = True,
     tf32: bool = False,
 ) -> tuple[list[Variant], dict[str, str]]:
-    """The exported encoder at each precision the export holds, on each provider asked for.
+    """The exported encoder at each precision the export holds, on each provider asked for (a name,
+    or (name, options); built in or an installed plugin, see :mod:`edgeattn.runtime.providers`).
 
     ``io_binding`` (default: on for CUDA) keeps inputs and outputs on the device (see
     :mod:`edgeattn.benchmark.bound`); on CUDA, ``cuda_graph`` adds a CUDA-graph variant of each
     precision; ``tf32`` lets CUDA float32 matrix products use TF32."""
-    import onnxruntime as ort
-
     from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner
     from edgeattn.runtime.manifest import read_manifest
+    from edgeattn.runtime.providers import why_unavailable
     from edgeattn.runtime.safety import graph_bytes
     from edgeattn.runtime.session import CPU, CUDA, create_session
 
@@ -261,17 +275,18 @@ def onnx_variants(
     if "encoder" not in manifest.graphs:
         return [], {"onnx": f"{export_dir} has no encoder graph"}
     d_model = manifest.config.d_model
-    available = ort.get_available_providers()
     variants: list[Variant] = []
     for provider in providers:
-        short = provider.replace("ExecutionProvider", "")
-        if provider not in available:
-            skipped[f"onnx {short}"] = f"{provider} is not in this onnxruntime"
+        short = provider_label(provider)
+        reason = why_unavailable(provider)
+        if reason is not None:
+            skipped[f"onnx {short}"] = reason
             continue
-        bind = provider == CUDA if io_binding is None else io_binding
+        provider_id = provider_name(provider)
+        bind = provider_id == CUDA if io_binding is None else io_binding
         for precision in precisions:
             name = f"onnx {precision} {short}"
-            if get_precision(precision).provider == "gpu" and provider == CPU:
+            if get_precision(precision).provider == "gpu" and provider_id != CUDA:
                 skipped[name] = f"{precision} is a GPU precision (the CPU runs it through casts)"
                 continue
             try:
@@ -288,7 +303,7 @@ def onnx_variants(
                 answer = onnx_answer(session)
                 run: Runner
                 if bind:
-                    run = BoundRunner(session, "cuda" if provider == CUDA else "cpu")
+                    run = BoundRunner(session, "cuda" if provider_id == CUDA else "cpu")
                 else:
                     names = [i.name for i in session.get_inputs()]
 
@@ -300,15 +315,26 @@ def onnx_variants(
                 skipped[name] = f"cannot run: {exc}"
                 continue
             cold = (time.perf_counter() - start) * 1e3
-            notes = [n for n, on in (("IO binding", bind), ("TF32", tf32 and provider == CUDA)) if on]
+            notes = [n for n, on in (("IO binding", bind), ("TF32", tf32 and provider_id == CUDA)) if on]
+            if provider_id not in (CPU, CUDA):
+                notes.append(f"on {', '.join(session.get_providers())}")
             # a CUDA session's host memory is mostly the CUDA libraries, not the model: not probed
-            probe = None if provider == CUDA else onnx_probe(str(path), provider, threads)
-            variants.append(Variant(name, run, cold, size, ", ".join(notes), probe=probe, answer=answer))
-            if provider == CUDA and cuda_graph:
+            probe = None if provider_id == CUDA else onnx_probe(str(path), provider, threads)
+            held_to = PRECISION_FLOORS.get(precision) if provider_id == CPU else None  # floors are the CPU's kernels
+            variants.append(Variant(name, run, cold, size, ", ".join(notes), probe=probe, answer=answer,
+                                    floor=held_to))  # fmt: skip
+            if provider_id == CUDA and cuda_graph:
                 graph_runner = CudaGraphRunner(path, d_model, threads, tf32)
                 note = "CUDA graph, IO binding, one session per shape (cold start not comparable)"
                 variants.append(Variant(f"{name} graph", graph_runner, 0.0, size, note))
     return variants, skipped
+
+
+def provider_label(provider: Provider) -> str:
+    """A provider's short name for variant names: ``OpenVINO bf16`` for OpenVINO with a bf16 hint."""
+    short = provider_name(provider).replace("ExecutionProvider", "")
+    hint = provider_options(provider).get("precision_hint")
+    return f"{short} {hint}" if hint else short
 
 
 def onnx_answer(session: Any) -> Answer:
@@ -363,9 +389,15 @@ def bench_latency(
             report.rows.append(Row(v.name, batch, seq, t, batch / (t.median / 1e3), batch * seq / (t.median / 1e3),
                                    flops / (t.median / 1e3) / 1e9, t.median / base))  # fmt: skip
         if floors:
-            floor = measure_floor(config, batch, seq, threads, report.gemm_ceiling_gflops)
+            kinds = tuple(sorted({v.floor for v in variants if v.floor}))
+            floor = measure_floor(config, batch, seq, threads, report.gemm_ceiling_gflops, kinds=kinds)
             floor.fp32_ratio, floor.int8_ratio = floor.fp32_ms / base, floor.int8_ms / base
+            floor.kind_ratios = {k: ms / base for k, ms in floor.kinds.items()}
             report.floors.append(floor)
+            for row in report.rows[-len(running) :]:
+                kind = next(v.floor for v in running if v.name == row.variant)
+                if kind is not None:
+                    row.floor_ratio = row.timing.median / floor.kinds[kind]
     bar.close()
     if memory:
         _measure_memory(report, variants, config, max(shapes, key=lambda bs: bs[0] * bs[1]))
