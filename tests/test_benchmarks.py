@@ -262,3 +262,18 @@ def test_soak_counts_a_wrong_answer(tiny_export, monkeypatch):
     monkeypatch.setattr(soak_module, "_answer", drifting)
     report = soak_module.soak(tiny_export, threads=2, seconds=1)
     assert report.mismatches > 0 and "answer unlike the serial one" in report.first_errors[0]
+
+
+def test_interleaving_rotates_so_no_variant_always_follows_the_same_one():
+    """A variant's run can slow the next one (eager PyTorch's spinning OpenMP threads): each round
+    starts one variant further on, so every variant is preceded by each of the others."""
+    from edgeattn.benchmark.timing import interleaved
+
+    calls: list[str] = []
+    names = ["eager", "a", "b"]
+    timings = interleaved({n: (lambda n=n: calls.append(n)) for n in names}, repeats=6, warmup=1)
+    assert all(timings[n].runs == 6 for n in names)
+    timed = calls[len(names) :]  # after the warm-up round
+    follows = {(timed[i - 1], timed[i]) for i in range(1, len(timed))}  # the run just before, in time
+    for n in names:
+        assert {prev for prev, nxt in follows if nxt == n} == set(names) - {n}

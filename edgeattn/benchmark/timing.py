@@ -41,13 +41,21 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
 def interleaved(
     variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 2, on_round: Callable[[], None] | None = None
 ) -> dict[str, Timing]:
-    """Time each variant ``repeats`` times, one run of each per round, after ``warmup`` rounds."""
+    """Time each variant ``repeats`` times, one run of each per round, after ``warmup`` rounds.
+
+    Each round starts one variant further on, so no variant always runs right after the same one:
+    a variant's run can slow the next one down (eager PyTorch's OpenMP threads keep spinning after
+    it returns: on 2 cores the ONNX Runtime variant timed right after it took 8-14 ms longer at
+    1 x 128 than the same graph timed second), and rotating puts that cost in few of each
+    variant's runs, out of the median, instead of in every run of one variant."""
     for _ in range(warmup):
         for fn in variants.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
+    order = list(variants.items())
+    for round_ in range(repeats):
+        shift = round_ % len(order)
+        for name, fn in order[shift:] + order[:shift]:
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)
