@@ -138,6 +138,11 @@ def test_bench_command_smoke(tmp_path):
     held = {r["variant"] for r in data["rows"] if r["floor_ratio"] is not None}
     assert held == {"onnx fp32 CPU", "onnx fp32-opt CPU", "onnx int8 CPU", "onnx int8-static CPU", "onnx int4 CPU"}
     assert "time / the variant's own floor" in result.stdout
+    # every ONNX variant's encoder states against eager float32 (the OpenVINO ones too, where they run)
+    agreement = data["agreement"]
+    assert "eager PyTorch float32" in data["agreement_note"] and "eager fp32" not in agreement
+    assert agreement["onnx fp32 CPU"]["max_abs"] < 1e-4 and agreement["onnx fp32-opt CPU"]["max_abs"] < 1e-4
+    assert 0.99 < agreement["onnx int8 CPU"]["cosine_min"] < 1.0
     assert data["generation"]["steps"] and data["generation"]["cached_tokens_per_s"] > 0
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio = median / eager fp32" in result.stdout

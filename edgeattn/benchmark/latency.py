@@ -198,7 +198,10 @@ def eager_variants(
 
     def answer(ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         with torch.inference_mode():
-            hidden, logits = model(torch.from_numpy(ids), torch.from_numpy(mask))
+            if model.config.is_seq2seq:  # the encoder's states, as the encoder graph returns them
+                hidden, logits = model.encode(torch.from_numpy(ids), torch.from_numpy(mask)), None
+            else:
+                hidden, logits = model(torch.from_numpy(ids), torch.from_numpy(mask))
         return {"last_hidden_state": hidden.numpy(), **({} if logits is None else {"logits": logits.numpy()})}
 
     variants: list[Variant] = []

@@ -144,6 +144,12 @@ def run_benchmark(
         report.accuracy = manifest.to_json()["gates"]
         if reference is not None:
             _agreement(report, variants, reference, manifest)
+        else:  # an export of edgeattn's own model: every variant against eager PyTorch float32
+            eager = next((v for v in variants if v.name == "eager fp32" and v.answer is not None), None)
+            if eager is not None:
+                others = [v for v in variants if v is not eager]
+                _agreement(report, others, eager.answer, manifest, against="eager PyTorch float32",
+                           output="last_hidden_state")  # fmt: skip
         generation = None
         if options.generation and "decoder" in manifest.graphs:
             from edgeattn.benchmark.generation import bench_generation
@@ -192,19 +198,21 @@ def _peers(manifest: Any, options: BenchOptions, scratch: Path) -> tuple[list[An
     return peer_vars, peer_skipped, None
 
 
-def _agreement(report: LatencyReport, variants: list[Any], reference: Any, manifest: Any) -> None:
-    """Each variant's task output against ``reference`` on one padded batch, into ``report``."""
+def _agreement(report: LatencyReport, variants: list[Any], reference: Any, manifest: Any,
+               against: str = "transformers eager float32", output: str | None = None) -> None:  # fmt: skip
+    """Each variant's task output (or ``output``) against ``reference`` on one padded batch, into
+    ``report``."""
     from edgeattn.benchmark.checkpoint import accuracy_inputs, measure_accuracy
     from edgeattn.benchmark.transformers_eager import task_output
 
     config = manifest.config
     seq = min(128, config.max_len)
     ids, mask = accuracy_inputs(config.vocab_size, config.pad_id, batch=32, seq=seq)
-    output = task_output(manifest.task)
+    output = output or task_output(manifest.task)
     report.agreement, errors = measure_accuracy(variants, reference, output, ids, mask)
     lengths = mask.sum(axis=1)
     report.agreement_note = (
-        f"{output} against transformers eager float32 on 32 random-id sequences of {lengths.min()}..{lengths.max()} "
+        f"{output} against {against} on 32 random-id sequences of {lengths.min()}..{lengths.max()} "
         "tokens padded together; real tokens only"
     )
     report.skipped.update({f"accuracy of {name}": why for name, why in errors.items()})
