@@ -83,6 +83,13 @@ def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
+_provider_option = click.option(
+    "--provider-option",
+    "provider_specs",
+    multiple=True,
+    help="NAME:KEY=VALUE (or KEY=VALUE for the first of --providers); repeatable.",
+)
+
 _calibration_option = click.option(
     "--calibration",
     "calibration_file",
@@ -360,12 +367,7 @@ def inspect(path: Path, as_json: bool) -> None:
     default=None,
     help="Comma-separated ONNX Runtime providers, built in or installed as plugins (e.g. OpenVINOExecutionProvider).",
 )
-@click.option(
-    "--provider-option",
-    "provider_specs",
-    multiple=True,
-    help="NAME:KEY=VALUE (or KEY=VALUE for the first of --providers); repeatable.",
-)
+@_provider_option
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
@@ -619,12 +621,7 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
     default=None,
     help="Comma-separated ONNX Runtime providers, built in or plugins (default: the CPU provider).",
 )
-@click.option(
-    "--provider-option",
-    "provider_specs",
-    multiple=True,
-    help="NAME:KEY=VALUE (or KEY=VALUE for the first of --providers); repeatable.",
-)
+@_provider_option
 @click.option("--no-openvino", is_flag=True, help="Skip the OpenVINO variants timed where its plugin is installed.")
 @click.option(
     "--io-binding/--no-io-binding",
