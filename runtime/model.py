@@ -22,6 +22,7 @@ from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, genera
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
+from edgeattn.runtime.providers import Provider
 from edgeattn.runtime.safety import (
     ExternalTensor,
     UnsafeFileError,
@@ -30,7 +31,7 @@ from edgeattn.runtime.safety import (
     external_data_entries,
     external_tensors,
 )
-from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session
+from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
 from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, encoder_feeds, graph_spec
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
 
@@ -103,7 +104,7 @@ class ExportedModel:
     def __init__(
         self,
         export_dir: str | Path,
-        providers: list[str] | tuple[str, ...] | None = None,
+        providers: list[Provider] | tuple[Provider, ...] | None = None,
         threads: int | None = None,
         precision: str = FP32,
         spinning: bool | Spinning = True,
@@ -125,6 +126,7 @@ class ExportedModel:
                 if data.name not in listed:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             paths[name] = (path, entry.sha256)
+        providers = pick_providers(providers)  # once for every graph: a missing one is one warning
         shared_by_graph = shared_initializers(export_dir, {name: path for name, (path, _) in paths.items()})
         #: every weight the sessions share, by initializer name
         self._shared = {n: v for values in shared_by_graph.values() for n, v in values.items()}
@@ -644,7 +646,7 @@ class OnnxStepper:
 
 def load(
     export_dir: str | Path,
-    providers: list[str] | tuple[str, ...] | None = None,
+    providers: list[Provider] | tuple[Provider, ...] | None = None,
     threads: int | None = None,
     precision: str = FP32,
     **options: Any,

@@ -114,8 +114,8 @@ def why_unavailable(provider: Provider) -> str | None:
     if name not in installed_plugins():
         built_in = ", ".join(ort.get_available_providers())
         plugins = ", ".join(f"{ep} ({p.label})" for ep, p in sorted(installed_plugins().items())) or "none"
-        return (f"{name} is neither built into this onnxruntime ({built_in}) nor provided by an installed "
-                f"plugin package (pip install onnxruntime-ep-...; installed plugins: {plugins})")  # fmt: skip
+        return (f"{name} is not available in this onnxruntime ({built_in}) and no installed plugin package "
+                f"(onnxruntime-ep-*) provides it (installed plugins: {plugins})")  # fmt: skip
     device = str(provider_options(provider).get(DEVICE_OPTION, "CPU"))
     if not plugin_devices(name, device):
         plugin = installed_plugins()[name]

@@ -31,9 +31,6 @@ CUDA = "CUDAExecutionProvider"
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
-_WARNED: set[str] = set()
-
-
 def pick_providers(requested: list[Provider] | tuple[Provider, ...] | None) -> list[Provider]:
     """Providers to use: CUDA then CPU when ``requested`` is None, else those requested that can run
     here (built into this onnxruntime, or an installed plugin with a device; see
@@ -54,9 +51,7 @@ def pick_providers(requested: list[Provider] | tuple[Provider, ...] | None) -> l
         if requested is None and p not in available:
             log.info("no CUDA provider in this onnxruntime; running on the CPU")
         elif reason is not None:
-            if reason not in _WARNED:  # once per process, not once per graph
-                _WARNED.add(reason)
-                log.warning("%s; using the CPU", reason)
+            log.warning("%s; using the CPU", reason)
         else:
             chosen.append(p)
     if CPU not in [provider_name(p) for p in chosen]:
