@@ -161,7 +161,8 @@ PRECISIONS: dict[str, Precision] = {
         ),
         Precision(
             "int8-static",
-            "QDQ int8, calibrated (" + ", ".join(f"`{m}`" for m in CALIBRATION_METHODS) + ")",
+            "QDQ int8, calibrated (" + ", ".join(f"`{m}`" for m in CALIBRATION_METHODS) + "); "
+            "matrix products' outputs stay float32",
             "`quantize_static`",
             "convert",
             FusedForm(packed=False),
