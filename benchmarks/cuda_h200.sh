@@ -7,7 +7,8 @@
 #     cp .ortgpu3/part* /tmp/ortw/ && bash benchmarks/cuda_h200.sh
 # It installs the wheel beside the machine's packages, runs the `cuda` tests, exports the
 # BERT-base preset's encoder (fp32, fp32-opt, fp16; parity-checked on the CPU) and times it on the
-# CUDA provider at the shapes the goals name, beside eager PyTorch fp32 and fp16 SDPA on the GPU.
+# CUDA provider at the shapes the goals name, beside eager PyTorch fp32 and fp16 SDPA on the GPU
+# (each fused precision also with its padding as key lengths: the `... lengths` variants).
 # The three steps are capped at 150 + 180 + 240 s, inside one call's 600 s.
 set -uo pipefail
 OUT=${OUT:-/tmp/edgeattn-cuda}

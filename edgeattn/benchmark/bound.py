@@ -69,8 +69,8 @@ class CudaGraphRunner:
     new session (the previous one is dropped). Inputs are copied into the same device buffers
     when their contents change, never reallocated."""
 
-    def __init__(self, path: str | Path, d_model: int, threads: int, tf32: bool = False) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | bytes, d_model: int, threads: int, tf32: bool = False) -> None:
+        self.path = path if isinstance(path, bytes) else Path(path)  # a file, or a serialised graph
         self.d_model = d_model
         self.threads = threads
         self.tf32 = tf32
@@ -109,3 +109,20 @@ class CudaGraphRunner:
     def output(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Run once and copy the output to the host (for checks, not timing)."""
         return self(ids, mask).numpy()
+
+
+class RightPadded:
+    """Runs ``runner`` on right-padded batches only: a graph taking the padding as key lengths
+    (:mod:`edgeattn.exporters.mask_forms`) would answer other batches wrongly. The host-side check
+    is part of what is timed, as it would be in the runtime."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> Any:
+        from edgeattn.errors import EdgeattnError
+        from edgeattn.runtime.padding import right_padded
+
+        if not right_padded(mask):
+            raise EdgeattnError("the key-lengths form runs right-padded batches only")
+        return self.runner(ids, mask)

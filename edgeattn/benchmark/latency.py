@@ -260,13 +260,15 @@ def onnx_variants(
     io_binding: bool | None = None,
     cuda_graph: bool = True,
     tf32: bool = False,
+    lengths: bool = False,
 ) -> tuple[list[Variant], dict[str, str]]:
     """The exported encoder at each precision the export holds, on each provider asked for (a name,
     or (name, options); built in or an installed plugin, see :mod:`edgeattn.runtime.providers`).
 
     ``io_binding`` (default: on for CUDA) keeps inputs and outputs on the device (see
     :mod:`edgeattn.benchmark.bound`); on CUDA, ``cuda_graph`` adds a CUDA-graph variant of each
-    precision; ``tf32`` lets CUDA float32 matrix products use TF32."""
+    precision; ``tf32`` lets CUDA float32 matrix products use TF32; ``lengths`` adds each fused
+    precision (fp32-opt, fp16) with its padding given as key lengths (see :func:`_lengths_variants`)."""
     from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner
     from edgeattn.runtime.manifest import read_manifest
     from edgeattn.runtime.providers import why_unavailable
@@ -330,7 +332,48 @@ def onnx_variants(
                 graph_runner = CudaGraphRunner(path, d_model, threads, tf32)
                 note = "CUDA graph, IO binding, one session per shape (cold start not comparable)"
                 variants.append(Variant(f"{name} graph", graph_runner, 0.0, size, note))
+            if lengths and precision in LENGTHS_PRECISIONS:
+                found, why = _lengths_variants(path, name, provider, bind, threads, tf32, d_model,
+                                               cuda_graph and provider_id == CUDA)  # fmt: skip
+                variants += found
+                skipped.update(why)
     return variants, skipped
+
+
+#: Precisions whose encoder has fused attention, timed also with the padding as key lengths.
+LENGTHS_PRECISIONS = ("fp32-opt", "fp16")
+
+
+def _lengths_variants(path: Path, name: str, provider: Provider, bind: bool, threads: int, tf32: bool,
+                      d_model: int, cuda_graph: bool) -> tuple[list[Variant], dict[str, str]]:  # fmt: skip
+    """``name`` again with its fused attention taking key lengths instead of the mask matrix (see
+    :mod:`edgeattn.exporters.mask_forms`), run on right-padded batches only; with ``cuda_graph``
+    its CUDA-graph variant too."""
+    from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner, RightPadded
+    from edgeattn.exporters.mask_forms import lengths_form_bytes
+    from edgeattn.runtime.session import CUDA, create_session
+
+    label = f"{name} lengths"
+    try:
+        graph = lengths_form_bytes(path)
+        session = create_session(graph, providers=[provider], threads=threads, spinning="run", tf32=tf32,
+                                 require=True)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - reported beside the table
+        return [], {label: f"cannot run: {exc}"}
+    if bind:
+        inner: Runner = BoundRunner(session, "cuda" if provider_name(provider) == CUDA else "cpu")
+    else:
+        names = [i.name for i in session.get_inputs()]
+
+        def inner(ids: np.ndarray, mask: np.ndarray) -> object:
+            return session.run(["last_hidden_state"], encoder_feeds(names, ids, mask))
+
+    note = "fused attention given key lengths (right-padded batches only)"
+    found = [Variant(label, RightPadded(inner), 0.0, len(graph), note, answer=onnx_answer(session))]
+    if cuda_graph:
+        found.append(Variant(f"{label} graph", RightPadded(CudaGraphRunner(graph, d_model, threads, tf32)), 0.0,
+                             len(graph), note + ", CUDA graph, IO binding, one session per shape"))  # fmt: skip
+    return found, {}
 
 
 def provider_label(provider: Provider) -> str:

@@ -114,6 +114,7 @@ def run_benchmark(
         onnx_vars, onnx_skipped = onnx_variants(
             export_dir, list(options.precisions), list(options.providers), options.threads,
             io_binding=options.io_binding, cuda_graph=options.cuda_graph, tf32=options.tf32,
+            lengths=CUDA in names,  # the form that leaves ONNX Runtime's fast CUDA attention open
         )  # fmt: skip
         variants += onnx_vars
         skipped.update(onnx_skipped)
