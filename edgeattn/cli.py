@@ -338,6 +338,29 @@ def quantize(
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def providers(as_json: bool) -> None:
+    """The ONNX Runtime providers this machine can run: built in, and installed plugins with their devices."""
+    import onnxruntime as ort
+
+    from edgeattn.runtime.providers import describe_plugins, why_unavailable
+
+    plugins = describe_plugins()
+    for name, info in plugins.items():
+        info["usable"] = why_unavailable(name) is None
+    if as_json:
+        click.echo(json.dumps({"onnxruntime": ort.__version__, "built_in": ort.get_available_providers(),
+                               "plugins": plugins}, indent=2))  # fmt: skip
+        return
+    click.echo(f"onnxruntime {ort.__version__}, built in: {', '.join(ort.get_available_providers())}")
+    if not plugins:
+        click.echo("plugins: none installed (pip install onnxruntime-ep-..., e.g. 'edgeattn[openvino]')")
+    for name, info in plugins.items():
+        devices = ", ".join(info["devices"]) or "none on this machine"
+        click.echo(f"plugin {name} ({info['package']}): devices {devices}")
+
+
+@cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def inspect(path: Path, as_json: bool) -> None:

@@ -106,3 +106,23 @@ def test_openvino_runs_the_export_by_name(export, tiny_config, hint):
         a, b = hidden[real], reference[real]
         cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
         assert cosine.min() > 0.999
+
+
+def test_providers_command_lists_built_in_and_plugin_providers_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\nfrom click.testing import CliRunner\nfrom edgeattn.cli import cli\n"
+        "r = CliRunner().invoke(cli, ['providers', '--json'])\nassert r.exit_code == 0, r.output\n"
+        "assert 'torch' not in sys.modules\nprint(r.output)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert CPU in data["built_in"]
+    if HAS_OPENVINO:
+        info = data["plugins"][OPENVINO]
+        assert info["package"].startswith("onnxruntime-ep-openvino") and info["usable"] == bool(
+            plugin_devices(OPENVINO)
+        )
