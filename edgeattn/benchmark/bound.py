@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.padding import right_padded
 from edgeattn.runtime.specs import encoder_feeds
 
 OUTPUT = "last_hidden_state"
@@ -120,9 +122,6 @@ class RightPadded:
         self.runner = runner
 
     def __call__(self, ids: np.ndarray, mask: np.ndarray) -> Any:
-        from edgeattn.errors import EdgeattnError
-        from edgeattn.runtime.padding import right_padded
-
         if not right_padded(mask):
             raise EdgeattnError("the key-lengths form runs right-padded batches only")
         return self.runner(ids, mask)

@@ -269,7 +269,7 @@ def onnx_variants(
     :mod:`edgeattn.benchmark.bound`); on CUDA, ``cuda_graph`` adds a CUDA-graph variant of each
     precision; ``tf32`` lets CUDA float32 matrix products use TF32; ``lengths`` adds each fused
     precision (fp32-opt, fp16) with its padding given as key lengths (see :func:`_lengths_variants`)."""
-    from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner
+    from edgeattn.benchmark.bound import CudaGraphRunner
     from edgeattn.runtime.manifest import read_manifest
     from edgeattn.runtime.providers import why_unavailable
     from edgeattn.runtime.safety import graph_bytes
@@ -306,15 +306,7 @@ def onnx_variants(
                 session = create_session(path, providers=[provider], threads=threads, spinning="run", tf32=tf32,
                                          require=True)  # fmt: skip
                 answer = onnx_answer(session)
-                run: Runner
-                if bind:
-                    run = BoundRunner(session, "cuda" if provider_id == CUDA else "cpu")
-                else:
-                    names = [i.name for i in session.get_inputs()]
-
-                    def run(ids: np.ndarray, mask: np.ndarray, session: Any = session, names: Any = names) -> object:
-                        return session.run(["last_hidden_state"], encoder_feeds(names, ids, mask))
-
+                run = session_runner(session, bind, provider_id == CUDA)
                 run(np.ones((1, 8), np.int64), np.ones((1, 8), np.int64))
             except Exception as exc:  # noqa: BLE001 - one variant that cannot run must not end the benchmark
                 skipped[name] = f"cannot run: {exc}"
@@ -349,7 +341,7 @@ def _lengths_variants(path: Path, name: str, provider: Provider, bind: bool, thr
     """``name`` again with its fused attention taking key lengths instead of the mask matrix (see
     :mod:`edgeattn.exporters.mask_forms`), run on right-padded batches only; with ``cuda_graph``
     its CUDA-graph variant too."""
-    from edgeattn.benchmark.bound import BoundRunner, CudaGraphRunner, RightPadded
+    from edgeattn.benchmark.bound import CudaGraphRunner, RightPadded
     from edgeattn.exporters.mask_forms import lengths_form_bytes
     from edgeattn.runtime.session import CUDA, create_session
 
@@ -360,20 +352,28 @@ def _lengths_variants(path: Path, name: str, provider: Provider, bind: bool, thr
                                  require=True)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - reported beside the table
         return [], {label: f"cannot run: {exc}"}
-    if bind:
-        inner: Runner = BoundRunner(session, "cuda" if provider_name(provider) == CUDA else "cpu")
-    else:
-        names = [i.name for i in session.get_inputs()]
-
-        def inner(ids: np.ndarray, mask: np.ndarray) -> object:
-            return session.run(["last_hidden_state"], encoder_feeds(names, ids, mask))
-
+    inner = session_runner(session, bind, provider_name(provider) == CUDA)
     note = "fused attention given key lengths (right-padded batches only)"
     found = [Variant(label, RightPadded(inner), 0.0, len(graph), note, answer=onnx_answer(session))]
     if cuda_graph:
         found.append(Variant(f"{label} graph", RightPadded(CudaGraphRunner(graph, d_model, threads, tf32)), 0.0,
                              len(graph), note + ", CUDA graph, IO binding, one session per shape"))  # fmt: skip
     return found, {}
+
+
+def session_runner(session: Any, bind: bool, cuda: bool) -> Runner:
+    """``run(ids, mask)`` over an encoder session: through IO binding (on the GPU when ``cuda``),
+    or plain ``session.run`` returning the hidden states."""
+    from edgeattn.benchmark.bound import BoundRunner
+
+    if bind:
+        return BoundRunner(session, "cuda" if cuda else "cpu")
+    names = [i.name for i in session.get_inputs()]
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> object:
+        return session.run(["last_hidden_state"], encoder_feeds(names, ids, mask))
+
+    return run
 
 
 def provider_label(provider: Provider) -> str:
