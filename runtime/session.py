@@ -187,4 +187,27 @@ def create_session(
     missing = [p for p in asked if p not in session.get_providers()] if require else []
     if missing:
         raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(name).name}")
+    release_free_memory()
     return session
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None where the C library is not glibc."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc; nothing elsewhere).
+
+    Building a session reads each weight, folds its transposes and packs it: tens of MB of
+    short-lived buffers whose freed pages glibc keeps in its heap, still resident, after the
+    session holds only the packed weights (measured here on a t5-small-shaped export: 13 MB
+    after the encoder's session, 20 MB after the decoder's)."""
+    if sys.platform.startswith("linux") and (trim := _malloc_trim()) is not None:
+        trim(0)
