@@ -23,6 +23,33 @@ KeyValue = tuple[Tensor, Tensor]
 
 
 @dataclass(frozen=True)
+class CacheSlots:
+    """A self-attention cache of fixed capacity, written in place of a growing one.
+
+    ``key`` and ``value`` (B, H, C, D) hold C slots, of which the first ``position`` (an int64
+    tensor of one element) are filled; a call writes its T new keys and values into slots
+    position .. position + T - 1 and attends over all C slots, those not yet written masked out.
+    Exported, the write is one ``ScatterND`` whose data input is the cache input, so a runtime that
+    binds the updated cache to the same buffer as the cache it fed updates it in place.
+    """
+
+    key: Tensor
+    value: Tensor
+    position: Tensor
+
+    def write(self, k: Tensor, v: Tensor) -> KeyValue:
+        """The caches with the new keys/values (B, H, T, D) written at position .. position + T - 1."""
+        b, h, t, _ = k.shape
+        rows = torch.arange(b, device=k.device)[:, None, None]
+        heads = torch.arange(h, device=k.device)[None, :, None]
+        slots = (self.position + torch.arange(t, device=k.device))[None, None, :]
+        return self.key.index_put((rows, heads, slots), k), self.value.index_put((rows, heads, slots), v)
+
+
+Cache = KeyValue | CacheSlots
+
+
+@dataclass(frozen=True)
 class AttentionCall:
     """Everything one attention call has computed before its core, for a replacement kernel."""
 
@@ -30,11 +57,11 @@ class AttentionCall:
     q_in: Tensor  # projected queries (B, T, H * D)
     q: Tensor  # per-head queries (B, H, T, D)
     kv_in: tuple[Tensor, Tensor] | None  # this call's projected keys/values (B, S_new, H * D), if any
-    k: Tensor  # every key the queries see (B, H, S, D): static, or past + new
+    k: Tensor  # every key the queries see (B, H, S, D): static, past + new, or every cache slot
     v: Tensor
     static_kv: KeyValue | None  # precomputed cross-attention keys/values
-    past: KeyValue | None  # the self-attention cache before this call
-    mask: Tensor | None  # key mask (B, 1, 1, S); the causal part is the kernel's to add
+    past: Cache | None  # the self-attention cache before this call
+    mask: Tensor | None  # key mask (B, 1, 1, S); the causal part (and unwritten slots) is the kernel's to add
     bias: Tensor | None  # position term, broadcasting to (B, H, T, S)
 
 
@@ -46,10 +73,13 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
     return attention_mask.bool()[:, None, None, :]
 
 
-def causal_mask(q_len: int | Tensor, k_len: int | Tensor, device: torch.device | None = None) -> Tensor:
-    """Boolean (T, S) mask where query i (at absolute position S - T + i) sees keys 0..S-T+i."""
+def causal_mask(
+    q_len: int | Tensor, k_len: int | Tensor, device: torch.device | None = None, offset: Tensor | None = None
+) -> Tensor:
+    """Boolean (T, S) mask where query i, at absolute position offset + i (offset S - T unless
+    given: the queries are the last keys), sees keys 0 .. offset + i."""
     k_pos = torch.arange(k_len, device=device)
-    q_pos = torch.arange(q_len, device=device) + (k_len - q_len)
+    q_pos = torch.arange(q_len, device=device) + ((k_len - q_len) if offset is None else offset)
     return k_pos[None, :] <= q_pos[:, None]  # (T, S)
 
 
@@ -131,7 +161,8 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention: ``forward(x, past=(k, v))`` appends the new tokens' keys and values to the
     cache and returns the whole (present) cache, so decoding one token at a time gives the same
-    result as recomputing the prefix. Cross-attention: ``forward(x, memory=m)`` or, with keys and
+    result as recomputing the prefix; ``past=CacheSlots(...)`` writes them into a cache of fixed
+    capacity instead and returns the updated one. Cross-attention: ``forward(x, memory=m)`` or, with keys and
     values projected once per source by :meth:`project_kv`, ``forward(x, static_kv=(k, v))``.
     """
 
@@ -170,7 +201,7 @@ class MultiHeadAttention(nn.Module):
         *,
         memory: Tensor | None = None,
         static_kv: KeyValue | None = None,
-        past: KeyValue | None = None,
+        past: Cache | None = None,
         mask: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, KeyValue]:
@@ -189,21 +220,25 @@ class MultiHeadAttention(nn.Module):
             source = x if memory is None else memory
             kv_in = (self.k_proj(source), self.v_proj(source))
             k, v = self._split(kv_in[0]), self._split(kv_in[1])
-            if past is not None and memory is None:
+            if isinstance(past, CacheSlots) and memory is None:
+                k, v = past.write(k, v)  # (B, H, C, D)
+            elif past is not None and memory is None:
                 k = torch.cat([past[0], k], dim=2)  # (B, H, P + T, D)
                 v = torch.cat([past[1], v], dim=2)
         t, s = q.shape[2], k.shape[2]
+        # absolute position of the first query: after the filled slots, or the queries are the last keys
+        offset = past.position if isinstance(past, CacheSlots) and static_kv is None and memory is None else None
         bias = None
         if self.relative is not None:
             k_pos = torch.arange(s, device=x.device)
-            q_pos = torch.arange(t, device=x.device) + (s - t)
+            q_pos = torch.arange(t, device=x.device) + ((s - t) if offset is None else offset)
             bias = self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
         if self.kernel is not None and not need_weights:
             call = AttentionCall(x, q_in, q, kv_in, k, v, static_kv, past if memory is None else None, mask, bias)
             out, present = self.kernel(self, call)
             return self.out_proj(out), None, present
         if self.causal:
-            mask = combine_masks(mask, causal_mask(t, s, device=x.device))
+            mask = combine_masks(mask, causal_mask(t, s, device=x.device, offset=offset))
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -228,7 +263,8 @@ def torch_sdpa_kernel(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Ten
         raise ValueError("the SDPA kernel has no top-k sparse attention")
     q, k, v = call.q, call.k, call.v
     t, s = q.shape[2], k.shape[2]
-    keep = combine_masks(call.mask, causal_mask(t, s, device=q.device) if mha.causal else None)
+    offset = call.past.position if isinstance(call.past, CacheSlots) else None
+    keep = combine_masks(call.mask, causal_mask(t, s, device=q.device, offset=offset) if mha.causal else None)
     attn_mask: Tensor | None = keep
     if call.bias is not None:
         attn_mask = call.bias if keep is None else call.bias.masked_fill(~keep, float("-inf"))

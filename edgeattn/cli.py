@@ -199,7 +199,9 @@ def _precision_options(
     help="With --from-hf: what the model is for (default: what its config.json says).",
 )
 @click.option(
-    "--graphs", default=None, help="Comma-separated graphs: attention,encoder,decoder (default: all the model has)."
+    "--graphs",
+    default=None,
+    help="Comma-separated graphs: attention,encoder,decoder,decoder_fixed (default: all the model has).",
 )
 @click.option(
     "--opset", default=17, show_default=True, type=int, help="ONNX opset (above 20 uses the dynamo exporter)."

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edgeattn.attention import KeyValue, MultiHeadAttention
+from edgeattn.attention import Cache, KeyValue, MultiHeadAttention
 from edgeattn.config import ModelConfig
 
 
@@ -118,7 +118,7 @@ class DecoderLayer(nn.Module):
         memory: Tensor | None = None,
         cross_kv: KeyValue | None = None,
         memory_mask: Tensor | None = None,
-        past: KeyValue | None = None,
+        past: Cache | None = None,
     ) -> tuple[Tensor, KeyValue]:
         """x (B, T, d_model) -> (B, T, d_model) and the present self-attention cache.
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from edgeattn.attention import KeyValue, padding_mask
+from edgeattn.attention import Cache, CacheSlots, KeyValue, padding_mask
 from edgeattn.config import ModelConfig
 from edgeattn.layers import DecoderLayer, EncoderLayer, make_norm
 from edgeattn.positional import build_absolute
@@ -99,15 +99,19 @@ class Decoder(_Stack):
         memory: Tensor | None = None,
         cross_kv: list[KeyValue] | None = None,
         memory_mask: Tensor | None = None,
-        past: list[KeyValue] | None = None,
+        past: list[Cache] | None = None,
     ) -> tuple[Tensor, list[KeyValue]]:
         """x (B, T, d) target embeddings -> (B, T, d) and each layer's present (k, v) cache.
 
-        Positions continue from the cache: the new tokens sit at past_len .. past_len + T - 1.
+        Positions continue from the cache: the new tokens sit at past_len .. past_len + T - 1
+        (a :class:`CacheSlots` cache: its ``position`` .. position + T - 1).
         """
         if memory is None and cross_kv is None:
             raise ValueError("the decoder needs the source: pass memory or cross_kv")
-        offset = 0 if past is None else past[0][0].shape[2]
+        offset: Tensor | int = 0
+        if past is not None:
+            first = past[0]
+            offset = first.position if isinstance(first, CacheSlots) else first[0].shape[2]
         x = self._prepare(x, offset)
         mask = None if memory_mask is None else padding_mask(memory_mask)  # (B, 1, 1, S)
         presents: list[KeyValue] = []
@@ -175,7 +179,7 @@ class Seq2SeqTransformer(_Embedded):
         memory: Tensor | None = None,
         cross_kv: list[KeyValue] | None = None,
         memory_mask: Tensor | None = None,
-        past: list[KeyValue] | None = None,
+        past: list[Cache] | None = None,
     ) -> tuple[Tensor, list[KeyValue]]:
         """(B, T) target ids after ``past`` -> logits (B, T, vocab) and the present caches."""
         h, presents = self.decoder(

@@ -74,7 +74,7 @@ def calibration_feeds(
     calibration ``sequences`` when given, else drawn from the model's own vocabulary and length
     range (other sequences than the gate's). The attention graph, which takes hidden states, gets
     random ones of the same sizes either way."""
-    from edgeattn.exporters.gate import heldout_sources, teacher_forced
+    from edgeattn.exporters.gate import heldout_sources, slot_feeds, teacher_forced
     from edgeattn.exporters.sampling import sample_inputs
     from edgeattn.runtime.specs import encoder_feeds, graph_spec
 
@@ -101,7 +101,8 @@ def calibration_feeds(
             feeds.append({"encoder_hidden_states": hidden.numpy()})
         else:
             assert isinstance(model, Seq2SeqTransformer)
-            feeds.append(teacher_forced(model, ids, mask, new_tokens).feeds)
+            forced = teacher_forced(model, ids, mask, new_tokens).feeds
+            feeds.append(slot_feeds(forced, c) if graph == "decoder_fixed" else forced)
     return feeds
 
 

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from edgeattn.attention import (
     AttentionCall,
+    CacheSlots,
     KeyValue,
     MultiHeadAttention,
     causal_mask,
@@ -144,6 +145,8 @@ def ort_attention_kernel(mha: MultiHeadAttention, call: AttentionCall, packed: b
     ``MultiHeadAttention``. Masks must be key-padding masks (B, 1, 1, S), as the encoder and
     decoder build them.
     """
+    if isinstance(call.past, CacheSlots):
+        return _slots_attention(mha, call, call.past)
     padding = None if call.mask is None else call.mask[:, 0, 0, :].to(torch.int32)  # (B, S)
     plain = call.static_kv is None and call.past is None and not mha.causal and call.bias is None
     if packed and plain and call.kv_in is not None:
@@ -162,6 +165,21 @@ def ort_attention_kernel(mha: MultiHeadAttention, call: AttentionCall, packed: b
     if call.past is not None:
         return outs[0], (outs[1], outs[2])
     return outs[0], (call.k, call.v)
+
+
+def _slots_attention(mha: MultiHeadAttention, call: AttentionCall, slots: CacheSlots) -> tuple[Tensor, KeyValue]:
+    """Self-attention over a fixed-capacity cache as MultiHeadAttention: keys and values are every
+    slot after this call's write (B, H, C, D), and the causal mask over the slots (the unwritten
+    ones masked with the rest) joins the position bias as the operator's ``attention_bias``."""
+    t, s = call.q.shape[2], call.k.shape[2]
+    keep = causal_mask(t, s, device=call.q.device, offset=slots.position)  # (T, C)
+    floor = torch.finfo(call.q.dtype).min
+    bias = torch.zeros(keep.shape, dtype=call.q.dtype, device=call.q.device).masked_fill(~keep, floor)[None, None]
+    if call.bias is not None:
+        bias = call.bias + bias  # (1, H, T, C)
+    out = _OrtMultiHeadAttention.apply(call.q_in, call.k, call.v, None, bias, None, None, mha.n_heads,
+                                       float(mha.scale), False)  # fmt: skip
+    return out[0], (call.k, call.v)
 
 
 def can_fuse(model: Seq2SeqTransformer | EncoderModel) -> tuple[bool, str]:
@@ -187,7 +205,10 @@ def fused_copy(model: Seq2SeqTransformer | EncoderModel, packed: bool = True) ->
 def expected_attention_blocks(graph: str, model: Seq2SeqTransformer | EncoderModel) -> int:
     """How many attention blocks graph ``graph`` holds."""
     c = model.config
-    return {"attention": 1, "encoder": c.n_encoder_layers, "cross_kv": 0, "decoder": 2 * c.n_decoder_layers}[graph]
+    decoder = 2 * c.n_decoder_layers
+    return {"attention": 1, "encoder": c.n_encoder_layers, "cross_kv": 0, "decoder": decoder, "decoder_fixed": decoder}[
+        graph
+    ]
 
 
 def optimize_fused(path: Path, model: Seq2SeqTransformer | EncoderModel, form: FusedForm) -> onnx.ModelProto:

@@ -29,7 +29,7 @@ from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
-from edgeattn.runtime.specs import cache_names, encoder_feeds
+from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names, encoder_feeds
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class GateResult:
         graph it runs through."""
         failing = {v.graph for v in self.failures}
         if "generation" in failing:
-            failing |= {"encoder", "cross_kv", "decoder"}
+            failing |= {"encoder", "cross_kv", "decoder", "decoder_fixed"}
         return [g for g in graphs if g in failing]
 
     def to_record(self, degraded: bool) -> GateRecord:
@@ -211,7 +211,7 @@ def evaluate(
     if "attention" in graphs:
         feeds, want = ref.attention
         result.metrics["attention"] = _cosine_metrics(runtime.run("attention", feeds)["attention_output"], want)
-    if isinstance(ref.model, Seq2SeqTransformer) and ({"decoder", "cross_kv"} & set(graphs)):
+    if isinstance(ref.model, Seq2SeqTransformer) and ({"decoder", "decoder_fixed", "cross_kv"} & set(graphs)):
         _decoder_metrics(ref, runtime, result, graphs)
     result.check()
     return result
@@ -246,6 +246,17 @@ def teacher_forced(
     return TeacherForced(feeds, cross_np, logits.numpy())
 
 
+def slot_feeds(feeds: dict[str, np.ndarray], config: ModelConfig) -> dict[str, np.ndarray]:
+    """The ``decoder_fixed`` graph's inputs for the same step as ``decoder`` feeds with an empty
+    cache: every target in slots 0 .. T - 1 of a cache of T slots."""
+    rows, t = feeds["input_ids"].shape
+    out = {k: v for k, v in feeds.items() if k not in cache_names("past", config.n_decoder_layers)}
+    out[POSITION] = np.zeros(1, np.int64)
+    for name in cache_names(SLOT_CACHE, config.n_decoder_layers):
+        out[name] = np.zeros((rows, config.n_heads, t, config.head_dim), np.float32)
+    return out
+
+
 def _decoder_metrics(ref: Reference, runtime: ExportedModel, result: GateResult, graphs: list[str]) -> None:
     c = ref.model.config
     if "cross_kv" in graphs:
@@ -256,16 +267,19 @@ def _decoder_metrics(ref: Reference, runtime: ExportedModel, result: GateResult,
             m = _cosine_metrics(got[name], want, rows)
             worst = {k: min(worst[k], m[k]) for k in worst}
         result.metrics["cross_kv"] = worst
-    if "decoder" not in graphs:
+    decoders = [g for g in ("decoder", "decoder_fixed") if g in graphs]
+    if not decoders:
         return
-    logits = runtime.run("decoder", ref.forced.feeds)["logits"]
     want = ref.forced.logits
-    agree = logits.argmax(-1) == want.argmax(-1)
-    result.metrics["decoder"] = {
-        "teacher_top1": float(agree.mean()),
-        **{f"logits_{k}": v for k, v in _cosine_metrics(logits, want).items()},
-    }
-    if {"encoder", "cross_kv"} <= set(graphs):
+    for graph in decoders:
+        feeds = ref.forced.feeds if graph == "decoder" else slot_feeds(ref.forced.feeds, c)
+        logits = runtime.run(graph, feeds)["logits"]
+        agree = logits.argmax(-1) == want.argmax(-1)
+        result.metrics[graph] = {
+            "teacher_top1": float(agree.mean()),
+            **{f"logits_{k}": v for k, v in _cosine_metrics(logits, want).items()},
+        }
+    if {"encoder", "cross_kv"} <= set(graphs):  # through decoder_fixed where the runtime has it
         eager = ref.greedy
         got_tokens = runtime.generate(ref.ids, ref.mask, ref.new_tokens).tokens
         width = max(eager.shape[1], got_tokens.shape[1])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from edgeattn.attention import MultiHeadAttention, padding_mask
+from edgeattn.attention import CacheSlots, MultiHeadAttention, padding_mask
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.specs import GraphSpec, graph_spec
 
@@ -69,6 +69,20 @@ class DecoderGraph(nn.Module):
         return (logits, *(t for kv in presents for t in kv))
 
 
+class FixedDecoderGraph(DecoderGraph):
+    """input_ids, encoder_attention_mask, position, cache_*, cross_* -> logits, updated_* (the
+    caches with the new keys and values written at position .. position + T - 1)."""
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, position: Tensor, *caches: Tensor
+                ) -> tuple[Tensor, ...]:  # fmt: skip
+        n = self.n_layers
+        slots = [CacheSlots(caches[2 * i], caches[2 * i + 1], position) for i in range(n)]
+        cross = [(caches[2 * n + 2 * i], caches[2 * n + 2 * i + 1]) for i in range(n)]
+        logits, updated = self.model.decode(input_ids, cross_kv=cross, memory_mask=encoder_attention_mask,
+                                            past=slots)  # fmt: skip
+        return (logits, *(t for kv in updated for t in kv))
+
+
 def graph_module(name: str, model: Seq2SeqTransformer | EncoderModel) -> tuple[nn.Module, GraphSpec]:
     """The module to trace for graph ``name`` and that graph's spec."""
     spec = graph_spec(name, model.config)
@@ -78,6 +92,8 @@ def graph_module(name: str, model: Seq2SeqTransformer | EncoderModel) -> tuple[n
         module = EncoderGraph(model)
     elif name == "cross_kv":
         module = CrossKVGraph(model)  # type: ignore[arg-type]
-    else:
+    elif name == "decoder":
         module = DecoderGraph(model)  # type: ignore[arg-type]
+    else:
+        module = FixedDecoderGraph(model)  # type: ignore[arg-type]
     return module.eval(), spec

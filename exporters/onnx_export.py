@@ -27,6 +27,7 @@ import torch
 from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
+from edgeattn.exporters.cache_writes import check_cache_writes
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
@@ -50,7 +51,7 @@ TORCHSCRIPT_MAX_OPSET = 20
 #: Graphs with more weight bytes than this keep them in external data (protobuf stops at 2 GiB).
 PROTOBUF_LIMIT = 1_900_000_000
 #: Sizes of the example inputs traced at export; verification uses other sizes on purpose.
-EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5}
+EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11}
 
 _ELEM = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT16: "float16"}
 
@@ -227,6 +228,8 @@ def finalize(proto: onnx.ModelProto, config: ModelConfig, spec: GraphSpec, preci
     edgeattn metadata (config, graph role, precision, versions) into ``metadata_props``."""
     _rename_dims(proto, spec)
     check_against_spec(proto, spec)
+    if spec.name == "decoder_fixed":
+        check_cache_writes(proto, spec)
     proto.producer_name = "edgeattn"
     proto.producer_version = __version__
     proto.doc_string = spec.description

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeattn.config import ModelConfig
-from edgeattn.runtime.specs import TOKEN_TYPE_IDS, GraphSpec
+from edgeattn.runtime.specs import PAST_LEN, POSITION, TOKEN_TYPE_IDS, GraphSpec
 
 MASK_INPUTS = ("attention_mask", "key_padding_mask", "encoder_attention_mask")
 
@@ -30,13 +30,16 @@ def sample_inputs(
     """One input per spec entry, with each named axis set from ``sizes``.
 
     Token ids are uniform over the vocabulary, token types over the model's types, masks pad the
-    rows differently, floats are N(0, 1).
+    rows differently, floats are N(0, 1); a fixed-capacity cache's position is ``past_len`` (its
+    unwritten slots hold noise too, which must not matter).
     """
     feeds: dict[str, np.ndarray] = {}
     for t in spec.inputs:
         shape = tuple(a if isinstance(a, int) else sizes[a] for a in t.axes)
         if t.name in MASK_INPUTS:
             feeds[t.name] = padding(*shape)
+        elif t.name == POSITION:
+            feeds[t.name] = np.array([sizes[PAST_LEN]], dtype=np.int64)
         elif t.name == TOKEN_TYPE_IDS:
             feeds[t.name] = rng.integers(0, config.token_types, size=shape, dtype=np.int64)
         elif t.dtype == "int64":

@@ -122,7 +122,10 @@ def verification_sizes(graph: str, max_len: int) -> list[dict[str, int]]:
         return [{"batch": b, "src_len": s} for b, s in shapes]
     many = max(0, min(60, max_len - 6))
     shapes = [(1, mid, 1, 0), (3, mid, 1, 0), (3, mid, 1, 1), (3, mid, 1, many), (3, 1, 6, 0), (1, long, 6, many)]
-    return [{"batch": b, "src_len": s, "tgt_len": t, "past_len": p} for b, s, t, p in shapes]
+    sizes = [{"batch": b, "src_len": s, "tgt_len": t, "past_len": p} for b, s, t, p in shapes]
+    if graph == "decoder_fixed":  # room to spare after the new tokens, and a cache filled to the last slot
+        return [{**z, "capacity": z["past_len"] + z["tgt_len"] + (0 if i % 2 else 7)} for i, z in enumerate(sizes)]
+    return sizes
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:

@@ -32,7 +32,16 @@ from edgeattn.runtime.safety import (
     external_tensors,
 )
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
-from edgeattn.runtime.specs import GraphSpec, TensorSpec, cache_names, encoder_feeds, graph_spec
+from edgeattn.runtime.specs import (
+    POSITION,
+    SLOT_CACHE,
+    SLOT_UPDATED,
+    GraphSpec,
+    TensorSpec,
+    cache_names,
+    encoder_feeds,
+    graph_spec,
+)
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -85,6 +94,10 @@ def _shape_text(t: TensorSpec) -> str:
     return "(" + ", ".join(str(a) for a in t.axes) + ")"
 
 
+#: The graphs of an encoder-decoder that run once per source rather than once per token.
+ONCE_PER_SOURCE = ("attention", "encoder", "cross_kv")
+
+
 class ExportedModel:
     """The graphs of one export directory as ONNX Runtime sessions.
 
@@ -95,8 +108,11 @@ class ExportedModel:
     ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
     unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
     ``spinning`` is how ONNX Runtime's intra-op threads wait for work (see
-    :data:`edgeattn.runtime.session.Spinning`). ``memory_arena=False`` lowers the peak memory of
-    large batches (see :func:`edgeattn.runtime.session.create_session`). Sessions are created on
+    :data:`edgeattn.runtime.session.Spinning`). ``memory_arena`` (True / False for every graph)
+    trades peak memory for speed (see :func:`edgeattn.runtime.session.create_session`); by default
+    the graphs an encoder-decoder runs once per source (``encoder``, ``cross_kv``, ``attention``)
+    go without an arena, which would otherwise keep their largest batch's activations for good,
+    and every other graph has one. Sessions are created on
     first use: a model builds only the graphs its calls need. :meth:`from_graphs` builds one from
     graphs that are not (yet) an export directory.
     """
@@ -111,7 +127,7 @@ class ExportedModel:
         optimized_cache: str | Path | None = None,
         io_binding: bool | None = None,
         tf32: bool = False,
-        memory_arena: bool = True,
+        memory_arena: bool | None = None,
     ) -> None:
         export_dir = Path(export_dir)
         manifest = read_manifest(export_dir)
@@ -131,6 +147,11 @@ class ExportedModel:
         #: every weight the sessions share, by initializer name
         self._shared = {n: v for values in shared_by_graph.values() for n, v in values.items()}
 
+        def arena(name: str) -> bool:
+            if memory_arena is not None:
+                return memory_arena
+            return not (config.is_seq2seq and name in ONCE_PER_SOURCE)
+
         def maker(name: str) -> Callable[[], Any]:
             path, sha = paths[name]
 
@@ -142,7 +163,7 @@ class ExportedModel:
                 shared = None if cache is not None else shared_by_graph[name]  # a cached graph holds its own weights
                 return create_session(path, providers=providers, threads=threads, spinning=spinning,
                                       optimized_cache=cache, tf32=tf32, initializers=shared,
-                                      memory_arena=memory_arena)  # fmt: skip
+                                      memory_arena=arena(name))  # fmt: skip
 
             return make
 
@@ -213,6 +234,7 @@ class ExportedModel:
         self.device = "cuda" if self.providers[0] == CUDA else "cpu"
         self.io_binding = self.device == "cuda" if io_binding is None else io_binding
         self.tokenizer = tokenizer
+        self._cache_slots = True
         #: label names by output index (classification heads), when the export has them
         self.labels = labels
         #: how :meth:`embed` pools token vectors
@@ -370,7 +392,7 @@ class ExportedModel:
         ids, mask = self.check_source(input_ids, attention_mask)
         c = self.config
         return {
-            "make": lambda n: self.stepper(ids, mask, n),
+            "make": lambda n: self.stepper(ids, mask, n, capacity=cfg.max_new_tokens),
             "batch": ids.shape[0],
             "bos_id": c.bos_id,
             "eos_id": c.eos_id if eos_id is None else eos_id,
@@ -378,8 +400,25 @@ class ExportedModel:
             "cfg": cfg,
         }
 
-    def stepper(self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1) -> OnnxStepper:
-        """A decoding state for checked inputs: the encoder and cross projections run here, once."""
+    @property
+    def cache_slots(self) -> bool:
+        """Whether generation runs the ``decoder_fixed`` graph (a cache of fixed capacity written in
+        place) rather than ``decoder`` (a cache grown by concatenation every step): where the export
+        has it, unless set False."""
+        return self._cache_slots and "decoder_fixed" in self.sessions
+
+    @cache_slots.setter
+    def cache_slots(self, value: bool) -> None:
+        self._cache_slots = bool(value)
+
+    def stepper(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1, capacity: int | None = None
+    ) -> OnnxStepper:
+        """A decoding state for checked inputs: the encoder and cross projections run here, once.
+        With a ``capacity`` (the most steps it will take) and :attr:`cache_slots`, its cache has
+        that many slots, allocated here and written in place."""
+        if capacity is not None and self.cache_slots:
+            return SlotStepper(self, input_ids, attention_mask, repeat, capacity)
         return OnnxStepper(self, input_ids, attention_mask, repeat)
 
     def generate(
@@ -592,22 +631,26 @@ class OnnxStepper:
     self-attention cache carried from step to step. With IO binding the cache and cross
     keys/values stay on the session's device; only the new tokens and logits cross to the host."""
 
-    def __init__(self, model: ExportedModel, ids: np.ndarray, mask: np.ndarray, repeat: int) -> None:
+    def __init__(
+        self, model: ExportedModel, ids: np.ndarray, mask: np.ndarray, repeat: int, graph: str = "decoder"
+    ) -> None:
         self.model = model
-        self.session = model.sessions["decoder"]
-        self.spec = model.specs["decoder"]
+        self.session = model.sessions[graph]
+        self.spec = model.specs[graph]
         hidden = model.run("encoder", {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
         cross = model.run("cross_kv", {"encoder_hidden_states": hidden})
         if repeat > 1:
             mask = np.repeat(mask, repeat, axis=0)
             cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
         self.rows = mask.shape[0]
-        past = model.empty_cache(self.rows)
         self.fixed: dict[str, Any] = {"encoder_attention_mask": mask, **cross}
-        self.past: dict[str, Any] = past
         if model.io_binding:
             self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
-            self.past = {k: self._to_device(v) for k, v in past.items()}
+        self._start_cache()
+
+    def _start_cache(self) -> None:
+        past = self.model.empty_cache(self.rows)
+        self.past: dict[str, Any] = {k: self._to_device(v) for k, v in past.items()} if self.model.io_binding else past
 
     def _to_device(self, array: np.ndarray) -> Any:
         import onnxruntime as ort
@@ -642,6 +685,63 @@ class OnnxStepper:
             return
         # beam reordering gathers on the host; greedy and sampling never reorder
         self.past = {k: self._to_device(v.numpy()[index]) for k, v in self.past.items()}
+
+
+class SlotStepper(OnnxStepper):
+    """Decoding state over the ``decoder_fixed`` graph: each layer's cache is one buffer of
+    ``capacity`` slots, allocated once and bound as both the cache input and the updated-cache
+    output, so the graph's ScatterND writes each step's keys and values into it in place (the
+    export checks that nothing else reads the cache input). Always through IO binding; on the CPU
+    the buffers are numpy arrays the session writes into."""
+
+    def __init__(self, model: ExportedModel, ids: np.ndarray, mask: np.ndarray, repeat: int, capacity: int) -> None:
+        if capacity < 1:
+            raise InputError(f"a cache needs at least one slot, got capacity={capacity}")
+        self.capacity = capacity
+        self.on_host = model.device == "cpu"
+        super().__init__(model, ids, mask, repeat, graph="decoder_fixed")
+        self.position = 0
+        if not model.io_binding:  # the cross keys/values and mask are bound once, not copied every step
+            self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
+        self.binding = self.session.io_binding()
+        for name, value in {**self.fixed, **self.slots}.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.binding.bind_output("logits", "cpu")  # the first output bound, the first get_outputs() gives
+        for name, value in self.slots.items():
+            self.binding.bind_ortvalue_output(SLOT_UPDATED + name[len(SLOT_CACHE) :], value)
+
+    def _start_cache(self) -> None:
+        c = self.model.config
+        shape = (self.rows, c.n_heads, self.capacity, c.head_dim)
+        # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
+        self.host = {n: np.zeros(shape, np.float32) for n in cache_names(SLOT_CACHE, c.n_decoder_layers)}
+        self.slots: dict[str, Any] = {n: self._to_device(a) for n, a in self.host.items()}
+
+    def _to_device(self, array: np.ndarray) -> Any:
+        import onnxruntime as ort
+
+        if self.on_host:  # an OrtValue over the array's own memory
+            return ort.OrtValue.ortvalue_from_numpy(array)
+        return super()._to_device(array)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        if self.position >= self.capacity:
+            raise EdgeattnError(f"the decoder cache is full: all {self.capacity} slots hold earlier tokens")
+        ids = np.ascontiguousarray(tokens.reshape(self.rows, 1), dtype=np.int64)
+        self.binding.bind_cpu_input("input_ids", ids)
+        self.binding.bind_cpu_input(POSITION, np.array([self.position], dtype=np.int64))
+        self.session.run_with_iobinding(self.binding)
+        self.position += 1
+        return self.binding.get_outputs()[0].numpy()[:, -1]
+
+    def reorder(self, index: np.ndarray) -> None:
+        if np.array_equal(index, np.arange(self.rows)):
+            return
+        for name, array in self.host.items():
+            if self.on_host:
+                array[:] = array[index]
+            else:  # beam reordering gathers on the host; greedy and sampling never reorder
+                self.slots[name].update_inplace(np.ascontiguousarray(self.slots[name].numpy()[index]))
 
 
 def load(

@@ -17,12 +17,18 @@ from edgeattn.errors import ConfigError
 
 #: Named dynamic axes used across every graph.
 BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "past_len", "total_len"
+#: The slots of a fixed-capacity self-attention cache (the ``decoder_fixed`` graph), and the input
+#: that says how many are filled.
+CAPACITY, POSITION = "capacity", "position"
 
 #: The encoder input of models with token types (segments).
 TOKEN_TYPE_IDS = "token_type_ids"
 
 #: Every graph an export can hold, in the order they are written.
-GRAPH_NAMES = ("attention", "encoder", "cross_kv", "decoder")
+GRAPH_NAMES = ("attention", "encoder", "cross_kv", "decoder", "decoder_fixed")
+
+#: The decoder_fixed graph's cache inputs, and the outputs a runtime binds to the same buffers.
+SLOT_CACHE, SLOT_UPDATED = "cache", "updated"
 
 
 @dataclass(frozen=True)
@@ -161,11 +167,32 @@ def decoder_spec(config: ModelConfig) -> GraphSpec:
     )
 
 
+def decoder_fixed_spec(config: ModelConfig) -> GraphSpec:
+    return GraphSpec(
+        "decoder_fixed",
+        "one decoder step over a self-attention cache of fixed capacity: new target ids written at "
+        "slots position .. position + tgt_len - 1 -> logits and the updated cache (bind each updated_* "
+        "output to its cache_* input's buffer and the cache is written in place)",
+        (
+            TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)),
+            TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
+            TensorSpec(POSITION, "int64", (1,)),
+            *_kv(SLOT_CACHE, config, CAPACITY),
+            *_kv("cross", config, SRC_LEN),
+        ),
+        (
+            TensorSpec("logits", "float32", (BATCH, TGT_LEN, config.vocab_size)),
+            *_kv(SLOT_UPDATED, config, CAPACITY),
+        ),
+    )
+
+
 _BUILDERS = {
     "attention": attention_spec,
     "encoder": encoder_spec,
     "cross_kv": cross_kv_spec,
     "decoder": decoder_spec,
+    "decoder_fixed": decoder_fixed_spec,
 }
 
 
@@ -178,7 +205,8 @@ def graph_spec(name: str, config: ModelConfig) -> GraphSpec:
 
 def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelConfig) -> list[str]:
     """The graphs to export: ``requested`` (default: all the config supports), with ``decoder``
-    bringing ``cross_kv`` along; decoder graphs of an encoder-only config are refused."""
+    bringing ``encoder`` and ``cross_kv`` along and ``decoder_fixed`` bringing ``decoder``; decoder
+    graphs of an encoder-only config are refused."""
     supported = list(GRAPH_NAMES) if config.is_seq2seq else ["attention", "encoder"]
     if not requested:
         return supported
@@ -192,6 +220,8 @@ def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelC
             raise ConfigError(
                 f"graph {n!r} needs an encoder-decoder model; this config is architecture={config.architecture!r}"
             )
+    if "decoder_fixed" in names and "decoder" not in names:
+        names.append("decoder")
     if "decoder" in names:
         if "encoder" not in names:
             names.append("encoder")

@@ -26,7 +26,9 @@ def test_generation_benchmark_reports_every_position(tiny_export, tmp_path):
     for step in result.steps:
         assert step.cached.median > 0 and step.recompute.median > 0 and step.cached.runs == 3
     assert result.cached_tokens_per_s > 0 and result.recompute_tokens_per_s > 0
-    assert "recompute / cached" in result.table()
+    assert result.capacity == 17 and result.slots_tokens_per_s > 0  # the export has decoder_fixed
+    assert all(step.slots is not None and step.slots.runs == 3 for step in result.steps)
+    assert "recompute / cached" in result.table() and "slots (17) ms" in result.table()
     write_json(result, tmp_path / "g.json")
     data = json.loads((tmp_path / "g.json").read_text())
     assert data["machine"]["cores"] >= 1 and "onnxruntime" in data["machine"]

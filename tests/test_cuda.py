@@ -58,6 +58,21 @@ def test_cache_stays_on_the_device(exported):
     assert value.device_name().lower() == "cuda"
 
 
+def test_fixed_cache_is_written_in_place_on_the_device(exported):
+    out, _ = exported
+    rt = load(out, providers=["CUDAExecutionProvider"])
+    ids = np.ones((2, 5), dtype=np.int64)
+    stepper = rt.stepper(*rt.check_source(ids), capacity=4)
+    before = {name: value.data_ptr() for name, value in stepper.slots.items()}
+    stepper.step(np.full(2, CFG.bos_id, dtype=np.int64))
+    stepper.reorder(np.array([1, 0]))
+    stepper.step(np.full(2, 5, dtype=np.int64))
+    for name, value in stepper.slots.items():
+        assert value.device_name().lower() == "cuda" and value.data_ptr() == before[name]
+        written = value.numpy()
+        assert np.abs(written[:, :, :2]).sum() > 0 and not written[:, :, 2:].any()
+
+
 def test_fp16_runs_on_cuda(exported):
     out, model = exported
     rt = load(out, providers=["CUDAExecutionProvider"], precision="fp16")

@@ -66,7 +66,7 @@ def test_every_variant_exports_with_parity_on_unseen_shapes(tmp_path, variant):
     result = export_model(build_model(cfg, seed=2), tmp_path / "out")
     report = result.report
     assert report is not None and report.passed, report.table()
-    expected = {"attention", "encoder"} | ({"cross_kv", "decoder"} if cfg.is_seq2seq else set())
+    expected = {"attention", "encoder"} | ({"cross_kv", "decoder", "decoder_fixed"} if cfg.is_seq2seq else set())
     assert set(report.summary()) == expected
     for case in report.cases:
         assert case.max_abs < 1e-4
@@ -75,6 +75,10 @@ def test_every_variant_exports_with_parity_on_unseen_shapes(tmp_path, variant):
     assert {1, 3} <= {c.sizes["batch"] for c in report.cases}
     if cfg.is_seq2seq:
         assert {0, 1, 60} <= {c.sizes["past_len"] for c in report.cases if c.graph == "decoder"}
+        fixed = [c.sizes for c in report.cases if c.graph == "decoder_fixed"]
+        assert {0, 1, 60} <= {z["past_len"] for z in fixed}
+        assert any(z["capacity"] == z["past_len"] + z["tgt_len"] for z in fixed)  # filled to the last slot
+        assert any(z["capacity"] > z["past_len"] + z["tgt_len"] for z in fixed)  # unwritten slots of noise
         assert report.greedy is not None and report.greedy.passed and report.greedy.tokens >= 20
 
 
@@ -115,7 +119,7 @@ def test_manifest_describes_every_graph(exported):
         assert entry.parity.passed and entry.parity.max_abs < 1e-4
         assert entry.inputs == list(graph_spec(name, BASE).inputs)
     axes = {a for e in manifest.graphs.values() for t in e.inputs for a in t.axes if isinstance(a, str)}
-    assert axes == {"batch", "src_len", "tgt_len", "past_len"}
+    assert axes == {"batch", "src_len", "tgt_len", "past_len", "capacity"}
     assert manifest.greedy_parity.passed
 
 
@@ -182,6 +186,8 @@ def test_graph_selection(tmp_path):
     assert result.graphs == ["attention"]
     result = export_model(build_model(BASE), tmp_path / "d", graphs=["decoder"], verify=False)
     assert result.graphs == ["encoder", "cross_kv", "decoder"]
+    result = export_model(build_model(BASE), tmp_path / "f", graphs=["decoder_fixed"], verify=False)
+    assert result.graphs == ["encoder", "cross_kv", "decoder", "decoder_fixed"]
     enc_only = BASE.replace(architecture="encoder")
     with pytest.raises(Exception, match="needs an encoder-decoder"):
         export_model(build_model(enc_only), tmp_path / "e", graphs=["decoder"])

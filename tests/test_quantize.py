@@ -54,7 +54,7 @@ def test_every_precision_is_written_listed_and_gated(quantized):
         gate = manifest.gates[precision]
         assert gate.thresholds == get_precision(precision).thresholds.to_dict()
         assert gate.passed and not gate.degraded, gate.failures
-        assert {"encoder", "attention", "cross_kv", "decoder", "generation"} <= set(gate.metrics)
+        assert {"encoder", "attention", "cross_kv", "decoder", "decoder_fixed", "generation"} <= set(gate.metrics)
     assert result.gates["int8"].metrics["encoder"]["cosine_mean"] >= 0.999
 
 
@@ -65,6 +65,8 @@ def test_fp32_opt_fuses_every_attention_block_and_keeps_parity(quantized):
     dec = manifest.graphs["decoder"].precisions["fp32-opt"]
     assert enc.attention_fused == enc.attention_blocks == 2  # layer 0 included
     assert dec.attention_fused == dec.attention_blocks == 4  # self and cross, every layer
+    fixed = manifest.graphs["decoder_fixed"].precisions["fp32-opt"]
+    assert fixed.attention_fused == fixed.attention_blocks == 4  # self-attention over the slots too
     # CPU graphs keep LayerNormalization + Add (ORT's CPU SkipLayerNormalization is slower);
     # fp16, the GPU precision, fuses them
     assert enc.fused_operators["LayerNormalization"] == 4 and "SkipLayerNormalization" not in enc.fused_operators
@@ -75,7 +77,7 @@ def test_fp32_opt_fuses_every_attention_block_and_keeps_parity(quantized):
     cast_outputs = {o for n in fp16.node if n.op_type == "Cast" for o in n.output}
     norms = [n for n in fp16.node if n.op_type.endswith("LayerNormalization")]
     assert norms and not any(i in cast_outputs for n in norms for i in n.input[:2])
-    for graph in ("attention", "encoder", "cross_kv", "decoder"):
+    for graph in ("attention", "encoder", "cross_kv", "decoder", "decoder_fixed"):
         parity = manifest.graphs[graph].precisions["fp32-opt"].parity
         assert parity.passed and parity.max_abs < 1e-4
 

@@ -206,7 +206,8 @@ def _disk(variant: str, path: Path) -> float:
 
         manifest = read_manifest(path)
         precision = variant.split("-", 1)[1]
-        graphs = [path / manifest.entry(g, precision).file for g in ("encoder", "cross_kv", "decoder")]
+        decoder = "decoder_fixed" if "decoder_fixed" in manifest.graphs else "decoder"  # the one generation runs
+        graphs = [path / manifest.entry(g, precision).file for g in ("encoder", "cross_kv", decoder)]
         if precision == "fp32":
             return (sum(g.stat().st_size for g in graphs) + (path / "weights.safetensors").stat().st_size) / 1e6
         return sum(graph_bytes(g) for g in graphs) / 1e6
