@@ -714,8 +714,10 @@ class SlotStepper(OnnxStepper):
         c = self.model.config
         shape = (self.rows, c.n_heads, self.capacity, c.head_dim)
         # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
-        self.host = {n: np.zeros(shape, np.float32) for n in cache_names(SLOT_CACHE, c.n_decoder_layers)}
-        self.slots: dict[str, Any] = {n: self._to_device(a) for n, a in self.host.items()}
+        zeros = {n: np.zeros(shape, np.float32) for n in cache_names(SLOT_CACHE, c.n_decoder_layers)}
+        self.slots: dict[str, Any] = {n: self._to_device(a) for n, a in zeros.items()}
+        #: the caches as numpy arrays over the same memory (on the CPU; empty on a device)
+        self.host = zeros if self.on_host else {}
 
     def _to_device(self, array: np.ndarray) -> Any:
         import onnxruntime as ort
@@ -737,11 +739,11 @@ class SlotStepper(OnnxStepper):
     def reorder(self, index: np.ndarray) -> None:
         if np.array_equal(index, np.arange(self.rows)):
             return
-        for name, array in self.host.items():
+        for name, value in self.slots.items():
             if self.on_host:
-                array[:] = array[index]
+                self.host[name][:] = self.host[name][index]
             else:  # beam reordering gathers on the host; greedy and sampling never reorder
-                self.slots[name].update_inplace(np.ascontiguousarray(self.slots[name].numpy()[index]))
+                value.update_inplace(np.ascontiguousarray(value.numpy()[index]))
 
 
 def load(

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.generate import GenerationConfig, filter_logits, generate, log_softmax, stream_tokens
+from edgeattn.runtime.generate import (
+    GenerationConfig,
+    chosen_log_probs,
+    filter_logits,
+    generate,
+    log_softmax,
+    stream_tokens,
+    top_indices,
+)
 
 V, BOS, EOS, PAD = 5, 0, 4, 0
 
@@ -114,3 +122,19 @@ def test_invalid_settings_and_beam_streaming_are_refused():
         GenerationConfig(strategy="nucleus")
     with pytest.raises(EdgeattnError, match="cannot stream"):
         next(stream_tokens(lambda n: MarkovStepper(tables(1), n), 1, BOS, EOS, PAD, GenerationConfig(strategy="beam")))
+
+
+def test_the_shortcuts_agree_with_the_plain_computations():
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((6, 3000)) * 8).astype(np.float32)
+    plain = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    plain = plain - np.log(np.exp(plain).sum(-1, keepdims=True))
+    np.testing.assert_allclose(log_softmax(logits), plain, atol=1e-5)
+    tokens = rng.integers(0, 3000, 6)
+    np.testing.assert_allclose(chosen_log_probs(logits, tokens), plain[np.arange(6), tokens], atol=1e-5)
+    scores = np.round(rng.standard_normal((4, 500)), 1)  # many equal scores
+    scores[0, :] = -np.inf
+    scores[0, 7] = 0.0
+    for k in (1, 5, 40, 500, 600):
+        want = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(top_indices(scores, k), want)
