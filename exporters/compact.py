@@ -119,6 +119,38 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex) -> int:
     return moved
 
 
+def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, int]:
+    """Write each initializer that several of ``protos`` hold alike (byte for byte, still inside the
+    graph: a quantised embedding, a decoder's weights in both of its cache forms) once into
+    ``path`` and point every graph at it; returns the bytes each graph no longer holds. Writes no
+    file when nothing is shared."""
+    users: dict[tuple[int, tuple[int, ...], str], list[tuple[str, onnx.TensorProto]]] = {}
+    raw: dict[tuple[int, tuple[int, ...], str], bytes] = {}
+    for graph, proto in protos.items():
+        for tensor in proto.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                continue
+            data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
+            if len(data) < MIN_SHARED_BYTES:
+                continue
+            key = _key(tensor.data_type, tuple(tensor.dims), data)
+            users.setdefault(key, []).append((graph, tensor))
+            raw.setdefault(key, data)
+    shared = {key: tensors for key, tensors in users.items() if len({g for g, _ in tensors}) > 1}
+    moved = dict.fromkeys(protos, 0)
+    if not shared:
+        return {}
+    with path.open("wb") as out:
+        for key, tensors in shared.items():
+            out.write(b"\0" * (-out.tell() % 64))  # each tensor 64-byte aligned
+            region = Region(out.tell(), len(raw[key]))
+            out.write(raw[key])
+            for graph, tensor in tensors:
+                _external(tensor, path.name, region)
+                moved[graph] += region.length
+    return {graph: n for graph, n in moved.items() if n}
+
+
 def fold_transposes(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with the Transpose nodes :func:`share_weights` added folded back into plain
     initializers (external data loaded), for tools that need a MatMul's weight as an initializer

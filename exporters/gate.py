@@ -75,6 +75,7 @@ class GateResult:
         thresholds = self.thresholds
         lines = [f"precision {self.precision}: " + ("ok" if self.passed else "FAILED")
                  + (f" (held out: {self.heldout})" if self.heldout else "")]  # fmt: skip
+        width = max([10, *(len(g) for g in self.metrics)])
         for graph, values in self.metrics.items():
             cells = []
             for name, value in values.items():
@@ -82,7 +83,7 @@ class GateResult:
                 mark = "" if limit is None or value >= limit else " FAIL"
                 shown = f" (>= {limit})" if limit is not None else ""
                 cells.append(f"{name} {value:.5f}{shown}{mark}")
-            lines.append(f"  {graph:<10} " + ", ".join(cells))
+            lines.append(f"  {graph:<{width}} " + ", ".join(cells))
         return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ import onnx
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.calibration import calibration_feeds, describe_calibration
-from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_weights
+from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_between, share_weights
 from edgeattn.exporters.fusion import can_fuse, expected_attention_blocks, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GateResult, HeldOut, Reference, evaluate
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
@@ -34,8 +34,8 @@ from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_n
 from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file
-from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant
+from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
+from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision
 from edgeattn.runtime.specs import graph_spec
@@ -290,17 +290,25 @@ class PrecisionBuilder:
         """Write ``build``'s graphs into ``export_dir`` (checked) and return their manifest entries."""
         entries = {}
         checkpoint = self._checkpoint(export_dir)
-        for graph, c in build.candidates.items():
+        protos = {graph: c.stamped(self.model.config) for graph, c in build.candidates.items()}
+        in_checkpoint = {g for g, p in protos.items() if checkpoint is not None and share_weights(p, checkpoint[1])}
+        common = export_dir / shared_data_file(build.precision)
+        common.unlink(missing_ok=True)
+        among = share_between(protos, common)  # what the checkpoint does not hold but several graphs do
+        if among:
+            log.info("%s: %.1f MB held by several graphs stored once in %s", build.precision,
+                     common.stat().st_size / 1e6, common.name)  # fmt: skip
+        for graph, proto in protos.items():
             path = export_dir / graph_file(graph, build.precision)
             for old in (path, path.with_name(external_data_file(path.name))):
                 old.unlink(missing_ok=True)
-            proto = c.stamped(self.model.config)
-            shared = checkpoint is not None and share_weights(proto, checkpoint[1]) > 0
             save_checked(proto, path, self.options.external_threshold)
             parity = None
             if build.parity is not None and graph in build.parity.summary():
                 parity = Parity(**build.parity.summary()[graph])
-            data = [checkpoint[0]] if shared and checkpoint is not None else None
+            data = [checkpoint[0]] if graph in in_checkpoint and checkpoint is not None else []
+            if graph in among:
+                data.append(DataFile(file=common.name, sha256=sha256_file(common), bytes=common.stat().st_size))
             entries[graph] = Variant.describe(path, data, precision=build.precision, degraded=build.degraded,
-                                              parity=parity, **c.fields)  # fmt: skip
+                                              parity=parity, **build.candidates[graph].fields)  # fmt: skip
         return entries

@@ -35,6 +35,12 @@ def graph_file(graph: str, precision: str = FP32) -> str:
     return f"{graph}{ONNX_SUFFIX}" if precision == FP32 else f"{graph}.{precision}{ONNX_SUFFIX}"
 
 
+def shared_data_file(precision: str) -> str:
+    """``weights.int8.data``: the weights several of one precision's graphs hold alike, stored once."""
+    get_precision(precision)
+    return f"weights.{precision}{EXTERNAL_DATA_SUFFIX}"
+
+
 def external_data_file(onnx_file: str) -> str:
     """The file that holds a graph's weights when they are stored outside it."""
     return onnx_file + EXTERNAL_DATA_SUFFIX

@@ -210,16 +210,19 @@ def check_entries(entries: list[tuple[str, dict[str, str]]], directory: Path | N
     return [path for path, _ in files.values()]
 
 
-def graph_bytes(path: str | Path) -> int:
-    """What loading the ONNX graph at ``path`` reads: the file and every external-data region it
-    names, once each (a shared checkpoint counts only for the tensors this graph uses)."""
-    path = Path(path)
+def graph_bytes(*paths: str | Path) -> int:
+    """What loading the ONNX graph(s) at ``paths`` reads: each file and every external-data region
+    they name, once each (a shared file counts only for the tensors these graphs use, once)."""
     regions = set()
-    for t in external_tensors(path.read_bytes()):
-        length = t.pairs.get("length")
-        if length is None:
-            data = path.parent / t.pairs.get("location", "")
-            regions.add((t.pairs.get("location", ""), 0, data.stat().st_size if data.is_file() else 0))
-        else:
-            regions.add((t.pairs.get("location", ""), int(t.pairs.get("offset", "0")), int(length)))
-    return path.stat().st_size + sum(r[2] for r in regions)
+    total = 0
+    for path in map(Path, paths):
+        total += path.stat().st_size
+        for t in external_tensors(path.read_bytes()):
+            location = t.pairs.get("location", "")
+            length = t.pairs.get("length")
+            if length is None:
+                data = path.parent / location
+                regions.add((location, 0, data.stat().st_size if data.is_file() else 0))
+            else:
+                regions.add((location, int(t.pairs.get("offset", "0")), int(length)))
+    return total + sum(r[2] for r in regions)

@@ -23,6 +23,7 @@ from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest
 from edgeattn.runtime.manifest import sha256_file
 from edgeattn.runtime.precisions import get_precision
+from edgeattn.runtime.safety import graph_bytes
 from edgeattn.runtime.session import create_session
 
 CFG = ModelConfig(
@@ -56,6 +57,33 @@ def test_every_precision_is_written_listed_and_gated(quantized):
         assert gate.passed and not gate.degraded, gate.failures
         assert {"encoder", "attention", "cross_kv", "decoder", "decoder_fixed", "generation"} <= set(gate.metrics)
     assert result.gates["int8"].metrics["encoder"]["cosine_mean"] >= 0.999
+
+
+def test_weights_several_graphs_of_a_precision_hold_are_stored_once(quantized):
+    """The int8 decoder in its two cache forms (and the quantised embedding the encoder and decoders
+    share) keep their common weights once, in weights.int8.data, which the manifest lists and hashes."""
+    out, _, _ = quantized
+    manifest = read_manifest(out)
+    common = out / "weights.int8.data"
+    assert common.is_file()
+    for graph in ("encoder", "decoder", "decoder_fixed"):
+        variant = manifest.graphs[graph].precisions["int8"]
+        listed = {d.file: d for d in variant.external_data}
+        assert listed["weights.int8.data"].sha256 == sha256_file(common)
+    held: dict[str, set[bytes]] = {}  # the sizeable int8 weights each graph keeps inside its own file
+    for graph in manifest.graphs:
+        proto = onnx.load(str(out / f"{graph}.int8.onnx"), load_external_data=False)
+        held[graph] = {t.raw_data for t in proto.graph.initializer if len(t.raw_data) >= 1024}
+        if graph in ("decoder", "decoder_fixed"):
+            external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+            assert any(e.value == "weights.int8.data" for t in external for e in t.external_data)
+    for a in held:
+        for b in held:
+            assert a == b or not held[a] & held[b], (a, b)
+    int8 = [out / f"{g}.int8.onnx" for g in manifest.graphs]
+    stored = sum(p.stat().st_size for p in int8) + common.stat().st_size
+    assert stored < sum(graph_bytes(p) for p in int8)  # less than if each graph held its own
+    assert graph_bytes(*int8) <= stored + (out / "weights.safetensors").stat().st_size
 
 
 def test_fp32_opt_fuses_every_attention_block_and_keeps_parity(quantized):

@@ -199,7 +199,8 @@ def _optimum(folder: Path, work: Path, int8: bool) -> dict[str, Path]:
 
 def _disk(variant: str, path: Path) -> float:
     """What a variant's files weigh: edgeattn fp32 is its graphs and the checkpoint they keep their
-    weights in; int8 its own graphs (and the few float32 tensors they read from the checkpoint)."""
+    weights in; int8 its own graphs and what they read from shared files (each region once: the
+    int8 weights they hold alike, the few float32 tensors in the checkpoint)."""
     if variant.startswith("edgeattn"):
         from edgeattn.runtime.manifest import read_manifest
         from edgeattn.runtime.safety import graph_bytes
@@ -210,7 +211,7 @@ def _disk(variant: str, path: Path) -> float:
         graphs = [path / manifest.entry(g, precision).file for g in ("encoder", "cross_kv", decoder)]
         if precision == "fp32":
             return (sum(g.stat().st_size for g in graphs) + (path / "weights.safetensors").stat().st_size) / 1e6
-        return sum(graph_bytes(g) for g in graphs) / 1e6
+        return graph_bytes(*graphs) / 1e6
     if variant == "transformers":
         return _mb(path, "*.safetensors")
     return _mb(path, "*.onnx*")
