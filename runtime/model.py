@@ -555,6 +555,9 @@ class LazySessions(Mapping[str, Any]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._makers)
 
+    def __contains__(self, name: object) -> bool:  # asking does not build the session
+        return name in self._makers
+
     def __len__(self) -> int:
         return len(self._makers)
 
@@ -722,8 +725,8 @@ class SlotStepper(OnnxStepper):
     def _to_device(self, array: np.ndarray) -> Any:
         import onnxruntime as ort
 
-        if self.on_host:  # an OrtValue over the array's own memory
-            return ort.OrtValue.ortvalue_from_numpy(array)
+        if self.on_host:  # an OrtValue over the array's own memory (a contiguous array is not copied)
+            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
         return super()._to_device(array)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:

@@ -80,7 +80,7 @@ def test_generation_over_slots_equals_the_growing_cache(exported, strategy, opti
     ids = rng.integers(3, BASE.vocab_size, size=(3, 11))
     mask = np.ones_like(ids)
     mask[2, 4:] = 0
-    assert rt.cache_slots
+    assert rt.cache_slots and rt.sessions.created == ["encoder"]  # asking builds no session
     slots = rt.generate(ids, mask, 14, strategy=strategy, eos_id=-1, **options)
     assert "decoder_fixed" in rt.sessions.created and "decoder" not in rt.sessions.created
     rt.cache_slots = False
