@@ -128,10 +128,9 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, i
     raw: dict[tuple[int, tuple[int, ...], str], bytes] = {}
     for graph, proto in protos.items():
         for tensor in proto.graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                continue
-            data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
-            if len(data) < MIN_SHARED_BYTES:
+            # raw_data is already the bytes external data holds, packed types (int4) included
+            data = tensor.raw_data
+            if tensor.data_location == onnx.TensorProto.EXTERNAL or len(data) < MIN_SHARED_BYTES:
                 continue
             key = _key(tensor.data_type, tuple(tensor.dims), data)
             users.setdefault(key, []).append((graph, tensor))
