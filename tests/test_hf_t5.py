@@ -361,11 +361,12 @@ def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_pa
     _, ref, _, _ = exported
     ref.save_pretrained(tmp_path / "hf")
     result = bench_seq2seq(tmp_path / "hf", tmp_path / "work", batches=(2,), src_len=9, new_tokens=5, passes=1,
-                           variants=("transformers", "edgeattn-fp32"))  # fmt: skip
+                           variants=("transformers", "edgeattn-fp32", "edgeattn-fp32-opt"))  # fmt: skip
     assert not result.skipped, result.skipped
     rows = {r.variant: r for r in result.rows}
-    assert set(rows) == {"transformers", "edgeattn-fp32"} and rows["transformers"].ratio == 1.0
-    assert rows["edgeattn-fp32"].agreement == 1.0 and rows["edgeattn-fp32"].tokens_per_s > 0
+    assert set(rows) == {"transformers", "edgeattn-fp32", "edgeattn-fp32-opt"} and rows["transformers"].ratio == 1.0
+    for ours in ("edgeattn-fp32", "edgeattn-fp32-opt"):
+        assert rows[ours].agreement == 1.0 and rows[ours].tokens_per_s > 0
     assert rows["edgeattn-fp32"].resident_mb > 0 and "edgeattn-fp32" in result.table()
     write_json(result, tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["batch"] == 2
