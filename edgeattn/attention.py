@@ -93,12 +93,17 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
+def additive_mask(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as a bias to add to scores: 0 where kept, the dtype's lowest value elsewhere."""
+    return torch.zeros_like(keep, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
 def _mask_parts(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(additive bias, boolean 'row has at least one key') for a boolean or additive mask."""
     floor = torch.finfo(dtype).min
     if mask.dtype == torch.bool:
         keep = mask
-        additive = torch.zeros_like(keep, dtype=dtype).masked_fill(~keep, floor)
+        additive = additive_mask(keep, dtype)
     else:
         additive = mask.to(dtype).clamp(min=floor)
         keep = additive > floor / 2

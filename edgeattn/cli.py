@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,17 @@ _provider_option = click.option(
     multiple=True,
     help="NAME:KEY=VALUE (or KEY=VALUE for the first of --providers); repeatable.",
 )
+
+
+def _provider_options(default: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--providers (``default`` says what runs without it) and --provider-option."""
+    providers = click.option(
+        "--providers",
+        default=None,
+        help=f"Comma-separated ONNX Runtime providers, built in or installed as plugins ({default}).",
+    )
+    return lambda command: providers(_provider_option(command))
+
 
 _calibration_option = click.option(
     "--calibration",
@@ -387,12 +399,7 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
 @click.option("--threads", type=int, default=None)
 @click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
-@click.option(
-    "--providers",
-    default=None,
-    help="Comma-separated ONNX Runtime providers, built in or installed as plugins (e.g. OpenVINOExecutionProvider).",
-)
-@_provider_option
+@_provider_options("e.g. OpenVINOExecutionProvider")
 @click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
@@ -641,12 +648,7 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
     "--shapes", default=None, help="Comma-separated BATCHxSEQ shapes (e.g. 1x128,32x128) instead of --batch/--seq."
 )
 @click.option("--threads", default=2, show_default=True, type=int)
-@click.option(
-    "--providers",
-    default=None,
-    help="Comma-separated ONNX Runtime providers, built in or plugins (default: the CPU provider).",
-)
-@_provider_option
+@_provider_options("default: the CPU provider")
 @click.option("--no-openvino", is_flag=True, help="Skip the OpenVINO variants timed where its plugin is installed.")
 @click.option(
     "--io-binding/--no-io-binding",

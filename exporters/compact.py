@@ -125,25 +125,23 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, i
     ``path`` and point every graph at it; returns the bytes each graph no longer holds. Writes no
     file when nothing is shared."""
     users: dict[tuple[int, tuple[int, ...], str], list[tuple[str, onnx.TensorProto]]] = {}
-    raw: dict[tuple[int, tuple[int, ...], str], bytes] = {}
     for graph, proto in protos.items():
         for tensor in proto.graph.initializer:
             # raw_data is already the bytes external data holds, packed types (int4) included
             data = tensor.raw_data
             if tensor.data_location == onnx.TensorProto.EXTERNAL or len(data) < MIN_SHARED_BYTES:
                 continue
-            key = _key(tensor.data_type, tuple(tensor.dims), data)
-            users.setdefault(key, []).append((graph, tensor))
-            raw.setdefault(key, data)
-    shared = {key: tensors for key, tensors in users.items() if len({g for g, _ in tensors}) > 1}
-    moved = dict.fromkeys(protos, 0)
+            users.setdefault(_key(tensor.data_type, tuple(tensor.dims), data), []).append((graph, tensor))
+    shared = [tensors for tensors in users.values() if len({g for g, _ in tensors}) > 1]
     if not shared:
         return {}
+    moved = dict.fromkeys(protos, 0)
     with path.open("wb") as out:
-        for key, tensors in shared.items():
+        for tensors in shared:
+            data = tensors[0][1].raw_data
             out.write(b"\0" * (-out.tell() % 64))  # each tensor 64-byte aligned
-            region = Region(out.tell(), len(raw[key]))
-            out.write(raw[key])
+            region = Region(out.tell(), len(data))
+            out.write(data)
             for graph, tensor in tensors:
                 _external(tensor, path.name, region)
                 moved[graph] += region.length

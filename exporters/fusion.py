@@ -28,6 +28,7 @@ from edgeattn.attention import (
     CacheSlots,
     KeyValue,
     MultiHeadAttention,
+    additive_mask,
     causal_mask,
     combine_masks,
     scaled_dot_product_attention,
@@ -173,8 +174,7 @@ def _slots_attention(mha: MultiHeadAttention, call: AttentionCall, slots: CacheS
     ones masked with the rest) joins the position bias as the operator's ``attention_bias``."""
     t, s = call.q.shape[2], call.k.shape[2]
     keep = causal_mask(t, s, device=call.q.device, offset=slots.position)  # (T, C)
-    floor = torch.finfo(call.q.dtype).min
-    bias = torch.zeros(keep.shape, dtype=call.q.dtype, device=call.q.device).masked_fill(~keep, floor)[None, None]
+    bias = additive_mask(keep, call.q.dtype)[None, None]
     if call.bias is not None:
         bias = call.bias + bias  # (1, H, T, C)
     out = _OrtMultiHeadAttention.apply(call.q_in, call.k, call.v, None, bias, None, None, mha.n_heads,

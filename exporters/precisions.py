@@ -291,7 +291,9 @@ class PrecisionBuilder:
         entries = {}
         checkpoint = self._checkpoint(export_dir)
         protos = {graph: c.stamped(self.model.config) for graph, c in build.candidates.items()}
-        in_checkpoint = {g for g, p in protos.items() if checkpoint is not None and share_weights(p, checkpoint[1])}
+        in_checkpoint = set()  # graphs that now read weights from the checkpoint
+        if checkpoint is not None:
+            in_checkpoint = {graph for graph, proto in protos.items() if share_weights(proto, checkpoint[1]) > 0}
         common = export_dir / shared_data_file(build.precision)
         common.unlink(missing_ok=True)
         among = share_between(protos, common)  # what the checkpoint does not hold but several graphs do
@@ -306,7 +308,7 @@ class PrecisionBuilder:
             parity = None
             if build.parity is not None and graph in build.parity.summary():
                 parity = Parity(**build.parity.summary()[graph])
-            data = [checkpoint[0]] if graph in in_checkpoint and checkpoint is not None else []
+            data = [checkpoint[0]] if checkpoint is not None and graph in in_checkpoint else []
             if graph in among:
                 data.append(DataFile(file=common.name, sha256=sha256_file(common), bytes=common.stat().st_size))
             entries[graph] = Variant.describe(path, data, precision=build.precision, degraded=build.degraded,

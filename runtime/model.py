@@ -647,13 +647,18 @@ class OnnxStepper:
             cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
         self.rows = mask.shape[0]
         self.fixed: dict[str, Any] = {"encoder_attention_mask": mask, **cross}
-        if model.io_binding:
+        if self.bound:
             self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
         self._start_cache()
 
+    @property
+    def bound(self) -> bool:
+        """Whether the state lives in ``OrtValue``s run through IO binding."""
+        return self.model.io_binding
+
     def _start_cache(self) -> None:
         past = self.model.empty_cache(self.rows)
-        self.past: dict[str, Any] = {k: self._to_device(v) for k, v in past.items()} if self.model.io_binding else past
+        self.past: dict[str, Any] = {k: self._to_device(v) for k, v in past.items()} if self.bound else past
 
     def _to_device(self, array: np.ndarray) -> Any:
         import onnxruntime as ort
@@ -662,7 +667,7 @@ class OnnxStepper:
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         ids = tokens.reshape(self.rows, 1).astype(np.int64)
-        if not self.model.io_binding:
+        if not self.bound:
             feeds = {"input_ids": ids, **self.fixed, **self.past}
             outs = self.session.run(self.spec.output_names, feeds)
             res = dict(zip(self.spec.output_names, outs, strict=True))
@@ -683,7 +688,7 @@ class OnnxStepper:
     def reorder(self, index: np.ndarray) -> None:
         if np.array_equal(index, np.arange(self.rows)):
             return
-        if not self.model.io_binding:
+        if not self.bound:
             self.past = {k: v[index] for k, v in self.past.items()}
             return
         # beam reordering gathers on the host; greedy and sampling never reorder
@@ -704,14 +709,15 @@ class SlotStepper(OnnxStepper):
         self.on_host = model.device == "cpu"
         super().__init__(model, ids, mask, repeat, graph="decoder_fixed")
         self.position = 0
-        if not model.io_binding:  # the cross keys/values and mask are bound once, not copied every step
-            self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
         self.binding = self.session.io_binding()
         for name, value in {**self.fixed, **self.slots}.items():
             self.binding.bind_ortvalue_input(name, value)
         self.binding.bind_output("logits", "cpu")  # the first output bound, the first get_outputs() gives
         for name, value in self.slots.items():
             self.binding.bind_ortvalue_output(SLOT_UPDATED + name[len(SLOT_CACHE) :], value)
+
+    #: the cross keys/values and mask are bound once, not copied every step, on the CPU too
+    bound = True
 
     def _start_cache(self) -> None:
         c = self.model.config
