@@ -48,6 +48,15 @@ def has_vnni(flags: list[str] | None = None) -> bool:
     return any(f in (cpu_flags() if flags is None else flags) for f in VNNI_SETS)
 
 
+#: Instruction sets that multiply bfloat16 natively (elsewhere bf16 is emulated in float32, slower).
+BF16_SETS = ("amx_bf16", "avx512_bf16")
+
+
+def has_bf16(flags: list[str] | None = None) -> bool:
+    """Whether the CPU (or ``flags``) multiplies bfloat16 natively (AMX or AVX-512 BF16)."""
+    return any(f in (cpu_flags() if flags is None else flags) for f in BF16_SETS)
+
+
 def dynamic_int8_weights(flags: list[str] | None = None) -> str:
     """The weight type of dynamic int8 on this CPU: ``int8`` (full range) where it has VNNI/AMX;
     else ``uint8`` (full range), whose u8 x u8 kernels widen before they add and so never saturate.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -271,16 +272,45 @@ def test_soak_counts_a_wrong_answer(tiny_export, monkeypatch):
     assert report.mismatches > 0 and "answer unlike the serial one" in report.first_errors[0]
 
 
-def test_interleaving_rotates_so_no_variant_always_follows_the_same_one():
+def test_interleaving_shuffles_so_no_variant_always_follows_the_same_one():
     """A variant's run can slow the next one (eager PyTorch's spinning OpenMP threads): each round
-    starts one variant further on, so every variant is preceded by each of the others."""
+    runs the variants in a new order, so a variant follows different ones from round to round,
+    and the same seed gives the same orders."""
     from edgeattn.benchmark.timing import interleaved
 
-    calls: list[str] = []
-    names = ["eager", "a", "b"]
-    timings = interleaved({n: (lambda n=n: calls.append(n)) for n in names}, repeats=6, warmup=1)
-    assert all(timings[n].runs == 6 for n in names)
-    timed = calls[len(names) :]  # after the warm-up round
-    follows = {(timed[i - 1], timed[i]) for i in range(1, len(timed))}  # the run just before, in time
-    for n in names:
-        assert {prev for prev, nxt in follows if nxt == n} == set(names) - {n}
+    names = ["eager", "a", "b", "c", "d"]
+
+    def calls_of(seed: int) -> list[str]:
+        calls: list[str] = []
+        timings = interleaved({n: (lambda n=n: calls.append(n)) for n in names}, repeats=20, warmup=1, seed=seed)
+        assert all(timings[n].runs == 20 for n in names)
+        return calls
+
+    calls = calls_of(0)
+    assert calls[: len(names)] == names  # the warm-up round, in order
+    timed = calls[len(names) :]
+    rounds = [tuple(timed[i : i + len(names)]) for i in range(0, len(timed), len(names))]
+    assert all(sorted(r) == sorted(names) for r in rounds) and len(set(rounds)) > 10
+    for n in names:  # every variant is preceded by at least three different ones over 20 rounds
+        before = {timed[i - 1] for i in range(1, len(timed)) if timed[i] == n}
+        assert len(before) >= 3, (n, before)
+    assert calls_of(0) == calls and calls_of(1) != calls
+
+
+def test_interleaving_waits_out_a_variant_that_keeps_the_cores_busy():
+    """``settle``: the run after such a variant starts that long after it returned, untimed."""
+    from edgeattn.benchmark.timing import interleaved
+
+    ends: dict[str, float] = {}
+    gaps: list[float] = []
+
+    def run(name: str) -> None:
+        if "eager" in ends:
+            gaps.append(time.perf_counter() - ends.pop("eager"))
+        if name == "eager":
+            ends["eager"] = time.perf_counter()
+
+    timings = interleaved({n: (lambda n=n: run(n)) for n in ("eager", "a", "b")}, repeats=6, warmup=1,
+                          settle={"eager": 0.01})  # fmt: skip
+    assert len(gaps) >= 5 and min(gaps) >= 0.01
+    assert timings["a"].median < 5  # ms: the wait is not in anyone's timing

@@ -12,7 +12,7 @@ import pytest
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.sensitivity import Trial, search_sensitive
-from edgeattn.host import dynamic_int8_weights
+from edgeattn.host import dynamic_int8_weights, has_bf16
 from edgeattn.runtime.layout import external_data_file, graph_file
 from edgeattn.runtime.manifest import FileEntry, Manifest, ManifestError, read_manifest
 from edgeattn.runtime.precisions import (
@@ -157,6 +157,12 @@ def test_dynamic_int8_weights_are_unsigned_without_vnni():
     assert dynamic_int8_weights(["avx2", "fma"]) == "uint8"
     assert dynamic_int8_weights(["avx512f", "avx512_vnni"]) == "int8"
     assert dynamic_int8_weights(["amx_int8"]) == "int8"
+
+
+def test_bf16_is_native_with_amx_or_avx512_bf16_only():
+    """Eager bf16 autocast and OpenVINO's bf16 hint are timed where bf16 is not emulated."""
+    assert has_bf16(["avx512f", "avx512_vnni", "avx512_bf16"]) and has_bf16(["amx_tile", "amx_bf16"])
+    assert not has_bf16(["avx2", "fma"]) and not has_bf16(["avx512f", "avx512_vnni"])
 
 
 # -------------------------------------------------------------------------------- sensitivity

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeattn.benchmark.latency import Answer, Variant, onnx_answer
+from edgeattn.benchmark.latency import EAGER_SETTLE_S, Answer, Variant, onnx_answer
 from edgeattn.benchmark.memory import onnx_probe, transformers_probe
 from edgeattn.benchmark.transformers_eager import load_transformers, transformers_answer
 from edgeattn.host import has_vnni, quiet_quantization
@@ -59,7 +59,7 @@ def checkpoint_peers(folder: str | Path, task: str | None, threads: int, scratch
     peers.reference = answer
     peers.variants.append(
         Variant("peer transformers eager fp32", answer, note="the accuracy reference",
-                probe=transformers_probe(str(folder), task, threads), answer=answer)
+                probe=transformers_probe(str(folder), task, threads), answer=answer, settle_s=EAGER_SETTLE_S)
     )  # fmt: skip
     if not optimum:
         return peers

@@ -35,13 +35,16 @@ from edgeattn.benchmark.memory import (
 from edgeattn.benchmark.timing import Timing, best_seconds, interleaved
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
-from edgeattn.host import cpu_flags
+from edgeattn.host import has_bf16
 from edgeattn.runtime.manifest import ManifestError
 from edgeattn.runtime.precisions import get_precision
 from edgeattn.runtime.providers import Provider, provider_name, provider_options
 from edgeattn.runtime.specs import encoder_feeds
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
+#: How long eager PyTorch's OpenMP threads spin after a CPU run returns (measured ~10 ms; an ONNX
+#: Runtime run started 20 ms later is no longer slowed), waited out, untimed, before the next run.
+EAGER_SETTLE_S = 0.02
 #: ``answer(ids, mask)``: a variant's outputs by name, as numpy, for its accuracy figures
 Answer = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
@@ -61,6 +64,8 @@ class Variant:
     answer: Answer | None = None
     #: the floor it is held to (a key of :data:`edgeattn.benchmark.floors.PRECISION_FLOORS`), if any
     floor: str | None = None
+    #: seconds its threads keep the cores busy after it returns; the next timed run waits that long
+    settle_s: float = 0.0
 
 
 @dataclass
@@ -182,8 +187,9 @@ def eager_variants(
     cuda: bool = False,
 ) -> tuple[list[Variant], dict[str, str]]:
     """Eager PyTorch on the CPU (``cpu``): float32 with the model's attention, with SDPA, and bf16
-    autocast where AMX exists; on the GPU (``cuda``, when torch sees one): float32 and float16 with
-    SDPA. ``weights`` (the model's safetensors file) lets the memory probe rebuild CPU variants."""
+    autocast where the CPU multiplies bf16 natively (AMX, AVX-512 BF16); on the GPU (``cuda``, when
+    torch sees one): float32 and float16 with SDPA. ``weights`` (the model's safetensors file) lets
+    the memory probe rebuild CPU variants."""
     import copy
 
     import torch
@@ -208,15 +214,15 @@ def eager_variants(
     skipped: dict[str, str] = {}
     if cpu:
         variants += [
-            Variant("eager fp32", eager_runner(model), probe=probe(), answer=answer),
-            Variant("eager fp32 SDPA", eager_runner(sdpa), probe=probe(with_sdpa=True)),
+            Variant("eager fp32", eager_runner(model), probe=probe(), answer=answer, settle_s=EAGER_SETTLE_S),
+            Variant("eager fp32 SDPA", eager_runner(sdpa), probe=probe(with_sdpa=True), settle_s=EAGER_SETTLE_S),
         ]
-        has_amx = "amx_bf16" in cpu_flags()
-        if bf16 or (bf16 is None and has_amx):
+        if bf16 or (bf16 is None and has_bf16()):
             bf16_run = eager_runner(sdpa, autocast=True)
-            variants.append(Variant("eager bf16 autocast SDPA", bf16_run, probe=probe(with_sdpa=True, autocast=True)))
+            variants.append(Variant("eager bf16 autocast SDPA", bf16_run, probe=probe(with_sdpa=True, autocast=True),
+                                    settle_s=EAGER_SETTLE_S))  # fmt: skip
         else:
-            skipped["eager bf16 autocast"] = "this CPU has no AMX (bf16 would be emulated)"
+            skipped["eager bf16 autocast"] = "no bf16 instructions (AMX, AVX-512 BF16) on this CPU"
     if cuda:
         if torch.cuda.is_available():
             variants += [
@@ -427,6 +433,8 @@ def bench_latency(
             repeats,
             warmup,
             on_round=lambda: bar.update(),
+            settle={v.name: v.settle_s for v in running},
+            seed=seed,
         )
         flops = encoder_flops(config, batch, seq)
         base = timings[variants[0].name].median

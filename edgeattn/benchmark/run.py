@@ -11,7 +11,7 @@ from typing import Any
 
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
 from edgeattn.errors import EdgeattnError
-from edgeattn.host import cpu_flags
+from edgeattn.host import has_bf16
 from edgeattn.runtime.precisions import FP32, PRECISIONS, get_precision
 from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, provider_name
 from edgeattn.runtime.session import CPU, CUDA
@@ -26,7 +26,7 @@ OPENVINO_PRECISIONS = ("fp32", "int8-static")
 def openvino_providers() -> list[Provider]:
     """OpenVINO with float32 inference, and with bf16 where the CPU has bf16 instructions."""
     providers: list[Provider] = [(OPENVINO, {"precision_hint": "f32"})]
-    if any(f in cpu_flags() for f in ("amx_bf16", "avx512_bf16")):
+    if has_bf16():
         providers.append((OPENVINO, {"precision_hint": "bf16"}))
     return providers
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,26 +39,35 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def interleaved(
-    variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 2, on_round: Callable[[], None] | None = None
+    variants: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 2,
+    on_round: Callable[[], None] | None = None,
+    settle: Mapping[str, float] | None = None,
+    seed: int = 0,
 ) -> dict[str, Timing]:
     """Time each variant ``repeats`` times, one run of each per round, after ``warmup`` rounds.
 
-    Each round starts one variant further on, so no variant always runs right after the same one:
-    a variant's run can slow the next one down (eager PyTorch's OpenMP threads keep spinning after
-    it returns: on 2 cores the ONNX Runtime variant timed right after it took 8-14 ms longer at
-    1 x 128 than the same graph timed second), and rotating puts that cost in few of each
-    variant's runs, out of the median, instead of in every run of one variant."""
-    for _ in range(warmup):
-        for fn in variants.values():
-            fn()
+    A variant's run can slow the next one down: eager PyTorch's OpenMP threads keep spinning for
+    about 10 ms after it returns, and an ONNX Runtime run started in that time on 2 cores took
+    11 ms longer (37.6 against 26.0 ms, the reference encoder at 1 x 128). ``settle`` names such
+    variants with the seconds to wait, untimed, after each of their runs. What is left of such
+    effects is spread over every variant: each round runs them in a new order (seeded), so no
+    variant always follows the same one. (Rotating one order, as before, kept each variant behind
+    the same neighbour in all rounds but one.)"""
+    settle = settle or {}
+    rng = np.random.default_rng(seed)
+    names = list(variants)
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants.items())
-    for round_ in range(repeats):
-        shift = round_ % len(order)
-        for name, fn in order[shift:] + order[:shift]:
+    for round_ in range(warmup + repeats):
+        for i in rng.permutation(len(names)) if round_ >= warmup else range(len(names)):
+            name = names[i]
             start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-        if on_round is not None:
+            variants[name]()
+            if round_ >= warmup:
+                samples[name].append(time.perf_counter() - start)
+            if settle.get(name):
+                time.sleep(settle[name])
+        if on_round is not None and round_ >= warmup:
             on_round()
     return {name: Timing.of(s) for name, s in samples.items()}
