@@ -135,6 +135,9 @@ def test_bench_command_smoke(tmp_path):
     assert [(f["batch"], f["seq"]) for f in data["floors"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
     for f in data["floors"]:
         assert 0 < f["attention_ms"] < f["fp32_ms"] and f["int8_ms"] > f["attention_ms"] and f["fp32_ratio"] > 0
+        # the attention core at ONNX Runtime's faster kernel, each kernel and the arithmetic alone beside it
+        assert set(f["attention_kernels_ms"]) == {"fused", "unfused"}
+        assert f["attention_ms"] == min(f["attention_kernels_ms"].values()) and f["attention_ceiling_ms"] > 0
     assert "floors (projections alone" in result.stdout
     for f in data["floors"]:  # every CPU precision's own kernels, each variant against its own floor
         assert set(f["kinds"]) == {"fp32", "int8", "int8-static", "int4"} and min(f["kinds"].values()) > 0
@@ -314,3 +317,30 @@ def test_interleaving_waits_out_a_variant_that_keeps_the_cores_busy():
                           settle={"eager": 0.01})  # fmt: skip
     assert len(gaps) >= 5 and min(gaps) >= 0.01
     assert timings["a"].median < 5  # ms: the wait is not in anyone's timing
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_floor_graphs_compute_attention(fused):
+    """The floor's attention core is real attention, softmax(q k^T) v, by either kernel (the fused
+    one with its padding mask honoured)."""
+    import numpy as np
+
+    from edgeattn.benchmark.floors import _attention_graph
+    from edgeattn.runtime.session import create_session
+
+    config = get_preset("tiny")
+    b, s, h, d = 2, 6, config.n_heads, config.head_dim
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((b, h, s, d)).astype(np.float32) for _ in range(3))
+    mask = np.ones((b, s), np.int32)
+    mask[1, 4:] = 0
+    scores = q @ k.transpose(0, 1, 3, 2) + (0 if not fused else np.where(mask[:, None, None, :] > 0, 0, -1e9))
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v  # (B, H, S, D)
+    session = create_session(_attention_graph(config, fused), threads=1)
+    if fused:
+        feeds = {n: x.transpose(0, 2, 1, 3).reshape(b, s, h * d) for n, x in zip("qkv", (q, k, v), strict=True)}
+        got = session.run(None, {**feeds, "mask": mask})[0].reshape(b, s, h, d).transpose(0, 2, 1, 3)
+    else:
+        got = session.run(None, {"q": q, "kt": k.transpose(0, 1, 3, 2).copy(), "v": v})[0]
+    np.testing.assert_allclose(got, want, atol=1e-5)

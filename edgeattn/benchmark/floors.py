@@ -5,8 +5,12 @@ those products alone, at the benchmark's own row count, on ONNX Runtime with the
 spinning as the variants, with the kernels each precision's graphs run: float32 ``MatMul``; the
 ``DynamicQuantizeMatMul`` of dynamic int8; for static int8 and int4, the float32 layer put
 through the export's own converter (quantise + ``MatMulIntegerToFloat``; ``MatMulNBits``).
-Attention scores and weighted values are added at the float32 GEMM ceiling. No variant of that
-precision can run faster than its floor with these kernels on this machine, so a floor's ratio
+The attention core (scores, softmax, weighted values) is added at ONNX Runtime's own kernels'
+speed too: the faster, at the shape, of its fused ``MultiHeadAttention`` with the benchmark's
+padding mask and of plain ``MatMul -> Softmax -> MatMul`` without one (the arithmetic alone at
+the float32 GEMM ceiling, the floors' attention before, is kept beside it as
+``attention_ceiling_ms``). No variant of that precision can run faster than its floor with these
+kernels on this machine, so a floor's ratio
 to eager PyTorch bounds what any graph rewrite can reach, and a variant's ratio to its own floor
 is what graph rewrites and session settings can still win.
 """
@@ -35,6 +39,7 @@ class Floor:
     seq: int
     fp32_ms: float
     int8_ms: float
+    #: the attention core of every layer at ONNX Runtime's faster attention kernel (see the module)
     attention_ms: float
     fp32_ratio: float = 0.0
     int8_ratio: float = 0.0
@@ -42,6 +47,10 @@ class Floor:
     kinds: dict[str, float] = field(default_factory=dict)
     #: each kind's ratio to the benchmark's baseline
     kind_ratios: dict[str, float] = field(default_factory=dict)
+    #: the attention core's arithmetic alone at the float32 GEMM ceiling, every layer
+    attention_ceiling_ms: float = 0.0
+    #: the attention core per forward by kernel: {"fused": MultiHeadAttention, "unfused": MatMul/Softmax/MatMul}
+    attention_kernels_ms: dict[str, float] = field(default_factory=dict)
 
 
 def projection_shapes(config: ModelConfig) -> list[tuple[int, int]]:
@@ -116,6 +125,57 @@ def _time_layer(config: ModelConfig, rows: int, kind: str, threads: int, repeats
     return best_seconds(lambda: session.run(None, feeds), repeats) * 1e3
 
 
+def _attention_graph(config: ModelConfig, fused: bool) -> bytes:
+    """One layer's attention core, softmax(q k^T) v unscaled: ``MultiHeadAttention`` over q, k, v
+    ``(B, S, H*D)`` with a ``(B, S)`` key padding mask (``fused``), else ``MatMul -> Softmax ->
+    MatMul`` over q, v ``(B, H, S, D)`` and k transposed, unmasked."""
+    from onnx import TensorProto, helper
+
+    inner, heads = config.n_heads * config.head_dim, config.n_heads
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    if fused:
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", inner]) for n in "qkv"]
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, ["b", "s"]))
+        nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "mask"], ["o"], domain="com.microsoft",
+                                  num_heads=heads, scale=1.0)]  # fmt: skip
+    else:
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims)
+                  for n, dims in (("q", ["b", heads, "s", "d"]), ("kt", ["b", heads, "d", "s"]),
+                                  ("v", ["b", heads, "s", "d"]))]  # fmt: skip
+        nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+                 helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+                 helper.make_node("MatMul", ["p", "v"], ["o"])]  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(helper.make_graph(nodes, "attention", inputs, [out]), opset_imports=opsets)
+    return model.SerializeToString()
+
+
+def _time_attention(config: ModelConfig, batch: int, seq: int, threads: int, repeats: int) -> dict[str, float]:
+    """Every layer's attention core at (batch, seq) with ONNX Runtime's fused and unfused kernels,
+    best of ``repeats``, in ms; the fused one gets the benchmark's padding mask."""
+    from edgeattn.benchmark.memory import bench_inputs
+    from edgeattn.runtime.session import create_session
+
+    rng = np.random.default_rng(3)
+    heads, dim = config.n_heads, config.head_dim
+    _, mask = bench_inputs(config.vocab_size, batch, seq)
+    q, k, v = (rng.standard_normal((batch, heads, seq, dim)).astype(np.float32) for _ in range(3))
+    feeds = {
+        "fused": {**{n: np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim))
+                     for n, x in zip("qkv", (q, k, v), strict=True)}, "mask": mask.astype(np.int32)},
+        "unfused": {"q": q, "kt": np.ascontiguousarray(k.transpose(0, 1, 3, 2)), "v": v},
+    }  # fmt: skip
+    timed = {}
+    with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
+        for kind, kind_feeds in feeds.items():
+            path = Path(tmp) / f"attention.{kind}.onnx"
+            path.write_bytes(_attention_graph(config, kind == "fused"))
+            session = create_session(path, threads=threads, spinning="run")
+            ms = best_seconds(lambda s=session, f=kind_feeds: s.run(None, f), repeats) * 1e3
+            timed[kind] = ms * config.n_encoder_layers
+    return timed
+
+
 def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
     """FLOPs of attention scores and weighted values over all layers."""
     return float(batch * config.n_encoder_layers * 2 * seq * seq * config.d_model * 2)
@@ -131,13 +191,17 @@ def measure_floor(
     kinds: tuple[str, ...] = ("fp32", "int8"),
 ) -> Floor:
     """Floors of one forward at (batch, seq): best-of-``repeats`` projection time per layer times the
-    layer count, plus attention at ``fp32_ceiling_gflops``; fp32 and int8 always, the other
-    ``kinds`` (int8-static, int4) as asked."""
+    layer count, plus the attention core at ONNX Runtime's faster attention kernel; fp32 and int8
+    always, the other ``kinds`` (int8-static, int4) as asked. ``fp32_ceiling_gflops`` gives the
+    attention arithmetic's time at the ceiling, reported beside it."""
     rows = batch * seq
-    attention_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
+    kernels = _time_attention(config, batch, seq, threads, repeats)
+    attention_ms = min(kernels.values())
     layers = config.n_encoder_layers
     timed = {
         kind: _time_layer(config, rows, kind, threads, repeats) * layers + attention_ms
         for kind in dict.fromkeys(("fp32", "int8", *kinds))
     }  # fmt: skip
-    return Floor(batch, seq, timed["fp32"], timed["int8"], attention_ms, kinds=timed)
+    ceiling_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
+    return Floor(batch, seq, timed["fp32"], timed["int8"], attention_ms, kinds=timed,
+                 attention_ceiling_ms=ceiling_ms, attention_kernels_ms=kernels)  # fmt: skip

@@ -138,8 +138,13 @@ class LatencyReport:
             cells = [f"{f.batch}x{f.seq} " + ", ".join(f"{k} {ms:.2f} ({f.kind_ratios[k]:.2f})"
                                                        for k, ms in f.kinds.items())
                      for f in self.floors]  # fmt: skip
-            text.append("floors (projections alone at ONNX Runtime's own GEMM speed, + attention at the ceiling): "
-                        + "; ".join(cells))  # fmt: skip
+            text.append("floors (projections alone at ONNX Runtime's own GEMM speed, + the attention core at its "
+                        "faster attention kernel): " + "; ".join(cells))  # fmt: skip
+            text.append("attention core per forward (fused MultiHeadAttention with the padding / unfused "
+                        "MatMul-Softmax-MatMul / its arithmetic at the GEMM ceiling): "
+                        + "; ".join(f"{f.batch}x{f.seq} " + " / ".join(f"{ms:.2f}" for ms in
+                                    (*f.attention_kernels_ms.values(), f.attention_ceiling_ms)) + " ms"
+                                    for f in self.floors))  # fmt: skip
             held = [(name, [r for r in self.rows if r.variant == name and r.floor_ratio is not None])
                     for name in self.variants]  # fmt: skip
             if any(rows for _, rows in held):
