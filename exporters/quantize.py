@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from edgeattn.errors import ExportError
+from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.precisions import CALIBRATION_METHODS
 from edgeattn.runtime.session import CPU
@@ -139,9 +140,12 @@ def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, 
                            "OpTypesToExcludeOutputQuantization": list(UNQUANTIZED_OUTPUTS)},
             calibration_providers=[CPU],
         )  # fmt: skip
+    model = onnx.load(str(dst))
+    bypassed = bypass_float_consumers(model)
+    onnx.save(model, str(dst))
     return {**settings, "format": "QDQ", "float_outputs": list(UNQUANTIZED_OUTPUTS),
-            "calibration": job.calibration_method, "calibration_batches": len(calibration),
-            "excluded_nodes": list(job.exclude),
+            "float_consumers_bypassed": bypassed, "calibration": job.calibration_method,
+            "calibration_batches": len(calibration), "excluded_nodes": list(job.exclude),
             "calibration_data": job.calibration_source}  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.gate import evaluate, heldout_sources
 from edgeattn.exporters.package import export_model, quantize_export
 from edgeattn.exporters.precisions import PrecisionOptions
-from edgeattn.exporters.quantize import CONVERTERS
+from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
 from edgeattn.exporters.reference import eager_generate
 from edgeattn.host import dynamic_int8_weights, has_vnni
 from edgeattn.model import build_model
@@ -118,6 +118,44 @@ def test_cpu_sessions_do_not_refuse_layer_norms_into_skip_layer_norm(quantized, 
     assert ops["LayerNormalization"] == 4 and ops["SkipLayerNormalization"] == 0
 
 
+def test_static_int8_residuals_read_the_float_activation(tmp_path):
+    """A float operator reading a QDQ pair's output reads the activation itself after the
+    rewrite (the pair stays for the matrix product); an int8 Gather's own pair is left alone; the
+    residual sum is exact where the pair's copy was rounded."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeattn.exporters.qdq_bypass import bypass_float_consumers
+
+    rng = np.random.default_rng(0)
+    table, w = rng.standard_normal((50, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("Mul", ["emb", "two"], ["x"]),
+             helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Add", ["x", "y"], ["out"])]  # fmt: skip
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 16]) for n in ("out", "y")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])], outputs,
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(w, "w"),
+         numpy_helper.from_array(np.float32(2.0), "two")],
+    )  # fmt: skip
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    ids = rng.integers(0, 50, 12)
+    settings = CONVERTERS["int8-static"](src, dst, ConversionJob(calibration=lambda: [{"ids": ids}]))
+    model = onnx.load(str(dst))
+    made = {o: n for n in model.graph.node for o in n.output}
+    add, matmul, mul = (next(n for n in model.graph.node if n.op_type == op) for op in ("Add", "MatMul", "Mul"))
+    assert settings["float_consumers_bypassed"] == 1 and made[add.input[0]] is mul  # the float activation x
+    assert made[matmul.input[0]].op_type == "DequantizeLinear"  # the product still reads x's QDQ pair
+    assert made[mul.input[0]].op_type == "DequantizeLinear"  # the Gather's pair is left alone
+    assert bypass_float_consumers(model) == 0  # nothing left to rewire
+    out, y = create_session(dst).run(None, {"ids": ids})
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    x = 2 * (init["table_quantized"][ids].astype(np.float32) - init["table_zero_point"]) * init["table_scale"]
+    np.testing.assert_allclose(out - y, x, atol=1e-5)  # x's own 8-bit copy would be off by up to half a step:
+    assert float(init[made[matmul.input[0]].input[1]]) > 1e-2
+
+
 def test_int8_settings_and_sizes_are_recorded(quantized):
     out, _, _ = quantized
     manifest = read_manifest(out)
@@ -133,6 +171,13 @@ def test_int8_settings_and_sizes_are_recorded(quantized):
     producer = {o: n.op_type for n in graph.node for o in n.output}
     requantized = [n.name for n in graph.node if n.op_type == "QuantizeLinear" and producer.get(n.input[0]) == "MatMul"]
     assert sum(n.op_type == "MatMul" for n in graph.node) >= 4 and requantized == []
+    # float operators (residual Adds) read float activations, not a dequantised copy: only matrix
+    # products read dequantised activations, but for the embedding's, part of its int8 Gather
+    made = {o: n for n in graph.node for o in n.output}
+    pairs = {n.output[0]: made[made[n.input[0]].input[0]].op_type for n in graph.node  # DQ -> what made the float
+             if n.op_type == "DequantizeLinear" and producer.get(n.input[0]) == "QuantizeLinear"}  # fmt: skip
+    float_reads = {pairs[i] for n in graph.node if n.op_type != "MatMul" for i in n.input if i in pairs}
+    assert static["float_consumers_bypassed"] >= 2 and float_reads <= {"Gather"}
     cache = out / "static.optimized.onnx"
     create_session(out / "encoder.int8-static.onnx", optimized_cache=cache)
     ops = Counter(n.op_type for n in onnx.load(str(cache)).graph.node)
