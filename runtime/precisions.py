@@ -162,7 +162,7 @@ PRECISIONS: dict[str, Precision] = {
         Precision(
             "int8-static",
             "QDQ int8, calibrated (" + ", ".join(f"`{m}`" for m in CALIBRATION_METHODS) + "); "
-            "matrix products' outputs stay float32",
+            "matrix products' outputs stay float32, float operators read float activations",
             "`quantize_static`",
             "convert",
             FusedForm(packed=False),

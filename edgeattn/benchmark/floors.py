@@ -1,16 +1,17 @@
-"""Latency floors: what one encoder forward costs in matrix products alone, measured in-run.
+"""Latency floors: what one encoder forward costs in its kernels alone, measured in-run.
 
-A layer's projections (packed QKV, output, feed-forward) are timed as one small ONNX graph of
-those products alone, at the benchmark's own row count, on ONNX Runtime with the same threads and
+A layer's projections (packed QKV, output, feed-forward) run as one small ONNX graph of those
+products alone, at the benchmark's own row count, on ONNX Runtime with the same threads and
 spinning as the variants, with the kernels each precision's graphs run: float32 ``MatMul``; the
 ``DynamicQuantizeMatMul`` of dynamic int8; for static int8 and int4, the float32 layer put
 through the export's own converter (quantise + ``MatMulIntegerToFloat``; ``MatMulNBits``).
-The attention core (scores, softmax, weighted values) is added at ONNX Runtime's own kernels'
-speed too: the faster, at the shape, of its fused ``MultiHeadAttention`` with the benchmark's
-padding mask and of plain ``MatMul -> Softmax -> MatMul`` without one (the arithmetic alone at
-the float32 GEMM ceiling, the floors' attention before, is kept beside it as
-``attention_ceiling_ms``). No variant of that precision can run faster than its floor with these
-kernels on this machine, so a floor's ratio
+A layer's attention core (scores, softmax, weighted values) runs on ONNX Runtime's kernels too:
+its fused ``MultiHeadAttention`` with the benchmark's padding mask, and plain ``MatMul ->
+Softmax -> MatMul`` without one; the floor takes the faster (the arithmetic alone at the float32
+GEMM ceiling, the floors' attention before, is kept beside it as ``attention_ceiling_ms``).
+These runs are timed in the variants' own interleaving and with their statistic (the median),
+so a floor and the variants held to it see the same moment of the machine. No variant of that
+precision can run faster than its floor with these kernels on this machine, so a floor's ratio
 to eager PyTorch bounds what any graph rewrite can reach, and a variant's ratio to its own floor
 is what graph rewrites and session settings can still win.
 """
@@ -18,14 +19,17 @@ is what graph rewrites and session settings can still win.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from edgeattn.benchmark.timing import best_seconds
 from edgeattn.config import ModelConfig
 from edgeattn.host import dynamic_int8_weights
+
+#: One run of a floor graph (timed by the caller).
+Runner = Callable[[], object]
 
 #: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU provider).
 PRECISION_FLOORS = {"fp32": "fp32", "fp32-opt": "fp32", "int8": "int8", "int8-static": "int8-static", "int4": "int4"}
@@ -110,7 +114,8 @@ def _converted_layer(config: ModelConfig, kind: str, folder: Path) -> Path:
     return dst
 
 
-def _time_layer(config: ModelConfig, rows: int, kind: str, threads: int, repeats: int) -> float:
+def _layer_runner(config: ModelConfig, rows: int, kind: str, threads: int) -> Runner:
+    """One run of a layer's projections with ``kind``'s kernels at ``rows`` rows."""
     from edgeattn.runtime.session import create_session
 
     with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
@@ -122,7 +127,7 @@ def _time_layer(config: ModelConfig, rows: int, kind: str, threads: int, repeats
         session = create_session(path, threads=threads, spinning="run")
     rng = np.random.default_rng(1)
     feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
-    return best_seconds(lambda: session.run(None, feeds), repeats) * 1e3
+    return lambda: session.run(None, feeds)
 
 
 def _attention_graph(config: ModelConfig, fused: bool) -> bytes:
@@ -150,9 +155,9 @@ def _attention_graph(config: ModelConfig, fused: bool) -> bytes:
     return model.SerializeToString()
 
 
-def _time_attention(config: ModelConfig, batch: int, seq: int, threads: int, repeats: int) -> dict[str, float]:
-    """Every layer's attention core at (batch, seq) with ONNX Runtime's fused and unfused kernels,
-    best of ``repeats``, in ms; the fused one gets the benchmark's padding mask."""
+def _attention_runners(config: ModelConfig, batch: int, seq: int, threads: int) -> dict[str, Runner]:
+    """One run of a layer's attention core at (batch, seq) with ONNX Runtime's fused kernel (given
+    the benchmark's padding mask) and with its unfused one, by name."""
     from edgeattn.benchmark.memory import bench_inputs
     from edgeattn.runtime.session import create_session
 
@@ -165,15 +170,11 @@ def _time_attention(config: ModelConfig, batch: int, seq: int, threads: int, rep
                      for n, x in zip("qkv", (q, k, v), strict=True)}, "mask": mask.astype(np.int32)},
         "unfused": {"q": q, "kt": np.ascontiguousarray(k.transpose(0, 1, 3, 2)), "v": v},
     }  # fmt: skip
-    timed = {}
-    with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
-        for kind, kind_feeds in feeds.items():
-            path = Path(tmp) / f"attention.{kind}.onnx"
-            path.write_bytes(_attention_graph(config, kind == "fused"))
-            session = create_session(path, threads=threads, spinning="run")
-            ms = best_seconds(lambda s=session, f=kind_feeds: s.run(None, f), repeats) * 1e3
-            timed[kind] = ms * config.n_encoder_layers
-    return timed
+    runners = {}
+    for kind, kind_feeds in feeds.items():
+        session = create_session(_attention_graph(config, kind == "fused"), threads=threads, spinning="run")
+        runners[kind] = lambda s=session, f=kind_feeds: s.run(None, f)
+    return runners
 
 
 def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
@@ -181,27 +182,32 @@ def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
     return float(batch * config.n_encoder_layers * 2 * seq * seq * config.d_model * 2)
 
 
-def measure_floor(
-    config: ModelConfig,
-    batch: int,
-    seq: int,
-    threads: int,
-    fp32_ceiling_gflops: float,
-    repeats: int = 10,
-    kinds: tuple[str, ...] = ("fp32", "int8"),
-) -> Floor:
-    """Floors of one forward at (batch, seq): best-of-``repeats`` projection time per layer times the
-    layer count, plus the attention core at ONNX Runtime's faster attention kernel; fp32 and int8
-    always, the other ``kinds`` (int8-static, int4) as asked. ``fp32_ceiling_gflops`` gives the
-    attention arithmetic's time at the ceiling, reported beside it."""
-    rows = batch * seq
-    kernels = _time_attention(config, batch, seq, threads, repeats)
-    attention_ms = min(kernels.values())
+#: Prefixes of the floor runs' names in a shape's timings (see :func:`floor_runners`).
+PROJECTIONS, ATTENTION = "floor projections ", "floor attention "
+
+
+def floor_runners(
+    config: ModelConfig, batch: int, seq: int, threads: int, kinds: tuple[str, ...] = ("fp32", "int8")
+) -> dict[str, Runner]:
+    """The runs a floor at (batch, seq) is made of, by name, to time beside the variants (same
+    moment, same statistic): one layer's projections with each kind's kernels (fp32 and int8
+    always, the other ``kinds`` as asked) and one layer's attention core with each kernel."""
+    runners = {PROJECTIONS + kind: _layer_runner(config, batch * seq, kind, threads)
+               for kind in dict.fromkeys(("fp32", "int8", *kinds))}  # fmt: skip
+    runners.update({ATTENTION + k: run for k, run in _attention_runners(config, batch, seq, threads).items()})
+    return runners
+
+
+def floor_of(config: ModelConfig, batch: int, seq: int, ms: dict[str, float], fp32_ceiling_gflops: float) -> Floor:
+    """The floor at (batch, seq) from the floor runs' times ``ms`` (by :func:`floor_runners`' names):
+    per kind, its layer's projections times the layer count plus every layer's attention core at
+    the faster kernel. ``fp32_ceiling_gflops`` gives the attention arithmetic's time at the
+    ceiling, reported beside it."""
     layers = config.n_encoder_layers
-    timed = {
-        kind: _time_layer(config, rows, kind, threads, repeats) * layers + attention_ms
-        for kind in dict.fromkeys(("fp32", "int8", *kinds))
-    }  # fmt: skip
+    kernels = {name[len(ATTENTION) :]: t * layers for name, t in ms.items() if name.startswith(ATTENTION)}
+    attention_ms = min(kernels.values())
+    timed = {name[len(PROJECTIONS) :]: t * layers + attention_ms
+             for name, t in ms.items() if name.startswith(PROJECTIONS)}  # fmt: skip
     ceiling_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
     return Floor(batch, seq, timed["fp32"], timed["int8"], attention_ms, kinds=timed,
                  attention_ceiling_ms=ceiling_ms, attention_kernels_ms=kernels)  # fmt: skip

@@ -13,6 +13,7 @@ against its own (see :mod:`edgeattn.benchmark.floors`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.benchmark.floors import PRECISION_FLOORS, Floor, measure_floor
+from edgeattn.benchmark.floors import PRECISION_FLOORS, Floor, floor_of, floor_runners
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.memory import (
     Probe,
@@ -429,12 +430,17 @@ def bench_latency(
     report.baseline = variants[0].name
     for v in variants:
         report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "file_bytes": v.file_bytes, "note": v.note}
+    if hasattr(os, "sync"):  # the export just written goes to disk now, not in the background while timed
+        os.sync()
     bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
+    kinds = tuple(sorted({v.floor for v in variants if v.floor}))
     for batch, seq in shapes:
         ids, mask = bench_inputs(config.vocab_size, batch, seq, seed)  # rows after the first carry padding
         running = _runnable(variants, ids, mask, report.skipped)
+        runs = {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in running}
+        floor_runs = floor_runners(config, batch, seq, threads, kinds) if floors else {}
         timings = interleaved(
-            {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in running},
+            {**runs, **floor_runs},
             repeats,
             warmup,
             on_round=lambda: bar.update(),
@@ -448,8 +454,8 @@ def bench_latency(
             report.rows.append(Row(v.name, batch, seq, t, batch / (t.median / 1e3), batch * seq / (t.median / 1e3),
                                    flops / (t.median / 1e3) / 1e9, t.median / base))  # fmt: skip
         if floors:
-            kinds = tuple(sorted({v.floor for v in variants if v.floor}))
-            floor = measure_floor(config, batch, seq, threads, report.gemm_ceiling_gflops, kinds=kinds)
+            floor = floor_of(config, batch, seq, {name: timings[name].median for name in floor_runs},
+                             report.gemm_ceiling_gflops)  # fmt: skip
             floor.fp32_ratio, floor.int8_ratio = floor.fp32_ms / base, floor.int8_ms / base
             floor.kind_ratios = {k: ms / base for k, ms in floor.kinds.items()}
             report.floors.append(floor)
