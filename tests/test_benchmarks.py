@@ -65,6 +65,9 @@ def test_floor_graph_computes_every_projection_of_a_layer(int8):
     feeds = {f"x_{k}": rng.standard_normal((5, k)).astype(np.float32) for k, _ in projection_shapes(config)}
     outputs = session.run(None, feeds)
     assert len(outputs) == len(projection_shapes(config)) == 4
+    three = onnx.load_from_string(_layer_graph(config, int8 is not None, weights=int8, layers=3))
+    own_weights = {t.raw_data for t in three.graph.initializer if t.name[0] == "w"}  # every layer its own
+    assert len(three.graph.output) == 12 and len(own_weights) == 12
     for i, ((k, n), y) in enumerate(zip(projection_shapes(config), outputs, strict=True)):
         w = weights[f"w{i}"].astype(np.float32)
         if int8:
@@ -321,8 +324,8 @@ def test_interleaving_waits_out_a_variant_that_keeps_the_cores_busy():
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_attention_floor_graphs_compute_attention(fused):
-    """The floor's attention core is real attention, softmax(q k^T) v, by either kernel (the fused
-    one with its padding mask honoured)."""
+    """The floor's attention cores are real attention, softmax(q k^T) v, by either kernel (the
+    fused one with its padding mask honoured), chained layer after layer."""
     import numpy as np
 
     from edgeattn.benchmark.floors import _attention_graph
@@ -334,13 +337,20 @@ def test_attention_floor_graphs_compute_attention(fused):
     q, k, v = (rng.standard_normal((b, h, s, d)).astype(np.float32) for _ in range(3))
     mask = np.ones((b, s), np.int32)
     mask[1, 4:] = 0
-    scores = q @ k.transpose(0, 1, 3, 2) + (0 if not fused else np.where(mask[:, None, None, :] > 0, 0, -1e9))
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    want = (p / p.sum(-1, keepdims=True)) @ v  # (B, H, S, D)
-    session = create_session(_attention_graph(config, fused), threads=1)
-    if fused:
-        feeds = {n: x.transpose(0, 2, 1, 3).reshape(b, s, h * d) for n, x in zip("qkv", (q, k, v), strict=True)}
-        got = session.run(None, {**feeds, "mask": mask})[0].reshape(b, s, h, d).transpose(0, 2, 1, 3)
-    else:
-        got = session.run(None, {"q": q, "kt": k.transpose(0, 1, 3, 2).copy(), "v": v})[0]
-    np.testing.assert_allclose(got, want, atol=1e-5)
+
+    def attend(q: np.ndarray) -> np.ndarray:  # (B, H, S, D)
+        scores = q @ k.transpose(0, 1, 3, 2) + (0 if not fused else np.where(mask[:, None, None, :] > 0, 0, -1e9))
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ v
+
+    for layers in (1, 3):
+        want = q
+        for _ in range(layers):
+            want = attend(want)
+        session = create_session(_attention_graph(config, fused, layers), threads=1)
+        if fused:
+            feeds = {n: x.transpose(0, 2, 1, 3).reshape(b, s, h * d) for n, x in zip("qkv", (q, k, v), strict=True)}
+            got = session.run(None, {**feeds, "mask": mask})[0].reshape(b, s, h, d).transpose(0, 2, 1, 3)
+        else:
+            got = session.run(None, {"q": q, "kt": k.transpose(0, 1, 3, 2).copy(), "v": v})[0]
+        np.testing.assert_allclose(got, want, atol=1e-5)

@@ -1,19 +1,21 @@
 """Latency floors: what one encoder forward costs in its kernels alone, measured in-run.
 
-A layer's projections (packed QKV, output, feed-forward) run as one small ONNX graph of those
-products alone, at the benchmark's own row count, on ONNX Runtime with the same threads and
-spinning as the variants, with the kernels each precision's graphs run: float32 ``MatMul``; the
-``DynamicQuantizeMatMul`` of dynamic int8; for static int8 and int4, the float32 layer put
-through the export's own converter (quantise + ``MatMulIntegerToFloat``; ``MatMulNBits``).
-A layer's attention core (scores, softmax, weighted values) runs on ONNX Runtime's kernels too:
-its fused ``MultiHeadAttention`` with the benchmark's padding mask, and plain ``MatMul ->
-Softmax -> MatMul`` without one; the floor takes the faster (the arithmetic alone at the float32
-GEMM ceiling, the floors' attention before, is kept beside it as ``attention_ceiling_ms``).
-These runs are timed in the variants' own interleaving and with their statistic (the median),
-so a floor and the variants held to it see the same moment of the machine. No variant of that
-precision can run faster than its floor with these kernels on this machine, so a floor's ratio
-to eager PyTorch bounds what any graph rewrite can reach, and a variant's ratio to its own floor
-is what graph rewrites and session settings can still win.
+Every encoder layer's projections (packed QKV, output, feed-forward; each layer with weights of
+its own) run as one ONNX graph of those products alone, at the benchmark's own row count, on
+ONNX Runtime with the same threads and spinning as the variants, with the kernels each
+precision's graphs run: float32 ``MatMul``; the ``DynamicQuantizeMatMul`` of dynamic int8; for
+static int8 and int4, the float32 layers put through the export's own converter (quantise +
+``MatMulIntegerToFloat``; ``MatMulNBits``). Every layer's attention core (scores, softmax,
+weighted values) runs, chained in one graph, on ONNX Runtime's kernels too: its fused
+``MultiHeadAttention`` with the benchmark's padding mask, and plain ``MatMul -> Softmax ->
+MatMul`` without one; the floor takes the faster (the arithmetic alone at the float32 GEMM
+ceiling, the floors' attention before, is kept beside it as ``attention_ceiling_ms``). These
+runs are timed in the variants' own interleaving and with their statistic (the median), so a
+floor and the variants held to it see the same moment of the machine, and each is one run as a
+variant's forward is. No variant of that precision can run faster than its floor with these
+kernels on this machine, so a floor's ratio to eager PyTorch bounds what any graph rewrite can
+reach, and a variant's ratio to its own floor is what graph rewrites and session settings can
+still win.
 """
 
 from __future__ import annotations
@@ -64,10 +66,11 @@ def projection_shapes(config: ModelConfig) -> list[tuple[int, int]]:
     return [(d, 3 * inner), (inner, d), *ff_in, (f, d)]
 
 
-def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | None = None) -> bytes:
-    """One layer's projections side by side, reading inputs ``x_<in>`` of shape (rows, in); int8
-    weights of the type int8 graphs get on this CPU (``weights``: ``int8`` or ``uint8``, default
-    :func:`edgeattn.host.dynamic_int8_weights`), full range, per column."""
+def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | None = None, layers: int = 1) -> bytes:
+    """``layers`` layers' projections side by side, each layer with weights of its own (``w<j>``,
+    output ``y<j>``, j counting on over the layers), reading inputs ``x_<in>`` of shape (rows, in);
+    int8 weights of the type int8 graphs get on this CPU (``weights``: ``int8`` or ``uint8``,
+    default :func:`edgeattn.host.dynamic_int8_weights`), full range, per column."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -75,7 +78,7 @@ def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | 
     weights = weights or dynamic_int8_weights()  # the type int8 graphs are quantised to on this CPU
     nodes, inits, outputs = [], [], []
     inputs = {k for k, _ in projection_shapes(config)}
-    for i, (k, n) in enumerate(projection_shapes(config)):
+    for i, (k, n) in enumerate(projection_shapes(config) * layers):
         w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
         if int8:
             scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
@@ -99,12 +102,12 @@ def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | 
     return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opsets)).SerializeToString()
 
 
-def _converted_layer(config: ModelConfig, kind: str, folder: Path) -> Path:
-    """The float32 layer graph through the export's converter for ``kind`` (int8-static, int4)."""
+def _converted_layer(config: ModelConfig, kind: str, folder: Path, layers: int = 1) -> Path:
+    """The float32 layers' graph through the export's converter for ``kind`` (int8-static, int4)."""
     from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
 
     src, dst = folder / "layer.fp32.onnx", folder / f"layer.{kind}.onnx"
-    src.write_bytes(_layer_graph(config, False))
+    src.write_bytes(_layer_graph(config, False, layers=layers))
     rng = np.random.default_rng(2)
     calibration = [
         {f"x_{k}": rng.standard_normal((16, k)).astype(np.float32) for k, _ in projection_shapes(config)}
@@ -115,49 +118,54 @@ def _converted_layer(config: ModelConfig, kind: str, folder: Path) -> Path:
 
 
 def _layer_runner(config: ModelConfig, rows: int, kind: str, threads: int) -> Runner:
-    """One run of a layer's projections with ``kind``'s kernels at ``rows`` rows."""
+    """One run of every encoder layer's projections with ``kind``'s kernels at ``rows`` rows."""
     from edgeattn.runtime.session import create_session
 
+    layers = config.n_encoder_layers
     with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
         if kind in ("fp32", "int8"):
             path = Path(tmp) / "layer.onnx"
-            path.write_bytes(_layer_graph(config, kind == "int8"))
+            path.write_bytes(_layer_graph(config, kind == "int8", layers=layers))
         else:
-            path = _converted_layer(config, kind, Path(tmp))
+            path = _converted_layer(config, kind, Path(tmp), layers)
         session = create_session(path, threads=threads, spinning="run")
     rng = np.random.default_rng(1)
     feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
     return lambda: session.run(None, feeds)
 
 
-def _attention_graph(config: ModelConfig, fused: bool) -> bytes:
-    """One layer's attention core, softmax(q k^T) v unscaled: ``MultiHeadAttention`` over q, k, v
-    ``(B, S, H*D)`` with a ``(B, S)`` key padding mask (``fused``), else ``MatMul -> Softmax ->
-    MatMul`` over q, v ``(B, H, S, D)`` and k transposed, unmasked."""
+def _attention_graph(config: ModelConfig, fused: bool, layers: int = 1) -> bytes:
+    """``layers`` attention cores in a chain (each one's output the next one's queries), softmax(q
+    k^T) v unscaled: ``MultiHeadAttention`` over q, k, v ``(B, S, H*D)`` with a ``(B, S)`` key
+    padding mask (``fused``), else ``MatMul -> Softmax -> MatMul`` over q, v ``(B, H, S, D)`` and k
+    transposed, unmasked."""
     from onnx import TensorProto, helper
 
     inner, heads = config.n_heads * config.head_dim, config.n_heads
-    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    out = helper.make_tensor_value_info(f"o{layers - 1}", TensorProto.FLOAT, None)
+    nodes = []
     if fused:
         inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", inner]) for n in "qkv"]
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT32, ["b", "s"]))
-        nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "mask"], ["o"], domain="com.microsoft",
-                                  num_heads=heads, scale=1.0)]  # fmt: skip
+        for i in range(layers):
+            nodes.append(helper.make_node("MultiHeadAttention", [f"o{i - 1}" if i else "q", "k", "v", "", "mask"],
+                                          [f"o{i}"], domain="com.microsoft", num_heads=heads, scale=1.0))  # fmt: skip
     else:
         inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims)
                   for n, dims in (("q", ["b", heads, "s", "d"]), ("kt", ["b", heads, "d", "s"]),
                                   ("v", ["b", heads, "s", "d"]))]  # fmt: skip
-        nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"]),
-                 helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
-                 helper.make_node("MatMul", ["p", "v"], ["o"])]  # fmt: skip
+        for i in range(layers):
+            nodes += [helper.make_node("MatMul", [f"o{i - 1}" if i else "q", "kt"], [f"scores{i}"]),
+                      helper.make_node("Softmax", [f"scores{i}"], [f"p{i}"], axis=-1),
+                      helper.make_node("MatMul", [f"p{i}", "v"], [f"o{i}"])]  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(helper.make_graph(nodes, "attention", inputs, [out]), opset_imports=opsets)
     return model.SerializeToString()
 
 
 def _attention_runners(config: ModelConfig, batch: int, seq: int, threads: int) -> dict[str, Runner]:
-    """One run of a layer's attention core at (batch, seq) with ONNX Runtime's fused kernel (given
-    the benchmark's padding mask) and with its unfused one, by name."""
+    """One run of every encoder layer's attention core at (batch, seq) with ONNX Runtime's fused
+    kernel (given the benchmark's padding mask) and with its unfused one, by name."""
     from edgeattn.benchmark.memory import bench_inputs
     from edgeattn.runtime.session import create_session
 
@@ -172,7 +180,8 @@ def _attention_runners(config: ModelConfig, batch: int, seq: int, threads: int) 
     }  # fmt: skip
     runners = {}
     for kind, kind_feeds in feeds.items():
-        session = create_session(_attention_graph(config, kind == "fused"), threads=threads, spinning="run")
+        graph = _attention_graph(config, kind == "fused", config.n_encoder_layers)
+        session = create_session(graph, threads=threads, spinning="run")
         runners[kind] = lambda s=session, f=kind_feeds: s.run(None, f)
     return runners
 
@@ -190,8 +199,9 @@ def floor_runners(
     config: ModelConfig, batch: int, seq: int, threads: int, kinds: tuple[str, ...] = ("fp32", "int8")
 ) -> dict[str, Runner]:
     """The runs a floor at (batch, seq) is made of, by name, to time beside the variants (same
-    moment, same statistic): one layer's projections with each kind's kernels (fp32 and int8
-    always, the other ``kinds`` as asked) and one layer's attention core with each kernel."""
+    moment, same statistic): every encoder layer's projections in one graph with each kind's
+    kernels (fp32 and int8 always, the other ``kinds`` as asked), and every layer's attention
+    core in one graph with each kernel."""
     runners = {PROJECTIONS + kind: _layer_runner(config, batch * seq, kind, threads)
                for kind in dict.fromkeys(("fp32", "int8", *kinds))}  # fmt: skip
     runners.update({ATTENTION + k: run for k, run in _attention_runners(config, batch, seq, threads).items()})
@@ -200,14 +210,11 @@ def floor_runners(
 
 def floor_of(config: ModelConfig, batch: int, seq: int, ms: dict[str, float], fp32_ceiling_gflops: float) -> Floor:
     """The floor at (batch, seq) from the floor runs' times ``ms`` (by :func:`floor_runners`' names):
-    per kind, its layer's projections times the layer count plus every layer's attention core at
-    the faster kernel. ``fp32_ceiling_gflops`` gives the attention arithmetic's time at the
-    ceiling, reported beside it."""
-    layers = config.n_encoder_layers
-    kernels = {name[len(ATTENTION) :]: t * layers for name, t in ms.items() if name.startswith(ATTENTION)}
+    per kind, its projections plus the attention cores at the faster kernel.
+    ``fp32_ceiling_gflops`` gives the attention arithmetic's time at the ceiling, reported beside it."""
+    kernels = {name[len(ATTENTION) :]: t for name, t in ms.items() if name.startswith(ATTENTION)}
     attention_ms = min(kernels.values())
-    timed = {name[len(PROJECTIONS) :]: t * layers + attention_ms
-             for name, t in ms.items() if name.startswith(PROJECTIONS)}  # fmt: skip
+    timed = {name[len(PROJECTIONS) :]: t + attention_ms for name, t in ms.items() if name.startswith(PROJECTIONS)}
     ceiling_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
     return Floor(batch, seq, timed["fp32"], timed["int8"], attention_ms, kinds=timed,
                  attention_ceiling_ms=ceiling_ms, attention_kernels_ms=kernels)  # fmt: skip
