@@ -13,7 +13,6 @@ against its own (see :mod:`edgeattn.benchmark.floors`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -430,8 +429,6 @@ def bench_latency(
     report.baseline = variants[0].name
     for v in variants:
         report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "file_bytes": v.file_bytes, "note": v.note}
-    if hasattr(os, "sync"):  # the export just written goes to disk now, not in the background while timed
-        os.sync()
     bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
     kinds = tuple(sorted({v.floor for v in variants if v.floor}))
     for batch, seq in shapes:
