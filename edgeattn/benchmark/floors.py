@@ -117,7 +117,7 @@ def _converted_layer(config: ModelConfig, kind: str, folder: Path, layers: int =
     return dst
 
 
-def _layer_runner(config: ModelConfig, rows: int, kind: str, threads: int) -> Runner:
+def _projections_runner(config: ModelConfig, rows: int, kind: str, threads: int) -> Runner:
     """One run of every encoder layer's projections with ``kind``'s kernels at ``rows`` rows."""
     from edgeattn.runtime.session import create_session
 
@@ -202,7 +202,7 @@ def floor_runners(
     moment, same statistic): every encoder layer's projections in one graph with each kind's
     kernels (fp32 and int8 always, the other ``kinds`` as asked), and every layer's attention
     core in one graph with each kernel."""
-    runners = {PROJECTIONS + kind: _layer_runner(config, batch * seq, kind, threads)
+    runners = {PROJECTIONS + kind: _projections_runner(config, batch * seq, kind, threads)
                for kind in dict.fromkeys(("fp32", "int8", *kinds))}  # fmt: skip
     runners.update({ATTENTION + k: run for k, run in _attention_runners(config, batch, seq, threads).items()})
     return runners
