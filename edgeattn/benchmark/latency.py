@@ -6,9 +6,9 @@ sessions on two cores would fight each other; not spinning at all costs every op
 Figures per variant and shape: median/p90/p99 ms, sequences and tokens per second, achieved
 GFLOP/s against a float32 GEMM ceiling measured in the same run, cold start (session creation
 to first result), peak resident memory (each variant alone in a fresh process, see
-:mod:`edgeattn.benchmark.memory`), and file size; and per shape the matrix-product floors of
-float32 and int8 (and of int8-static and int4 when those variants run), each ONNX Runtime CPU variant
-against its own (see :mod:`edgeattn.benchmark.floors`).
+:mod:`edgeattn.benchmark.memory`), and file size; and per shape the floors (projections and
+attention on ONNX Runtime's kernels) of float32 and int8 (and of int8-static and int4 when those
+variants run), each ONNX Runtime CPU variant against its own (see :mod:`edgeattn.benchmark.floors`).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class LatencyReport:
     baseline: str = ""
     #: the export's accuracy-gate figures per precision, when it has them
     accuracy: dict[str, Any] = field(default_factory=dict)
-    #: matrix-product floors per shape, ratios against the baseline
+    #: floors per shape, ratios against the baseline
     floors: list[Floor] = field(default_factory=list)
     #: each variant's task output against a reference model on one padded batch (imported
     #: checkpoints: transformers eager), and what the figures mean
@@ -419,8 +419,9 @@ def bench_latency(
     memory: bool = True,
 ) -> LatencyReport:
     """Time every variant at every (batch, seq) shape, interleaved; ratios against the first variant.
-    With ``floors``, also each shape's matrix-product floors (see :mod:`edgeattn.benchmark.floors`);
-    with ``memory``, each variant's peak memory at the largest shape, alone in a fresh process."""
+    With ``floors``, also each shape's floors, timed in the same interleaving (see
+    :mod:`edgeattn.benchmark.floors`); with ``memory``, each variant's peak memory at the largest
+    shape, alone in a fresh process."""
     from tqdm import tqdm
 
     report = LatencyReport(config.to_dict(), threads, machine=machine_info(), skipped=dict(skipped or {}))
