@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,8 +118,8 @@ def _converted_layer(config: ModelConfig, kind: str, folder: Path, layers: int =
     return dst
 
 
-def _projections_runner(config: ModelConfig, rows: int, kind: str, threads: int) -> Runner:
-    """One run of every encoder layer's projections with ``kind``'s kernels at ``rows`` rows."""
+def _projections_session(config: ModelConfig, kind: str, threads: int) -> Any:
+    """A session of every encoder layer's projections with ``kind``'s kernels."""
     from edgeattn.runtime.session import create_session
 
     layers = config.n_encoder_layers
@@ -128,10 +129,7 @@ def _projections_runner(config: ModelConfig, rows: int, kind: str, threads: int)
             path.write_bytes(_layer_graph(config, kind == "int8", layers=layers))
         else:
             path = _converted_layer(config, kind, Path(tmp), layers)
-        session = create_session(path, threads=threads, spinning="run")
-    rng = np.random.default_rng(1)
-    feeds = {f"x_{k}": rng.standard_normal((rows, k)).astype(np.float32) for k, _ in projection_shapes(config)}
-    return lambda: session.run(None, feeds)
+        return create_session(path, threads=threads, spinning="run")
 
 
 def _attention_graph(config: ModelConfig, fused: bool, layers: int = 1) -> bytes:
@@ -163,27 +161,20 @@ def _attention_graph(config: ModelConfig, fused: bool, layers: int = 1) -> bytes
     return model.SerializeToString()
 
 
-def _attention_runners(config: ModelConfig, batch: int, seq: int, threads: int) -> dict[str, Runner]:
-    """One run of every encoder layer's attention core at (batch, seq) with ONNX Runtime's fused
-    kernel (given the benchmark's padding mask) and with its unfused one, by name."""
+def _attention_feeds(config: ModelConfig, batch: int, seq: int) -> dict[str, dict[str, np.ndarray]]:
+    """Inputs of the fused attention graph (with the benchmark's padding mask) and of the unfused
+    one at (batch, seq), by kernel."""
     from edgeattn.benchmark.memory import bench_inputs
-    from edgeattn.runtime.session import create_session
 
     rng = np.random.default_rng(3)
     heads, dim = config.n_heads, config.head_dim
     _, mask = bench_inputs(config.vocab_size, batch, seq)
     q, k, v = (rng.standard_normal((batch, heads, seq, dim)).astype(np.float32) for _ in range(3))
-    feeds = {
+    return {
         "fused": {**{n: np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim))
                      for n, x in zip("qkv", (q, k, v), strict=True)}, "mask": mask.astype(np.int32)},
         "unfused": {"q": q, "kt": np.ascontiguousarray(k.transpose(0, 1, 3, 2)), "v": v},
     }  # fmt: skip
-    runners = {}
-    for kind, kind_feeds in feeds.items():
-        graph = _attention_graph(config, kind == "fused", config.n_encoder_layers)
-        session = create_session(graph, threads=threads, spinning="run")
-        runners[kind] = lambda s=session, f=kind_feeds: s.run(None, f)
-    return runners
 
 
 def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
@@ -195,17 +186,31 @@ def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
 PROJECTIONS, ATTENTION = "floor projections ", "floor attention "
 
 
-def floor_runners(
-    config: ModelConfig, batch: int, seq: int, threads: int, kinds: tuple[str, ...] = ("fp32", "int8")
-) -> dict[str, Runner]:
-    """The runs a floor at (batch, seq) is made of, by name, to time beside the variants (same
-    moment, same statistic): every encoder layer's projections in one graph with each kind's
+def floor_sessions(config: ModelConfig, threads: int, kinds: tuple[str, ...] = ("fp32", "int8")) -> dict[str, Any]:
+    """The sessions floors are timed with, by run name, built once for every shape (their row and
+    sequence axes are free): every encoder layer's projections in one graph with each kind's
     kernels (fp32 and int8 always, the other ``kinds`` as asked), and every layer's attention
-    core in one graph with each kernel."""
-    runners = {PROJECTIONS + kind: _projections_runner(config, batch * seq, kind, threads)
-               for kind in dict.fromkeys(("fp32", "int8", *kinds))}  # fmt: skip
-    runners.update({ATTENTION + k: run for k, run in _attention_runners(config, batch, seq, threads).items()})
-    return runners
+    core in one graph with each attention kernel."""
+    from edgeattn.runtime.session import create_session
+
+    sessions = {PROJECTIONS + kind: _projections_session(config, kind, threads)
+                for kind in dict.fromkeys(("fp32", "int8", *kinds))}  # fmt: skip
+    for kind in ("fused", "unfused"):
+        graph = _attention_graph(config, kind == "fused", config.n_encoder_layers)
+        sessions[ATTENTION + kind] = create_session(graph, threads=threads, spinning="run")
+    return sessions
+
+
+def floor_runners(sessions: dict[str, Any], config: ModelConfig, batch: int, seq: int) -> dict[str, Runner]:
+    """One run of each of :func:`floor_sessions`' sessions at (batch, seq), by name, to time beside
+    the variants (same moment, same statistic)."""
+    rng = np.random.default_rng(1)
+    projections = {f"x_{k}": rng.standard_normal((batch * seq, k)).astype(np.float32)
+                   for k, _ in projection_shapes(config)}  # fmt: skip
+    attention = _attention_feeds(config, batch, seq)
+    feeds = {name: projections if name.startswith(PROJECTIONS) else attention[name[len(ATTENTION) :]]
+             for name in sessions}  # fmt: skip
+    return {name: (lambda s=session, f=feeds[name]: s.run(None, f)) for name, session in sessions.items()}
 
 
 def floor_of(config: ModelConfig, batch: int, seq: int, ms: dict[str, float], fp32_ceiling_gflops: float) -> Floor:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.benchmark.floors import PRECISION_FLOORS, Floor, floor_of, floor_runners
+from edgeattn.benchmark.floors import PRECISION_FLOORS, Floor, floor_of, floor_runners, floor_sessions
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.memory import (
     Probe,
@@ -432,11 +432,12 @@ def bench_latency(
         report.variants[v.name] = {"cold_start_ms": v.cold_start_ms, "file_bytes": v.file_bytes, "note": v.note}
     bar = tqdm(total=len(shapes) * repeats, desc="bench", unit="round", disable=not progress, leave=False)
     kinds = tuple(sorted({v.floor for v in variants if v.floor}))
+    sessions = floor_sessions(config, threads, kinds) if floors else {}
     for batch, seq in shapes:
         ids, mask = bench_inputs(config.vocab_size, batch, seq, seed)  # rows after the first carry padding
         running = _runnable(variants, ids, mask, report.skipped)
         runs = {v.name: (lambda v=v, ids=ids, mask=mask: v.run(ids, mask)) for v in running}
-        floor_runs = floor_runners(config, batch, seq, threads, kinds) if floors else {}
+        floor_runs = floor_runners(sessions, config, batch, seq) if floors else {}
         timings = interleaved(
             {**runs, **floor_runs},
             repeats,
