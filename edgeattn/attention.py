@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -36,14 +36,32 @@ class CacheSlots:
     key: Tensor
     value: Tensor
     position: Tensor
+    #: the write's (rows, heads, slots) indices when a stack made them once for all its layers
+    index: tuple[Tensor, Tensor, Tensor] | None = None
 
     def write(self, k: Tensor, v: Tensor) -> KeyValue:
         """The caches with the new keys/values (B, H, T, D) written at position .. position + T - 1."""
-        b, h, t, _ = k.shape
-        rows = torch.arange(b, device=k.device)[:, None, None]
-        heads = torch.arange(h, device=k.device)[None, :, None]
-        slots = (self.position + torch.arange(t, device=k.device))[None, None, :]
-        return self.key.index_put((rows, heads, slots), k), self.value.index_put((rows, heads, slots), v)
+        index = self.index if self.index is not None else slot_index(k.shape[0], k.shape[1], k.shape[2], self.position)
+        return self.key.index_put(index, k), self.value.index_put(index, v)
+
+
+def slot_index(
+    batch: int | Tensor, heads: int | Tensor, t: int | Tensor, position: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Index tensors (rows (B, 1, 1), heads (1, H, 1), slots (1, 1, T)) of a write of T new keys
+    at slots position .. position + T - 1 of every row and head."""
+    device = position.device
+    rows = torch.arange(batch, device=device)[:, None, None]
+    head = torch.arange(heads, device=device)[None, :, None]
+    slots = (position + torch.arange(t, device=device))[None, None, :]
+    return rows, head, slots
+
+
+def share_slot_index(caches: list[CacheSlots], batch: int | Tensor, t: int | Tensor) -> list[CacheSlots]:
+    """The caches with one write index, made once, instead of one per layer (all share a position)."""
+    first = caches[0]
+    index = slot_index(batch, first.key.shape[1], t, first.position)
+    return [replace(c, index=index) for c in caches]
 
 
 Cache = KeyValue | CacheSlots
@@ -61,8 +79,19 @@ class AttentionCall:
     v: Tensor
     static_kv: KeyValue | None  # precomputed cross-attention keys/values
     past: Cache | None  # the self-attention cache before this call
-    mask: Tensor | None  # key mask (B, 1, 1, S); the causal part (and unwritten slots) is the kernel's to add
+    mask: Tensor | None  # key mask (B, 1, 1, S); the kernel adds ``causal`` to it
     bias: Tensor | None  # position term, broadcasting to (B, H, T, S)
+    causal: Tensor | None  # causal self-attention's mask (T, S), unwritten slots masked too; else None
+
+
+@dataclass(frozen=True)
+class ScoreTerms:
+    """What an attention block adds to its scores besides the key mask: a position term
+    broadcasting to (B, H, T, S) and, for causal self-attention, the causal mask (T, S) (over a
+    slot cache, the unwritten slots masked too). A stack makes them once for all its layers."""
+
+    bias: Tensor | None
+    causal: Tensor | None
 
 
 AttentionKernel = Callable[["MultiHeadAttention", AttentionCall], tuple[Tensor, KeyValue]]
@@ -192,6 +221,26 @@ class MultiHeadAttention(nn.Module):
         #: attended values (B, T, H * D) before ``out_proj`` and the present keys/values.
         self.kernel: AttentionKernel | None = None
 
+    def score_terms(
+        self, t: int | Tensor, s: int | Tensor, offset: Tensor | None, q: Tensor | None = None, bias: bool = True
+    ) -> ScoreTerms:
+        """The position bias and causal mask of T queries over S keys, the first query at absolute
+        position ``offset`` (None: the queries are the last keys). ``q`` (B, H, T, D) is read only
+        by a position term over the queries (Shaw's, never T5's); ``bias=False`` leaves the
+        position term to each block."""
+        causal = causal_mask(t, s, device=self.q_proj.weight.device, offset=offset) if self.causal else None
+        return ScoreTerms(self._position_bias(q, t, s, offset) if bias else None, causal)
+
+    def _position_bias(
+        self, q: Tensor | None, t: int | Tensor, s: int | Tensor, offset: Tensor | None
+    ) -> Tensor | None:
+        if self.relative is None:
+            return None
+        device = self.q_proj.weight.device
+        k_pos = torch.arange(s, device=device)
+        q_pos = torch.arange(t, device=device) + ((s - t) if offset is None else offset)
+        return self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
+
     def _split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -208,13 +257,16 @@ class MultiHeadAttention(nn.Module):
         static_kv: KeyValue | None = None,
         past: Cache | None = None,
         mask: Tensor | None = None,
+        terms: ScoreTerms | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, KeyValue]:
         """Attend from ``x`` (B, T, d_model).
 
         ``mask`` broadcasts to (B, H, T, S); for causal self-attention the causal part is added
-        here. Returns the output (B, T, d_model), the weights if asked, and the keys/values used
-        (for self-attention, the present cache including ``past``).
+        here. ``terms``: the position bias and causal mask as a stack made them once for every
+        layer (:meth:`score_terms`); without them the block makes its own. Returns the output
+        (B, T, d_model), the weights if asked, and the keys/values used (for self-attention, the
+        present cache including ``past``).
         """
         q_in = self.q_proj(x)  # (B, T, H * D)
         q = self._split(q_in)  # (B, H, T, D)
@@ -233,17 +285,19 @@ class MultiHeadAttention(nn.Module):
         t, s = q.shape[2], k.shape[2]
         # absolute position of the first query: after the filled slots, or the queries are the last keys
         offset = past.position if isinstance(past, CacheSlots) and static_kv is None and memory is None else None
-        bias = None
-        if self.relative is not None:
-            k_pos = torch.arange(s, device=x.device)
-            q_pos = torch.arange(t, device=x.device) + ((s - t) if offset is None else offset)
-            bias = self.relative(q, q_pos, k_pos) * (self.scale if self.relative.scaled else 1.0)
+        if terms is None:
+            terms = self.score_terms(t, s, offset, q)
+        elif terms.bias is None and self.relative is not None:
+            terms = replace(terms, bias=self._position_bias(q, t, s, offset))
         if self.kernel is not None and not need_weights:
-            call = AttentionCall(x, q_in, q, kv_in, k, v, static_kv, past if memory is None else None, mask, bias)
+            call = AttentionCall(
+                x, q_in, q, kv_in, k, v, static_kv, past if memory is None else None, mask, terms.bias, terms.causal
+            )
             out, present = self.kernel(self, call)
             return self.out_proj(out), None, present
+        bias = terms.bias
         if self.causal:
-            mask = combine_masks(mask, causal_mask(t, s, device=x.device, offset=offset))
+            mask = combine_masks(mask, terms.causal)
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -267,9 +321,8 @@ def torch_sdpa_kernel(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Ten
     if mha.topk is not None:
         raise ValueError("the SDPA kernel has no top-k sparse attention")
     q, k, v = call.q, call.k, call.v
-    t, s = q.shape[2], k.shape[2]
-    offset = call.past.position if isinstance(call.past, CacheSlots) else None
-    keep = combine_masks(call.mask, causal_mask(t, s, device=q.device, offset=offset) if mha.causal else None)
+    t = q.shape[2]
+    keep = combine_masks(call.mask, call.causal)
     attn_mask: Tensor | None = keep
     if call.bias is not None:
         attn_mask = call.bias if keep is None else call.bias.masked_fill(~keep, float("-inf"))

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from edgeattn.attention import Cache, KeyValue, MultiHeadAttention
+from edgeattn.attention import Cache, KeyValue, MultiHeadAttention, ScoreTerms
 from edgeattn.config import ModelConfig
 
 
@@ -76,20 +76,23 @@ class EncoderLayer(nn.Module):
         self.dropout1 = nn.Dropout(config.dropout)
         self.dropout2 = nn.Dropout(config.dropout)
 
-    def _sa(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        out, weights, _ = self.self_attn(x, mask=mask, need_weights=need_weights)
+    def _sa(
+        self, x: Tensor, mask: Tensor | None, terms: ScoreTerms | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        out, weights, _ = self.self_attn(x, mask=mask, terms=terms, need_weights=need_weights)
         return self.dropout1(out), weights
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, terms: ScoreTerms | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, d_model), mask broadcasting to (B, H, S, S) -> (B, S, d_model), weights."""
+        """x (B, S, d_model), mask broadcasting to (B, H, S, S) -> (B, S, d_model), weights.
+        ``terms``: the self-attention's position terms when the stack made them once."""
         if self.norm_first:
-            sa, weights = self._sa(self.norm1(x), mask, need_weights)
+            sa, weights = self._sa(self.norm1(x), mask, terms, need_weights)
             x = x + sa
             x = x + self.dropout2(self.ff(self.norm2(x)))
         else:
-            sa, weights = self._sa(x, mask, need_weights)
+            sa, weights = self._sa(x, mask, terms, need_weights)
             x = self.norm1(x + sa)
             x = self.norm2(x + self.dropout2(self.ff(x)))
         return x, weights
@@ -119,15 +122,17 @@ class DecoderLayer(nn.Module):
         cross_kv: KeyValue | None = None,
         memory_mask: Tensor | None = None,
         past: Cache | None = None,
+        terms: ScoreTerms | None = None,
     ) -> tuple[Tensor, KeyValue]:
         """x (B, T, d_model) -> (B, T, d_model) and the present self-attention cache.
 
         The source comes as ``memory`` (B, S, d_model) or as its projected ``cross_kv``;
-        ``memory_mask`` broadcasts to (B, H, T, S); self-attention is causal.
+        ``memory_mask`` broadcasts to (B, H, T, S); self-attention is causal, its position terms
+        ``terms`` when the stack made them once.
         """
 
         def sa(h: Tensor) -> tuple[Tensor, KeyValue]:
-            out, _, present = self.self_attn(h, past=past)
+            out, _, present = self.self_attn(h, past=past, terms=terms)
             return self.dropout1(out), present
 
         def ca(h: Tensor) -> Tensor:

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from edgeattn.attention import Cache, CacheSlots, KeyValue, padding_mask
+from edgeattn.attention import Cache, CacheSlots, KeyValue, ScoreTerms, padding_mask, share_slot_index
 from edgeattn.config import ModelConfig
 from edgeattn.layers import DecoderLayer, EncoderLayer, make_norm
 from edgeattn.positional import build_absolute
@@ -23,6 +23,7 @@ class _Stack(nn.Module):
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
         self.final_norm = make_norm(config) if config.norm_first else None
+        self.relative_shared = config.relative_shared
 
     def _prepare(self, x: Tensor, offset: Tensor | int = 0, positions: Tensor | None = None) -> Tensor:
         """Token embeddings (B, T, d) plus positions (``positions`` (B, T), else offset..offset+T-1),
@@ -37,6 +38,14 @@ class _Stack(nn.Module):
 
     def _finish(self, x: Tensor) -> Tensor:
         return x if self.final_norm is None else self.final_norm(x)
+
+    def _shared_terms(self, t: int | Tensor, s: int | Tensor, offset: Tensor | None) -> ScoreTerms | None:
+        """The self-attention score terms every layer shares, made once: the causal mask, and the
+        position bias when the stack has one T5 table; None when there is nothing to share."""
+        first = self.layers[0].self_attn
+        if not (first.causal or self.relative_shared):
+            return None
+        return first.score_terms(t, s, offset, bias=self.relative_shared)
 
 
 def share_relative(layers: nn.ModuleList, attention: str) -> None:
@@ -71,9 +80,10 @@ class Encoder(_Stack):
         ``positions`` (B, S) overrides the default 0..S-1."""
         mask = None if attention_mask is None else padding_mask(attention_mask)  # (B, 1, 1, S)
         x = self._prepare(x, positions=positions)
+        terms = self._shared_terms(x.shape[1], x.shape[1], None)
         weights: list[Tensor] = []
         for layer in self.layers:
-            x, w = layer(x, mask, need_weights=need_weights)
+            x, w = layer(x, mask, need_weights=need_weights, terms=terms)
             if w is not None:
                 weights.append(w)
         return self._finish(x), weights
@@ -108,11 +118,21 @@ class Decoder(_Stack):
         """
         if memory is None and cross_kv is None:
             raise ValueError("the decoder needs the source: pass memory or cross_kv")
+        t = x.shape[1]
         offset: Tensor | int = 0
+        terms_offset: Tensor | None = None  # None: the queries are the last keys
+        s = t
         if past is not None:
             first = past[0]
-            offset = first.position if isinstance(first, CacheSlots) else first[0].shape[2]
+            if isinstance(first, CacheSlots):
+                offset = terms_offset = first.position
+                s = first.key.shape[2]
+                past = share_slot_index(past, x.shape[0], t)  # type: ignore[arg-type]
+            else:
+                offset = first[0].shape[2]
+                s = offset + t
         x = self._prepare(x, offset)
+        terms = self._shared_terms(t, s, terms_offset)
         mask = None if memory_mask is None else padding_mask(memory_mask)  # (B, 1, 1, S)
         presents: list[KeyValue] = []
         for i, layer in enumerate(self.layers):
@@ -122,6 +142,7 @@ class Decoder(_Stack):
                 cross_kv=None if cross_kv is None else cross_kv[i],
                 memory_mask=mask,
                 past=None if past is None else past[i],
+                terms=terms,
             )
             presents.append(present)
         return self._finish(x), presents

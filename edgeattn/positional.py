@@ -58,8 +58,9 @@ class RelativePosition(nn.Module):
     #: whether the term is multiplied by the attention scale like the content scores
     scaled: bool = False
 
-    def forward(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # pragma: no cover
-        """q (B, H, T, D), q_pos (T,), k_pos (S,) -> a term broadcasting to (B, H, T, S)."""
+    def forward(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # pragma: no cover
+        """q (B, H, T, D), q_pos (T,), k_pos (S,) -> a term broadcasting to (B, H, T, S). ``q`` may be
+        None for a term that does not read the queries (T5's)."""
         raise NotImplementedError
 
 
@@ -76,7 +77,9 @@ class ShawRelativePosition(RelativePosition):
         self.clip = clip
         self.embedding = nn.Embedding(2 * clip + 1, head_dim)
 
-    def forward(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def forward(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        if q is None:
+            raise ValueError("Shaw relative positions read the queries: pass q")
         rel = (k_pos[None, :] - q_pos[:, None]).clamp(-self.clip, self.clip) + self.clip  # (T, S)
         a = self.embedding(rel)  # (T, S, D)
         return torch.einsum("bhtd,tsd->bhts", q, a)
@@ -114,7 +117,7 @@ class T5RelativeBias(RelativePosition):
         large = large.clamp(max=num_buckets - 1)
         return buckets + torch.where(is_small, distance, large)
 
-    def forward(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def forward(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         rel = k_pos[None, :] - q_pos[:, None]  # (T, S)
         bias = self.embedding(self.bucket(rel))  # (T, S, H)
         return bias.permute(2, 0, 1).unsqueeze(0)  # (1, H, T, S)

@@ -147,7 +147,7 @@ def ort_attention_kernel(mha: MultiHeadAttention, call: AttentionCall, packed: b
     decoder build them.
     """
     if isinstance(call.past, CacheSlots):
-        return _slots_attention(mha, call, call.past)
+        return _slots_attention(mha, call)
     padding = None if call.mask is None else call.mask[:, 0, 0, :].to(torch.int32)  # (B, S)
     plain = call.static_kv is None and call.past is None and not mha.causal and call.bias is None
     if packed and plain and call.kv_in is not None:
@@ -168,13 +168,13 @@ def ort_attention_kernel(mha: MultiHeadAttention, call: AttentionCall, packed: b
     return outs[0], (call.k, call.v)
 
 
-def _slots_attention(mha: MultiHeadAttention, call: AttentionCall, slots: CacheSlots) -> tuple[Tensor, KeyValue]:
+def _slots_attention(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Tensor, KeyValue]:
     """Self-attention over a fixed-capacity cache as MultiHeadAttention: keys and values are every
     slot after this call's write (B, H, C, D), and the causal mask over the slots (the unwritten
     ones masked with the rest) joins the position bias as the operator's ``attention_bias``."""
-    t, s = call.q.shape[2], call.k.shape[2]
-    keep = causal_mask(t, s, device=call.q.device, offset=slots.position)  # (T, C)
-    bias = additive_mask(keep, call.q.dtype)[None, None]
+    if call.causal is None:
+        raise ValueError("a slot cache is for causal self-attention")
+    bias = additive_mask(call.causal, call.q.dtype)[None, None]  # (1, 1, T, C)
     if call.bias is not None:
         bias = call.bias + bias  # (1, H, T, C)
     out = _OrtMultiHeadAttention.apply(call.q_in, call.k, call.v, None, bias, None, None, mha.n_heads,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.exporters.compact import fold_transposes
@@ -106,3 +107,45 @@ def test_a_corrupted_checkpoint_stops_the_load_even_for_graphs_not_yet_built(exp
     (copy / WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(ManifestError, match="does not match its manifest sha256"):
         load(copy, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp32-opt"])
+def test_a_stack_makes_its_score_terms_once(export, precision, tmp_path):
+    """One T5 bias table per stack: its bucketed bias, the causal mask and (once ONNX Runtime has
+    merged the index_put conversion's per-layer copies) the slot cache's write index are computed
+    once per graph, not once per layer (they were, and cost a decoding step hundreds of small
+    operators)."""
+    import onnxruntime as ort
+
+    out, _ = export
+    manifest = read_manifest(out)
+    for name in ("encoder", "decoder", "decoder_fixed"):
+        graph = onnx.load(str(out / manifest.graphs[name].at(precision).file), load_external_data=False).graph
+        ops = [n.op_type for n in graph.node]
+        assert ops.count("Log") == 1, (name, precision)  # the buckets' logarithm: one bias per stack
+        if name != "encoder":  # one causal mask (none where the fused operator masks by an attribute)
+            assert ops.count("LessOrEqual") <= 1, (name, precision)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / manifest.graphs["decoder_fixed"].at(precision).file), options,
+                         providers=["CPUExecutionProvider"])  # fmt: skip
+    optimized = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+    writes = [n for n in optimized.node if n.op_type == "ScatterND"]
+    assert len(writes) == 2 * CFG.n_decoder_layers
+    assert len({n.input[1] for n in writes}) == 1  # every layer's keys and values written at one index
+
+
+def test_stacks_without_a_shared_table_keep_one_bias_per_layer():
+    """T5 positions with a table per layer: each layer's own bias, the same as computing each alone."""
+    cfg = CFG.replace(relative_shared=False, n_encoder_layers=3)
+    model = build_model(cfg, seed=1).eval()
+    tables = {id(layer.self_attn.relative) for layer in model.encoder.layers}
+    assert len(tables) == 3
+    ids = torch.randint(0, cfg.vocab_size, (2, 9))
+    x = model.embed_tokens(ids)
+    out, _ = model.encoder(x)
+    h = x
+    for layer in model.encoder.layers:
+        h, _ = layer(h)  # each layer's block makes its own terms
+    assert torch.allclose(out, model.encoder.final_norm(h), atol=1e-6)
