@@ -21,6 +21,7 @@ from typing import Any
 
 import onnx
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from edgeattn.attention import (
@@ -58,9 +59,13 @@ class _OrtMultiHeadAttention(torch.autograd.Function):
         num_heads: int,
         scale: float,
         causal: bool,
+        projection_bias: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
         b, t, d = q_in.shape
         hd = d // num_heads
+        if projection_bias is not None:  # the q, k, v projections' biases, packed (3d,)
+            q_bias, k_bias, v_bias = projection_bias.split(d)
+            q_in, key, value = q_in + q_bias, key + k_bias, value + v_bias
 
         def split(x: Tensor) -> Tensor:
             return x if x.dim() == 4 else x.view(x.shape[0], x.shape[1], num_heads, hd).transpose(1, 2)
@@ -78,11 +83,12 @@ class _OrtMultiHeadAttention(torch.autograd.Function):
 
     @staticmethod
     def symbolic(  # type: ignore[no-untyped-def]
-        g, q_in, key, value, key_padding_mask, bias, past_key, past_value, num_heads, scale, causal
-    ):
+        g, q_in, key, value, key_padding_mask, bias, past_key, past_value, num_heads, scale, causal,
+        projection_bias=None,
+    ):  # fmt: skip
         from torch.onnx._internal.torchscript_exporter import symbolic_helper
 
-        optional = [None, key_padding_mask, bias, past_key, past_value]
+        optional = [projection_bias, key_padding_mask, bias, past_key, past_value]
         optional = [None if _is_none(x) else x for x in optional]
         while optional and optional[-1] is None:
             optional.pop()
@@ -160,12 +166,27 @@ def ort_attention_kernel(mha: MultiHeadAttention, call: AttentionCall, packed: b
         return out, (call.k, call.v)
     key, value = call.static_kv if call.static_kv is not None else call.kv_in  # type: ignore[misc]
     past_k, past_v = call.past if call.past is not None else (None, None)
+    q_in, projection_bias = call.q_in, None
+    if _biases_into_attention(mha, call):
+        # the operator adds the projections' biases itself, saving an Add per projection (three
+        # passes over the activations; a static int8 product cannot take its bias in QDQ form)
+        q_in, key, value = (F.linear(call.x, p.weight) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+        projection_bias = torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias])
     outs = _OrtMultiHeadAttention.apply(
-        call.q_in, key, value, padding, call.bias, past_k, past_v, mha.n_heads, float(mha.scale), mha.causal
-    )
+        q_in, key, value, padding, call.bias, past_k, past_v, mha.n_heads, float(mha.scale), mha.causal,
+        projection_bias,
+    )  # fmt: skip
     if call.past is not None:
         return outs[0], (outs[1], outs[2])
     return outs[0], (call.k, call.v)
+
+
+def _biases_into_attention(mha: MultiHeadAttention, call: AttentionCall) -> bool:
+    """Whether self-attention's projection biases can move into the fused operator: the block
+    projects its own input (no cache, no cross source) and nothing else reads the biased
+    projections (no position term over the queries)."""
+    plain = not mha.cross and call.kv_in is not None and call.past is None and call.static_kv is None
+    return plain and mha.q_proj.bias is not None and mha.relative is None
 
 
 def _slots_attention(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Tensor, KeyValue]:

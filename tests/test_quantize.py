@@ -13,6 +13,7 @@ import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
+from edgeattn.exporters.fusion import fused_copy
 from edgeattn.exporters.gate import evaluate, heldout_sources
 from edgeattn.exporters.package import export_model, quantize_export
 from edgeattn.exporters.precisions import PrecisionOptions
@@ -342,3 +343,29 @@ def test_candidates_are_gated_in_memory_and_written_once(tmp_path, monkeypatch):
     gates = quantize_export(out, ["int8"])
     assert gates["int8"].passed and len(writes) == 1 and loads == []
     assert read_manifest(out).graphs["encoder"].precisions["int8"].quantization["excluded_nodes"]
+
+
+def test_static_int8_attention_adds_the_projection_biases_itself(quantized):
+    """Self-attention's q, k and v biases are the fused operator's bias input, not three Adds after
+    the int8 products (QDQ has no place for a product's bias); the products feed it directly."""
+    out, _, _ = quantized
+    graph = onnx.load(str(out / "encoder.int8-static.onnx"), load_external_data=False).graph
+    made = {o: n for n in graph.node for o in n.output}
+    attention = [n for n in graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(attention) == CFG.n_encoder_layers
+    for node in attention:
+        assert len(node.input) > 3 and node.input[3], node.name  # the packed (q, k, v) bias
+        assert [made[i].op_type for i in node.input[:3]] == ["MatMul"] * 3, node.name
+
+
+def test_fused_attention_with_moved_biases_matches_the_model():
+    """The unpacked fused form (biases inside the attention operator) computes what the model does,
+    padding included."""
+    model = build_model(CFG, seed=3).eval()
+    fused = fused_copy(model, packed=False)
+    ids = torch.randint(3, CFG.vocab_size, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        want, got = model.encode(ids, mask), fused.encode(ids, mask)
+    assert torch.allclose(got[mask.bool()], want[mask.bool()], atol=1e-5)
