@@ -309,8 +309,9 @@ class MultiHeadAttention(nn.Module):
             dropout=self.dropout,
             need_weights=need_weights,
         )
-        b = out.shape[0]
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H * D)
+        out = out.transpose(1, 2)  # (B, T, H, D)
+        # sizes read from the tensor reshaped itself: exported, ONNX Runtime folds the shape to a constant
+        out = out.reshape(out.shape[0], out.shape[1], self.n_heads * self.head_dim)  # (B, T, H * D)
         return self.out_proj(out), weights, (k, v)
 
 

@@ -149,3 +149,25 @@ def test_stacks_without_a_shared_table_keep_one_bias_per_layer():
     for layer in model.encoder.layers:
         h, _ = layer(h)  # each layer's block makes its own terms
     assert torch.allclose(out, model.encoder.final_norm(h), atol=1e-6)
+
+
+def test_a_decoder_layer_adds_few_operators_to_a_decoding_step(tmp_path):
+    """What one more decoder layer costs a decoding step, counted after ONNX Runtime's graph
+    optimisations: its products, norms, attention cores and cache writes, not chains of shape
+    arithmetic (124 operators a layer before the score terms were shared and the heads merged by
+    sizes ONNX Runtime folds; 48 now)."""
+    import onnxruntime as ort
+
+    from edgeattn.exporters.onnx_export import export_graph
+
+    counts = {}
+    for layers in (2, 3):
+        model = build_model(CFG.replace(n_decoder_layers=layers), seed=0).eval()
+        path = tmp_path / f"decoder_fixed{layers}.onnx"
+        export_graph(model, "decoder_fixed", path)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(tmp_path / f"optimized{layers}.onnx")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        counts[layers] = len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
+    assert counts[3] - counts[2] <= 50, counts
