@@ -745,6 +745,13 @@ class SlotStepper(OnnxStepper):
         self.position += 1
         return self.binding.get_outputs()[0].numpy()[:, -1]
 
+    def rewind(self, position: int) -> None:
+        """Make slot ``position`` the next one written (what later slots hold is masked until
+        rewritten), for example to time the same step again."""
+        if not 0 <= position < self.capacity:
+            raise InputError(f"position {position} is outside the cache's {self.capacity} slots")
+        self.position = position
+
     def reorder(self, index: np.ndarray) -> None:
         if np.array_equal(index, np.arange(self.rows)):
             return

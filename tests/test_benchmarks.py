@@ -354,3 +354,30 @@ def test_attention_floor_graphs_compute_attention(fused):
         else:
             got = session.run(None, {"q": q, "kt": k.transpose(0, 1, 3, 2).copy(), "v": v})[0]
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_paired_timing_cancels_the_load_order():
+    """On a made-up clock B takes half A's time and whichever variant is loaded second runs 10%
+    faster: pairing in both load orders gives B / A = 0.5 and reports the 0.9 order effect, where
+    one order alone would say 0.45 or 0.55."""
+    from edgeattn.benchmark.paired import paired
+
+    now = [0.0]
+    loads = [0]
+
+    def loader(cost: float):
+        def load():
+            loads[0] += 1
+            factor = 0.9 if loads[0] % 2 == 0 else 1.0  # the second load of each order
+
+            def call() -> None:
+                now[0] += cost * factor
+
+            return call
+
+        return load
+
+    result = paired(loader(1.0), loader(0.5), pairs=11, warmup=2, clock=lambda: now[0])
+    assert loads[0] == 4  # each variant loaded once per order
+    assert result.ratio == pytest.approx(0.5) and result.order_effect == pytest.approx(0.9)
+    assert result.a_ms == pytest.approx(950.0) and result.b_ms == pytest.approx(475.0)

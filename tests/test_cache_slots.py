@@ -110,6 +110,23 @@ def test_the_runtime_writes_the_cache_in_place_and_stops_when_full(exported):
         stepper.step(np.array([1, 2]))
 
 
+def test_a_rewound_cache_repeats_its_step(exported):
+    """Rewinding to a slot and stepping again gives that step's logits again (the paired step
+    benchmark times one step this way); a slot outside the cache is refused."""
+    out, _ = exported
+    rt = load(out)
+    ids, mask = rt.check_source(np.array([[5, 6, 7, 8], [9, 10, 11, 12]]))
+    stepper = rt.stepper(ids, mask, capacity=4)
+    stepper.step(np.array([0, 0]))
+    first = stepper.step(np.array([3, 4])).copy()
+    stepper.step(np.array([6, 7]))  # a later slot written, then masked again by the rewind
+    stepper.rewind(1)
+    np.testing.assert_allclose(stepper.step(np.array([3, 4])), first, atol=1e-6)
+    assert stepper.position == 2
+    with pytest.raises(EdgeattnError, match="outside the cache's 4 slots"):
+        stepper.rewind(4)
+
+
 def test_every_exported_slot_graph_passes_the_in_place_check(exported):
     out, model = exported
     spec = graph_spec("decoder_fixed", model.config)
