@@ -103,7 +103,7 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
 
 
 def causal_mask(
-    q_len: int | Tensor, k_len: int | Tensor, device: torch.device | None = None, offset: Tensor | None = None
+    q_len: int | Tensor, k_len: int | Tensor, device: torch.device | None = None, offset: Tensor | int | None = None
 ) -> Tensor:
     """Boolean (T, S) mask where query i, at absolute position offset + i (offset S - T unless
     given: the queries are the last keys), sees keys 0 .. offset + i."""
@@ -222,7 +222,7 @@ class MultiHeadAttention(nn.Module):
         self.kernel: AttentionKernel | None = None
 
     def score_terms(
-        self, t: int | Tensor, s: int | Tensor, offset: Tensor | None, q: Tensor | None = None, bias: bool = True
+        self, t: int | Tensor, s: int | Tensor, offset: Tensor | int | None, q: Tensor | None = None, bias: bool = True
     ) -> ScoreTerms:
         """The position bias and causal mask of T queries over S keys, the first query at absolute
         position ``offset`` (None: the queries are the last keys). ``q`` (B, H, T, D) is read only
@@ -232,7 +232,7 @@ class MultiHeadAttention(nn.Module):
         return ScoreTerms(self._position_bias(q, t, s, offset) if bias else None, causal)
 
     def _position_bias(
-        self, q: Tensor | None, t: int | Tensor, s: int | Tensor, offset: Tensor | None
+        self, q: Tensor | None, t: int | Tensor, s: int | Tensor, offset: Tensor | int | None
     ) -> Tensor | None:
         if self.relative is None:
             return None
@@ -244,6 +244,12 @@ class MultiHeadAttention(nn.Module):
     def _split(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def _merge(self, out: Tensor) -> Tensor:
+        """(B, H, T, D) attended values -> (B, T, H * D)."""
+        out = out.transpose(1, 2)  # (B, T, H, D)
+        # sizes read from the tensor reshaped itself: exported, ONNX Runtime folds the shape to a constant
+        return out.reshape(out.shape[0], out.shape[1], self.n_heads * self.head_dim)
 
     def project_kv(self, memory: Tensor) -> KeyValue:
         """Keys and values (B, H, S, D) of a source sequence (B, S, d_model)."""
@@ -309,10 +315,7 @@ class MultiHeadAttention(nn.Module):
             dropout=self.dropout,
             need_weights=need_weights,
         )
-        out = out.transpose(1, 2)  # (B, T, H, D)
-        # sizes read from the tensor reshaped itself: exported, ONNX Runtime folds the shape to a constant
-        out = out.reshape(out.shape[0], out.shape[1], self.n_heads * self.head_dim)  # (B, T, H * D)
-        return self.out_proj(out), weights, (k, v)
+        return self.out_proj(self._merge(out)), weights, (k, v)
 
 
 def torch_sdpa_kernel(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Tensor, KeyValue]:
@@ -322,7 +325,6 @@ def torch_sdpa_kernel(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Ten
     if mha.topk is not None:
         raise ValueError("the SDPA kernel has no top-k sparse attention")
     q, k, v = call.q, call.k, call.v
-    t = q.shape[2]
     keep = combine_masks(call.mask, call.causal)
     attn_mask: Tensor | None = keep
     if call.bias is not None:
@@ -330,5 +332,4 @@ def torch_sdpa_kernel(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Ten
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=mha.dropout.p if mha.training else 0.0, scale=mha.scale
     )
-    b = out.shape[0]
-    return out.transpose(1, 2).reshape(b, t, mha.n_heads * mha.head_dim), (k, v)
+    return mha._merge(out), (k, v)

@@ -39,7 +39,7 @@ class _Stack(nn.Module):
     def _finish(self, x: Tensor) -> Tensor:
         return x if self.final_norm is None else self.final_norm(x)
 
-    def _shared_terms(self, t: int | Tensor, s: int | Tensor, offset: Tensor | None) -> ScoreTerms | None:
+    def _shared_terms(self, t: int | Tensor, s: int | Tensor, offset: Tensor | int | None) -> ScoreTerms | None:
         """The self-attention score terms every layer shares, made once: the causal mask, and the
         position bias when the stack has one T5 table; None when there is nothing to share."""
         first = self.layers[0].self_attn
@@ -119,20 +119,19 @@ class Decoder(_Stack):
         if memory is None and cross_kv is None:
             raise ValueError("the decoder needs the source: pass memory or cross_kv")
         t = x.shape[1]
-        offset: Tensor | int = 0
-        terms_offset: Tensor | None = None  # None: the queries are the last keys
+        offset: Tensor | int = 0  # absolute position of the first new token
         s = t
         if past is not None:
             first = past[0]
             if isinstance(first, CacheSlots):
-                offset = terms_offset = first.position
+                offset = first.position
                 s = first.key.shape[2]
                 past = share_slot_index(past, x.shape[0], t)  # type: ignore[arg-type]
             else:
                 offset = first[0].shape[2]
                 s = offset + t
         x = self._prepare(x, offset)
-        terms = self._shared_terms(t, s, terms_offset)
+        terms = self._shared_terms(t, s, offset)
         mask = None if memory_mask is None else padding_mask(memory_mask)  # (B, 1, 1, S)
         presents: list[KeyValue] = []
         for i, layer in enumerate(self.layers):

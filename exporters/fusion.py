@@ -185,8 +185,8 @@ def _biases_into_attention(mha: MultiHeadAttention, call: AttentionCall) -> bool
     """Whether self-attention's projection biases can move into the fused operator: the block
     projects its own input (no cache, no cross source) and nothing else reads the biased
     projections (no position term over the queries)."""
-    plain = not mha.cross and call.kv_in is not None and call.past is None and call.static_kv is None
-    return plain and mha.q_proj.bias is not None and mha.relative is None
+    own_input = not mha.cross and call.kv_in is not None and call.past is None  # kv_in: no static_kv
+    return own_input and mha.q_proj.bias is not None and mha.relative is None
 
 
 def _slots_attention(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Tensor, KeyValue]:
