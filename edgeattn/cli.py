@@ -400,7 +400,11 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--threads", type=int, default=None)
 @click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
 @_provider_options("e.g. OpenVINOExecutionProvider")
-@click.option("--stream", is_flag=True, help="Print tokens as they are produced (one input).")
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Print the answer as it is produced (one input; beam search: once every beam agrees).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
 @click.option(

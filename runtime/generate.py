@@ -8,7 +8,7 @@ provide one, so the same search runs over both and their outputs can be compared
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -135,7 +135,7 @@ def stream_tokens(
     """Greedy or sampled decoding, one step at a time: yields (tokens (B,), their log-probs (B,)),
     ``pad_id`` for rows that already ended, until every row ended or ``max_new_tokens``."""
     if cfg.strategy == "beam":
-        raise EdgeattnError("beam search cannot stream: its best sequence is known only at the end")
+        raise EdgeattnError("beam search has no one token per step and row to stream: stream_positions streams it")
     stepper = make(1)
     rng = np.random.default_rng(cfg.seed)
     tokens = np.full(batch, bos_id, dtype=np.int64)
@@ -173,10 +173,42 @@ def generate(
     return GenerationOutput(tokens, np.asarray(scores, dtype=np.float64))
 
 
-def beam_search(
+@dataclass
+class BeamState:
+    """Beam search after a step: each row's live beams (B, width, t) and their scores (a beam that
+    cannot be extended scores -inf), its finished hypotheses (score, tokens ending in EOS), best
+    first, and whether the row is done."""
+
+    seqs: np.ndarray
+    scores: np.ndarray
+    finished: list[list[tuple[float, list[int]]]]
+    done: np.ndarray
+
+    def best_finished(self, row: int) -> list[int]:
+        """A done row's answer: its best finished hypothesis."""
+        return max(self.finished[row], key=lambda h: h[0])[1]
+
+    def settled(self, row: int) -> list[int]:
+        """The tokens that row's answer is sure to begin with: all of a done row's answer, else what
+        every live beam and finished hypothesis has in common (every later candidate extends a
+        live beam)."""
+        if self.done[row]:
+            return self.best_finished(row)
+        candidates = [seq.tolist() for seq, score in zip(self.seqs[row], self.scores[row], strict=True)
+                      if np.isfinite(score)] + [hyp for _, hyp in self.finished[row]]  # fmt: skip
+        common = 0
+        for column in zip(*candidates, strict=False):  # up to the shortest candidate
+            if any(tok != column[0] for tok in column):
+                break
+            common += 1
+        return candidates[0][:common]
+
+
+def beam_steps(
     make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
-) -> GenerationOutput:
-    """Beam search of width ``num_beams`` per row with a length penalty.
+) -> Generator[BeamState, None, GenerationOutput]:
+    """Beam search of width ``num_beams`` per row with a length penalty, yielding its state after
+    every step and returning the output (what :func:`beam_search` runs to the end).
 
     Each step ranks, per row, the 2·width best continuations of all live beams; one ending in EOS
     (among the top width) becomes a finished hypothesis scored logp / length**penalty (length
@@ -227,6 +259,7 @@ def beam_search(
         tokens = new_tok.reshape(-1)
         if done.all():
             break
+        yield BeamState(seqs, beam_scores, finished, done)
     for b in range(batch):
         if not done[b]:
             for j in range(n):
@@ -238,6 +271,53 @@ def beam_search(
     for b, (_, hyp) in enumerate(best):
         out[b, : len(hyp)] = hyp
     return GenerationOutput(out, np.array([s for s, _ in best], dtype=np.float64))
+
+
+def beam_search(
+    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+) -> GenerationOutput:
+    """Beam search to the end; see :func:`beam_steps`."""
+    steps = beam_steps(make, batch, bos_id, eos_id, pad_id, cfg)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def stream_beam(
+    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+) -> Iterator[np.ndarray]:
+    """Beam search that yields its answer's tokens (B,) position by position as soon as every row's
+    token there is settled (every beam and finished hypothesis that could still win has it; ``pad_id``
+    after a row's EOS). The positions joined are :func:`beam_search`'s tokens."""
+    steps = beam_steps(make, batch, bos_id, eos_id, pad_id, cfg)
+    emitted = 0
+    while True:
+        try:
+            state = next(steps)
+        except StopIteration as stop:
+            final = stop.value.tokens
+            for position in range(emitted, final.shape[1]):
+                yield final[:, position]
+            return
+        rows = [state.settled(b) for b in range(batch)]
+        sure = min((len(r) for r, done in zip(rows, state.done, strict=True) if not done), default=0)
+        for position in range(emitted, sure):
+            yield np.array([r[position] if position < len(r) else pad_id for r in rows], dtype=np.int64)
+        emitted = max(emitted, sure)
+
+
+def stream_positions(
+    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+) -> Iterator[np.ndarray]:
+    """Any strategy's tokens (B,) position by position as they are settled: every step's for greedy
+    and sampling, for beam search as :func:`stream_beam` settles them."""
+    if cfg.strategy == "beam":
+        yield from stream_beam(make, batch, bos_id, eos_id, pad_id, cfg)
+        return
+    for tokens, _ in stream_tokens(make, batch, bos_id, eos_id, pad_id, cfg):
+        yield tokens
 
 
 def _add(hyps: list[tuple[float, list[int]]], score: float, seq: list[int], width: int) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
-from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_tokens
+from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
@@ -447,10 +447,12 @@ class ExportedModel:
         eos_id: int | None = None,
         **options: Any,
     ) -> Iterator[np.ndarray]:
-        """Greedy or sampled generation that yields each step's tokens (B,) as they are produced."""
-        settings = self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options)
-        for tokens, _ in stream_tokens(**settings):
-            yield tokens
+        """Generation that yields its tokens (B,) position by position as they are settled: greedy and
+        sampling every step; beam search once every beam that could still win agrees on them (the
+        positions joined are :meth:`generate`'s tokens)."""
+        yield from stream_positions(
+            **self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options)
+        )
 
     def greedy(
         self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 20, stop_at_eos: bool = True
@@ -482,9 +484,10 @@ class ExportedModel:
     def stream_text(
         self, text_in: str, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
     ) -> Iterator[str]:
-        """Greedy or sampled generation for one text that yields the answer's text as it grows:
-        each piece is what the tokens so far add to the decoded answer (a sub-word piece may add
-        nothing until its word is complete), so the pieces join to :meth:`generate_text`'s answer."""
+        """Generation for one text that yields the answer's text as it grows (any strategy; see
+        :meth:`stream`): each piece is what the tokens so far add to the decoded answer (a sub-word
+        piece may add nothing until its word is complete), so the pieces join to
+        :meth:`generate_text`'s answer."""
         ids, mask = self._text_source([text_in], truncate)
         steps = max_new_tokens or self._default_steps(ids.shape[1])
         assert self.tokenizer is not None

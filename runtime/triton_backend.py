@@ -140,8 +140,6 @@ class TritonPythonModel:
             if len(texts) != 1:
                 raise EdgeattnError(f"a streamed request takes one text, not {len(texts)}")
             steps, options = decoding(generation_options(inputs))
-            if options.get("strategy") == "beam":
-                raise EdgeattnError("beam search cannot stream (its best answer is known only at the end)")
             for piece in self.model.stream_text(texts[0], steps, **options):
                 sender.send(pb.InferenceResponse(output_tensors=[
                     pb.Tensor("answer", np.array([[piece.encode("utf-8")]], dtype=np.object_)),

@@ -14,6 +14,7 @@ from edgeattn.runtime.generate import (
     filter_logits,
     generate,
     log_softmax,
+    stream_positions,
     stream_tokens,
     top_indices,
 )
@@ -66,6 +67,48 @@ def test_wide_beam_finds_the_best_sequence(lp):
         assert out.tokens[b, : len(seq)].tolist() == seq
 
 
+class CountingStepper(MarkovStepper):
+    """A Markov stepper that counts its steps."""
+
+    calls = 0
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        CountingStepper.calls += 1
+        return super().step(tokens)
+
+
+@pytest.mark.parametrize("width, lp", [(1, 1.0), (2, 0.0), (2, 1.0), (3, 2.0)])
+def test_streamed_beam_search_joins_to_the_searchs_answer(width, lp):
+    """Position by position, the streamed tokens are beam search's (width 3 over 5 tokens also has
+    beams that cannot be extended, scored -inf, which must not hold the stream back)."""
+    cfg = GenerationConfig(max_new_tokens=7, strategy="beam", num_beams=width, length_penalty=lp)
+    early = 0
+    for seed in range(25):
+        t = tables(4, seed=seed)
+        whole = generate(lambda n, t=t: MarkovStepper(t, n), 4, BOS, EOS, PAD, cfg).tokens
+        CountingStepper.calls = 0
+        pieces = []
+        for tokens in stream_positions(lambda n, t=t: CountingStepper(t, n), 4, BOS, EOS, PAD, cfg):
+            early += CountingStepper.calls < cfg.max_new_tokens and (tokens != PAD).any()
+            pieces.append(tokens)
+        np.testing.assert_array_equal(np.stack(pieces, axis=1), whole)
+    assert early > 0  # some tokens came out while the search still ran
+
+
+def test_streamed_beam_search_yields_what_every_beam_agrees_on_at_once():
+    t = np.full((1, V, V), -10.0, dtype=np.float32)
+    t[0, :, 1], t[0, :, 2] = 10.0, 5.0  # "1", else "2"; EOS unlikely
+    t[0, 2, 2], t[0, 2, 3] = -10.0, 9.0  # after a "2", "1" or "3": a branch costs more the older it is
+    cfg = GenerationConfig(max_new_tokens=6, strategy="beam", num_beams=2)
+    CountingStepper.calls = 0
+    seen = []
+    for tokens in stream_positions(lambda n: CountingStepper(t, n), 1, BOS, EOS, PAD, cfg):
+        seen.append((int(tokens[0]), CountingStepper.calls))
+    # the beams are [1, ..., 1] and [1, ..., 1, 2]: all but their last token is out a step later
+    assert seen[:3] == [(1, 2), (1, 3), (1, 4)]
+    assert [tok for tok, _ in seen] == generate(lambda n: MarkovStepper(t, n), 1, BOS, EOS, PAD, cfg).tokens[0].tolist()
+
+
 def test_beam_of_width_one_is_greedy():
     t = tables(4, seed=1)
     greedy = generate(lambda n: MarkovStepper(t, n), 4, BOS, EOS, PAD, GenerationConfig(max_new_tokens=6))
@@ -113,14 +156,14 @@ def test_filters():
     assert np.isfinite(filter_logits(logits, 1.0, 0, 0.1)[0]).sum() == 1
 
 
-def test_invalid_settings_and_beam_streaming_are_refused():
+def test_invalid_settings_and_stepwise_beam_log_probs_are_refused():
     with pytest.raises(EdgeattnError, match="temperature"):
         GenerationConfig(temperature=0)
     with pytest.raises(EdgeattnError, match="top_p"):
         GenerationConfig(top_p=1.5)
     with pytest.raises(EdgeattnError, match="strategy"):
         GenerationConfig(strategy="nucleus")
-    with pytest.raises(EdgeattnError, match="cannot stream"):
+    with pytest.raises(EdgeattnError, match="stream_positions streams it"):
         next(stream_tokens(lambda n: MarkovStepper(tables(1), n), 1, BOS, EOS, PAD, GenerationConfig(strategy="beam")))
 
 

@@ -197,6 +197,12 @@ def test_cli_runs_a_t5_export(exported, tmp_path):
     assert beam.output.strip() == rt.generate_text([text], 10, strategy="beam", num_beams=3)[0].strip()
     stream = CliRunner().invoke(cli, ["run", str(rt.export_dir), text, "--stream", "--max-new-tokens", "10"])
     assert stream.exit_code == 0 and stream.output.strip() == rt.generate_text([text], 10)[0].strip()
+    # the issue's own command: beam search streamed as every beam agrees
+    both = CliRunner().invoke(cli, ["run", str(rt.export_dir), text, "--strategy", "beam", "--beams", "3", "--stream",
+                                    "--max-new-tokens", "10"])  # fmt: skip
+    assert both.exit_code == 0 and both.output.strip() == beam.output.strip()
+    pieces = list(rt.stream_text(text, max_new_tokens=10, strategy="beam", num_beams=3))
+    assert "".join(pieces) == rt.generate_text([text], 10, strategy="beam", num_beams=3)[0]
 
 
 # ---------------------------------------------------------------------------- bad folders

@@ -275,6 +275,8 @@ def test_a_real_server_batches_concurrent_requests_and_answers_as_the_runtime(de
         assert "nv_inference_request_success" in _get(server.metrics_url)
         pieces = _stream(grpc, server.grpc_url, SOURCES[4])
         assert len(pieces) > 1 and "".join(pieces) == expected[SOURCES[4]]
+        beam = _stream(grpc, server.grpc_url, SOURCES[4], strategy="beam", num_beams=3)
+        assert "".join(beam) == reference.generate_text([SOURCES[4]], strategy="beam", num_beams=3)[0]
 
 
 def _get(url: str) -> str:
@@ -284,7 +286,7 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
-def _stream(grpc, url: str, source: str) -> list[str]:
+def _stream(grpc, url: str, source: str, strategy: str | None = None, num_beams: int | None = None) -> list[str]:
     """The pieces the streaming model sends for one text over gRPC streaming."""
     pieces: list[str] = []
     done = threading.Event()
@@ -303,7 +305,14 @@ def _stream(grpc, url: str, source: str) -> list[str]:
     client.start_stream(callback)
     text = grpc.InferInput("text", [1, 1], "BYTES")
     text.set_data_from_numpy(_texts(source))
-    client.async_stream_infer("sorter_stream", [text], enable_empty_final_response=True)
+    inputs = [text]
+    if strategy is not None:
+        inputs.append(grpc.InferInput("strategy", [1, 1], "BYTES"))
+        inputs[-1].set_data_from_numpy(np.array([[strategy.encode()]], dtype=object))
+    if num_beams is not None:
+        inputs.append(grpc.InferInput("num_beams", [1, 1], "INT32"))
+        inputs[-1].set_data_from_numpy(np.array([[num_beams]], np.int32))
+    client.async_stream_infer("sorter_stream", inputs, enable_empty_final_response=True)
     assert done.wait(60)
     client.stop_stream()
     return pieces
