@@ -2,7 +2,7 @@
 local T5 folder: ``transformers`` eager with its cache, Optimum's ORTModelForSeq2SeqLM fp32 and int8,
 edgeattn fp32 and int8, each in its own process, interleaved. Prints the table, writes the JSON.
 
-    python benchmarks/t5_generation.py [--folder DIR] [--batch 1,8] [--passes 3] [--out FILE]
+    python benchmarks/t5_generation.py [--folder DIR] [--batch 1,8] [--passes 3] [--runs 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3, help="timed generations per process (after one untimed)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/t5-small-generation.json"))
     args = parser.parse_args()
@@ -48,7 +49,7 @@ def main() -> None:
         work = args.work or Path(tmp)
         folder = args.folder or t5_small_folder(work / "t5-small-random")
         result = bench_seq2seq(folder, work, tuple(int(b) for b in args.batch.split(",")), args.src_len,
-                               args.new_tokens, args.threads, args.passes,
+                               args.new_tokens, args.threads, args.passes, args.runs,
                                variants=tuple(args.variants.split(",")))  # fmt: skip
     publish(result, args.out)
 

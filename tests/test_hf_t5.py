@@ -373,6 +373,7 @@ def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_pa
     assert set(rows) == {"transformers", "edgeattn-fp32", "edgeattn-fp32-opt"} and rows["transformers"].ratio == 1.0
     for ours in ("edgeattn-fp32", "edgeattn-fp32-opt"):
         assert rows[ours].agreement == 1.0 and rows[ours].tokens_per_s > 0
+        assert rows[ours].pass_rates == [rows[ours].tokens_per_s]  # one pass of one run
     assert rows["edgeattn-fp32"].resident_mb > 0 and "edgeattn-fp32" in result.table()
     write_json(result, tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["batch"] == 2

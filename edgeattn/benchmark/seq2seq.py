@@ -1,7 +1,9 @@
 """Seq2seq generation beside its peers on one Hugging Face checkpoint: ``transformers`` eager with its
 cache, Hugging Face Optimum's ``ORTModelForSeq2SeqLM`` (fp32 and dynamic int8 from its own
-quantiser) and edgeattn's runtime (fp32, its fused float32 fp32-opt, and int8), each variant in its
-own process, interleaved pass by pass, greedy, every row made to run all ``new_tokens`` steps.
+quantiser, ONNX Runtime's threads told not to spin since torch shares the cores; and fp32 with ONNX
+Runtime's default, spinning threads, as Optimum runs it unless told otherwise) and edgeattn's runtime
+(fp32, its fused float32 fp32-opt, and int8), each variant in its own process, interleaved pass by
+pass, greedy, every row made to run all ``new_tokens`` steps.
 Reports tokens per second, resident memory after loading and at peak, and each variant's files
 on disk. Needs the ``peers`` extra (transformers, optimum-onnx).
 """
@@ -26,7 +28,8 @@ from edgeattn.benchmark.memory import peak_mb, resident_mb
 log = logging.getLogger(__name__)
 
 #: Every variant, in the order they run within a pass.
-VARIANTS = ("transformers", "optimum-fp32", "optimum-int8", "edgeattn-fp32", "edgeattn-fp32-opt", "edgeattn-int8")
+VARIANTS = ("transformers", "optimum-fp32", "optimum-fp32-spinning", "optimum-int8", "edgeattn-fp32",
+            "edgeattn-fp32-opt", "edgeattn-int8")  # fmt: skip
 #: The variant the others are measured against.
 BASELINE = "transformers"
 
@@ -59,7 +62,8 @@ def _generator(variant: str, path: Path, threads: int) -> Any:
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch shares the cores
+        if not variant.endswith("-spinning"):  # ONNX Runtime's default is to spin; torch shares the cores
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         model = ORTModelForSeq2SeqLM.from_pretrained(path, provider="CPUExecutionProvider", session_options=options)
 
     def generate(ids: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
@@ -100,6 +104,9 @@ class Seq2SeqRow:
     resident_mb: float
     peak_mb: float
     agreement: float  # fraction of generated tokens equal to transformers' (greedy)
+    #: each pass's median tokens/s, in pass order: two variants' ratio pass by pass cancels the
+    #: machine's drift between passes, which the pooled medians above carry
+    pass_rates: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -119,14 +126,15 @@ class Seq2SeqBench:
         return asdict(self)
 
     def table(self) -> str:
+        w = max([len("variant")] + [len(r.variant) for r in self.rows])
         lines = [
             f"seq2seq generation, greedy, source {self.src_len}, {self.new_tokens} new tokens, {self.threads} threads, "
             f"each variant in its own process, {self.passes} interleaved passes",
-            f"{'variant':<17} {'batch':>5} {'tok/s':>8} {'vs transformers':>15} {'resident MB':>11} {'peak MB':>8} "
+            f"{'variant':<{w}} {'batch':>5} {'tok/s':>8} {'vs transformers':>15} {'resident MB':>11} {'peak MB':>8} "
             f"{'same tokens':>11}",
         ]
         for r in self.rows:
-            lines.append(f"{r.variant:<17} {r.batch:>5} {r.tokens_per_s:>8.1f} {r.ratio:>14.2f}x "
+            lines.append(f"{r.variant:<{w}} {r.batch:>5} {r.tokens_per_s:>8.1f} {r.ratio:>14.2f}x "
                          f"{r.resident_mb:>11.0f} {r.peak_mb:>8.0f} {r.agreement:>11.3f}")  # fmt: skip
         lines.append(f"checkpoint {self.checkpoint_mb:.0f} MB; on disk: "
                      + ", ".join(f"{k} {v:.0f} MB" for k, v in self.disk_mb.items()))  # fmt: skip
@@ -146,7 +154,7 @@ def prepare(folder: Path, work: Path, variants: tuple[str, ...]) -> tuple[dict[s
     skipped: dict[str, str] = {}
     if "transformers" in variants:
         paths["transformers"] = folder
-    if {"optimum-fp32", "optimum-int8"} & set(variants):
+    if {"optimum-fp32", "optimum-fp32-spinning", "optimum-int8"} & set(variants):
         try:
             paths.update(_optimum(folder, work, "optimum-int8" in variants))
         except Exception as exc:  # a peer that cannot be built is reported, not fatal
@@ -180,7 +188,7 @@ def _optimum(folder: Path, work: Path, int8: bool) -> dict[str, Path]:
     fp32 = work / "optimum-fp32"
     if not (fp32 / "encoder_model.onnx").is_file():
         main_export(str(folder), output=str(fp32), task="text2text-generation-with-past", device="cpu")
-    paths = {"optimum-fp32": fp32}
+    paths = {"optimum-fp32": fp32, "optimum-fp32-spinning": fp32}
     if int8:
         from optimum.onnxruntime import ORTQuantizer
         from optimum.onnxruntime.configuration import AutoQuantizationConfig
@@ -262,7 +270,8 @@ def bench_seq2seq(
                 else float("nan")  # fmt: skip
             result.rows.append(Seq2SeqRow(variant, batch, rate, rate / base_rate,
                                           float(np.median([s["resident_mb"] for s in got])),
-                                          float(np.median([s["peak_mb"] for s in got])), agree))  # fmt: skip
+                                          float(np.median([s["peak_mb"] for s in got])), agree,
+                                          [float(np.median(s["tokens_per_s"])) for s in got]))  # fmt: skip
     return result
 
 
