@@ -177,7 +177,7 @@ def generate(
 class BeamState:
     """Beam search after a step: each row's live beams (B, width, t) and their scores (a beam that
     cannot be extended scores -inf), its finished hypotheses (score, tokens ending in EOS), best
-    first, and whether the row is done."""
+    first, and whether the row is done. The search's own objects: read them before its next step."""
 
     seqs: np.ndarray
     scores: np.ndarray
@@ -196,6 +196,8 @@ class BeamState:
             return self.best_finished(row)
         candidates = [seq.tolist() for seq, score in zip(self.seqs[row], self.scores[row], strict=True)
                       if np.isfinite(score)] + [hyp for _, hyp in self.finished[row]]  # fmt: skip
+        if not candidates:
+            return []
         common = 0
         for column in zip(*candidates, strict=False):  # up to the shortest candidate
             if any(tok != column[0] for tok in column):
