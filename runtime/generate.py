@@ -186,7 +186,7 @@ class BeamState:
 
     def best_finished(self, row: int) -> list[int]:
         """A done row's answer: its best finished hypothesis."""
-        return max(self.finished[row], key=lambda h: h[0])[1]
+        return _best(self.finished[row])[1]
 
     def settled(self, row: int) -> list[int]:
         """The tokens that row's answer is sure to begin with: all of a done row's answer, else what
@@ -267,7 +267,7 @@ def beam_steps(
             for j in range(n):
                 hyp = seqs[b, j].tolist()
                 _add(finished[b], beam_scores[b, j] / (max(1, len(hyp)) ** lp), hyp, n)
-    best = [max(f, key=lambda h: h[0]) for f in finished]
+    best = [_best(f) for f in finished]
     width = max(len(h[1]) for h in best)
     out = np.full((batch, width), pad_id, dtype=np.int64)
     for b, (_, hyp) in enumerate(best):
@@ -320,6 +320,12 @@ def stream_positions(
         return
     for tokens, _ in stream_tokens(make, batch, bos_id, eos_id, pad_id, cfg):
         yield tokens
+
+
+def _best(hyps: list[tuple[float, list[int]]]) -> tuple[float, list[int]]:
+    """The winning hypothesis (the first of equal scores): one rule for the answer and for what
+    streaming shows of a done row, so the two cannot disagree."""
+    return max(hyps, key=lambda h: h[0])
 
 
 def _add(hyps: list[tuple[float, list[int]]], score: float, seq: list[int], width: int) -> None:
