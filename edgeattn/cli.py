@@ -357,16 +357,17 @@ def providers(as_json: bool) -> None:
     """The ONNX Runtime providers this machine can run: built in, and installed plugins with their devices."""
     import onnxruntime as ort
 
-    from edgeattn.runtime.providers import describe_plugins, why_unavailable
+    from edgeattn.runtime.providers import describe_plugins, onnxruntime_package, why_unavailable
 
     plugins = describe_plugins()
     for name, info in plugins.items():
         info["usable"] = why_unavailable(name) is None
     if as_json:
-        click.echo(json.dumps({"onnxruntime": ort.__version__, "built_in": ort.get_available_providers(),
-                               "plugins": plugins}, indent=2))  # fmt: skip
+        click.echo(json.dumps({"onnxruntime": ort.__version__, "package": onnxruntime_package(),
+                               "built_in": ort.get_available_providers(), "plugins": plugins}, indent=2))  # fmt: skip
         return
-    click.echo(f"onnxruntime {ort.__version__}, built in: {', '.join(ort.get_available_providers())}")
+    click.echo(f"onnxruntime {ort.__version__} ({onnxruntime_package()}), "
+               f"built in: {', '.join(ort.get_available_providers())}")  # fmt: skip
     if not plugins:
         click.echo("plugins: none installed (pip install onnxruntime-ep-..., e.g. 'edgeattn[openvino]')")
     for name, info in plugins.items():
@@ -653,7 +654,7 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
 )
 @click.option("--threads", default=2, show_default=True, type=int)
 @_provider_options("default: the CPU provider")
-@click.option("--no-openvino", is_flag=True, help="Skip the OpenVINO variants timed where its plugin is installed.")
+@click.option("--no-openvino", is_flag=True, help="Skip the OpenVINO variants timed where OpenVINO runs on this CPU.")
 @click.option(
     "--io-binding/--no-io-binding",
     default=None,

@@ -5,7 +5,13 @@ such as ``onnxruntime-ep-openvino``, registered with ``onnxruntime.register_exec
 and attached to a session for the devices it offers. Installed plugin packages are found by their
 distribution name (``onnxruntime-ep-*``) and the functions the packaging guidance asks for
 (``get_library_path()`` and ``get_ep_name()`` / ``get_ep_names()``), so any of them is usable by
-name, like a built-in provider. Torch-free.
+name, like a built-in provider.
+
+OpenVINO comes either way: as the plugin ``onnxruntime-ep-openvino`` beside the stock
+``onnxruntime`` (it offers Intel devices only), or built into the ``onnxruntime-openvino``
+package, which replaces ``onnxruntime`` and runs on any x86-64 CPU. edgeattn takes the same
+options for both (``device``, ``precision_hint``, ``num_threads``) and hands each its own form.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -121,9 +127,32 @@ def why_unavailable(provider: Provider) -> str | None:
         plugin = installed_plugins()[name]
         offered = sorted({d.device.type.name for d in ort.get_ep_devices() if d.ep_name == name})
         hardware = sorted({f"{d.device.type.name} ({d.device.vendor})" for d in ort.get_ep_devices()})
-        return (f"{name} ({plugin.label}) offers no {device} device on this machine "
-                f"(it offers: {', '.join(offered) or 'none'}; onnxruntime sees {', '.join(hardware)})")  # fmt: skip
+        advice = (" OpenVINO's plugin offers Intel devices only; on other x86-64 CPUs, replace onnxruntime with "
+                  "onnxruntime-openvino, which has OpenVINO built in (pip uninstall onnxruntime && "
+                  "pip install onnxruntime-openvino)" if name == OPENVINO else "")  # fmt: skip
+        seen = f"it offers: {', '.join(offered) or 'none'}; onnxruntime sees {', '.join(hardware)}"
+        return f"{name} ({plugin.label}) offers no {device} device on this machine ({seen}).{advice}"
     return None
+
+
+def openvino_usable(device: str = "CPU") -> bool:
+    """Whether OpenVINO can run here on ``device``: built into this onnxruntime, or an installed plugin
+    that offers that device."""
+    if OPENVINO in ort.get_available_providers():
+        return device.upper() in ("CPU", "GPU", "NPU")
+    return OPENVINO in installed_plugins() and bool(plugin_devices(OPENVINO, device))
+
+
+def built_in_provider(provider: Provider, threads: int | None) -> Provider:
+    """``provider`` as an onnxruntime that has it built in takes it. OpenVINO's edgeattn options
+    (``device``, ``precision_hint``, ``num_threads``, see :func:`openvino_options`) become its own
+    ``device_type`` and ``load_config``: given as they are, onnxruntime refuses them and silently
+    runs the whole graph on the CPU provider instead. Other providers are returned unchanged."""
+    if provider_name(provider) != OPENVINO:
+        return provider
+    options = provider_options(provider)
+    device = str(options.pop(DEVICE_OPTION, options.pop("device_type", "CPU")))
+    return OPENVINO, {**openvino_options(options, device, threads), "device_type": device.upper()}
 
 
 def plugin_session_options(opts: ort.SessionOptions, provider: Provider, threads: int | None) -> None:
@@ -180,6 +209,22 @@ def parse_provider_options(names: list[str], specs: list[str] | tuple[str, ...])
                                 f"({', '.join(names)})")  # fmt: skip
         options.setdefault(target, {})[key] = value
     return [(n, options[n]) if n in options else n for n in names]
+
+
+#: Distributions that install the ``onnxruntime`` module, each with its own built-in providers.
+ONNXRUNTIME_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml",
+                        "onnxruntime-qnn", "ort-nightly", "ort-nightly-gpu")  # fmt: skip
+
+
+def onnxruntime_package() -> str:
+    """The installed distribution that provides the ``onnxruntime`` module, with its version
+    (``onnxruntime-openvino 1.24.1``); ``unknown`` when none of the known ones is installed."""
+    for name in ONNXRUNTIME_PACKAGES:
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def describe_plugins() -> dict[str, Any]:

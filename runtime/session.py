@@ -13,6 +13,7 @@ import onnxruntime as ort
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.providers import (
     Provider,
+    built_in_provider,
     is_plugin,
     plugin_session_options,
     provider_name,
@@ -146,10 +147,11 @@ def create_session(
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
     plugins = [p for p in picked if is_plugin(provider_name(p))]
     chosen: list[str | tuple[str, dict[str, Any]]] = [
-        (provider_name(p), {**cuda_options, **provider_options(p)}) if provider_name(p) == CUDA else p
+        (provider_name(p), {**cuda_options, **provider_options(p)}) if provider_name(p) == CUDA
+        else built_in_provider(p, threads)
         for p in picked
         if p not in plugins
-    ]
+    ]  # fmt: skip
     if plugins and [c for c in chosen if provider_name(c) != CPU]:
         raise EdgeattnError(f"a plugin provider ({provider_name(plugins[0])}) runs with the CPU provider "
                             f"behind it, not beside {provider_name(chosen[0])}")  # fmt: skip

@@ -16,8 +16,11 @@ from edgeattn.model import build_model
 from edgeattn.runtime import load
 from edgeattn.runtime.providers import (
     OPENVINO,
+    built_in_provider,
     installed_plugins,
+    onnxruntime_package,
     openvino_options,
+    openvino_usable,
     parse_provider_options,
     plugin_devices,
     why_unavailable,
@@ -25,6 +28,8 @@ from edgeattn.runtime.providers import (
 from edgeattn.runtime.session import CPU, create_session
 
 HAS_OPENVINO = OPENVINO in installed_plugins()
+#: OpenVINO runs the CPU here: built into onnxruntime (onnxruntime-openvino), or a plugin with a CPU device
+OPENVINO_RUNS = openvino_usable()
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +66,36 @@ def test_openvino_settings_go_where_the_plugin_reads_them():
     assert "load_config" not in openvino_options({}, "GPU", 2)  # threads are the CPU's setting only
 
 
+def test_built_in_openvino_takes_its_own_option_names():
+    """Built into onnxruntime (onnxruntime-openvino), OpenVINO refuses ``device`` and ``precision_hint``
+    and onnxruntime then runs everything on the CPU provider: edgeattn hands it ``device_type`` and
+    ``load_config`` instead. Other providers pass unchanged."""
+    name, options = built_in_provider((OPENVINO, {"precision_hint": "bf16", "device": "cpu"}), 2)
+    assert name == OPENVINO and options.pop("device_type") == "CPU"
+    assert json.loads(options.pop("load_config")) == {
+        "CPU": {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": "2"}
+    }
+    assert options == {}
+    assert built_in_provider(OPENVINO, None) == (OPENVINO, {"device_type": "CPU"})
+    cuda = ("CUDAExecutionProvider", {"device_id": "0"})
+    assert built_in_provider(cuda, 2) == cuda and built_in_provider(CPU, 2) == CPU
+
+
+def test_openvino_built_into_onnxruntime_counts_as_usable(monkeypatch):
+    import onnxruntime as ort
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+    assert openvino_usable() and openvino_usable("gpu") and not openvino_usable("FPGA")
+    assert why_unavailable(OPENVINO) is None
+
+
+def test_the_onnxruntime_package_is_named_with_its_version():
+    import onnxruntime as ort
+
+    package, _, version = onnxruntime_package().partition(" ")
+    assert package.startswith(("onnxruntime", "ort-nightly")) and version.split("+")[0] == ort.__version__.split("+")[0]
+
+
 def test_a_provider_nothing_provides_warns_and_runs_on_the_cpu(export, tiny_config, caplog):
     reason = why_unavailable("NoSuchExecutionProvider")
     assert reason is not None and "no installed plugin package" in reason
@@ -85,19 +120,23 @@ def test_openvino_without_a_device_here_says_so(export):
     wondering why it runs on the CPU provider."""
     reason = why_unavailable(OPENVINO)
     assert reason is not None and "offers no CPU device on this machine" in reason
+    assert "pip install onnxruntime-openvino" in reason  # what runs OpenVINO on a CPU the plugin does not serve
     with pytest.raises(EdgeattnError, match="offers no CPU device"):
         create_session(export / "encoder.onnx", providers=[OPENVINO], require=True)
 
 
-@pytest.mark.skipif(not HAS_OPENVINO or not plugin_devices(OPENVINO), reason="needs OpenVINO with a CPU device")
+@pytest.mark.skipif(not OPENVINO_RUNS, reason="needs OpenVINO that runs on this CPU")
 @pytest.mark.parametrize("hint", ["f32", "bf16"])
 def test_openvino_runs_the_export_by_name(export, tiny_config, hint):
-    """Where OpenVINO offers the CPU, the export runs on it by name, with its options: float32 to
-    within 1e-4 of the CPU provider, bf16 (emulated or AMX) close in direction."""
+    """Where OpenVINO runs on the CPU (built in, or a plugin offering it), the export runs on it by
+    name, with its options: float32 to within 1e-4 of the CPU provider, bf16 (emulated, AVX-512 BF16
+    or AMX) close in direction, and the hint really reaches OpenVINO (bf16 differs from f32)."""
     ids, mask = _inputs(tiny_config.vocab_size)
     reference = load(export, providers=[CPU]).encode(ids, mask)
     model = load(export, providers=[(OPENVINO, {"precision_hint": hint})], threads=2)
     assert model.providers[0] == OPENVINO
+    session = create_session(export / "encoder.onnx", providers=[(OPENVINO, {"precision_hint": hint})], require=True)
+    assert session.get_providers()[0] == OPENVINO
     hidden = model.encode(ids, mask)
     real = mask.astype(bool)
     if hint == "f32":
@@ -105,7 +144,7 @@ def test_openvino_runs_the_export_by_name(export, tiny_config, hint):
     else:
         a, b = hidden[real], reference[real]
         cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
-        assert cosine.min() > 0.999
+        assert cosine.min() > 0.999 and np.abs(a - b).max() > 1e-4
 
 
 def test_providers_command_lists_built_in_and_plugin_providers_without_torch():

@@ -7,7 +7,7 @@ import platform
 from typing import Any
 
 from edgeattn.host import cpu_flags, cpu_model
-from edgeattn.runtime.providers import describe_plugins
+from edgeattn.runtime.providers import describe_plugins, onnxruntime_package
 
 
 def machine_info() -> dict[str, Any]:
@@ -22,6 +22,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "onnxruntime": ort.__version__,
+        "onnxruntime_package": onnxruntime_package(),
         "providers": ort.get_available_providers(),
         "plugin_providers": describe_plugins(),
     }
