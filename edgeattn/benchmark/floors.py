@@ -35,6 +35,22 @@ from edgeattn.host import dynamic_int8_weights
 Runner = Callable[[], object]
 
 #: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU provider).
+#: Opsets and IR version of the floor graphs: those of edgeattn's exports (opset 17, IR 8), which
+#: every supported onnxruntime loads; onnx's own default IR version can be newer than an older
+#: onnxruntime reads (onnx 1.21 writes IR 14, onnxruntime 1.24 reads up to 13).
+FLOOR_IR_VERSION = 8
+FLOOR_OPSETS = (("", 17), ("com.microsoft", 1))
+
+
+def _floor_model(graph: Any) -> Any:
+    """A model of ``graph`` at the floors' opsets and IR version."""
+    from onnx import helper
+
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in FLOOR_OPSETS], ir_version=FLOOR_IR_VERSION
+    )
+
+
 PRECISION_FLOORS = {"fp32": "fp32", "fp32-opt": "fp32", "int8": "int8", "int8-static": "int8-static", "int4": "int4"}
 
 
@@ -99,8 +115,8 @@ def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | 
         nodes, "projections", [helper.make_tensor_value_info(f"x_{k}", TensorProto.FLOAT, ["rows", k]) for k in inputs],
         outputs, inits,
     )  # fmt: skip
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opsets)).SerializeToString()
+    model = _floor_model(graph)
+    return onnx.shape_inference.infer_shapes(model).SerializeToString()
 
 
 def _converted_layer(config: ModelConfig, kind: str, folder: Path, layers: int = 1) -> Path:
@@ -156,8 +172,8 @@ def _attention_graph(config: ModelConfig, fused: bool, layers: int = 1) -> bytes
             nodes += [helper.make_node("MatMul", [f"o{i - 1}" if i else "q", "kt"], [f"scores{i}"]),
                       helper.make_node("Softmax", [f"scores{i}"], [f"p{i}"], axis=-1),
                       helper.make_node("MatMul", [f"p{i}", "v"], [f"o{i}"])]  # fmt: skip
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(helper.make_graph(nodes, "attention", inputs, [out]), opset_imports=opsets)
+    graph = helper.make_graph(nodes, "attention", inputs, [out])
+    model = _floor_model(graph)
     return model.SerializeToString()
 
 

@@ -13,7 +13,7 @@ from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_varia
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
 from edgeattn.runtime.precisions import FP32, PRECISIONS, get_precision
-from edgeattn.runtime.providers import OPENVINO, Provider, openvino_usable, provider_name
+from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, openvino_usable, provider_name
 from edgeattn.runtime.session import CPU, CUDA
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ class BenchOptions:
     hf_folder: str | Path | None = None
     #: each variant's peak memory, alone in a fresh process
     memory: bool = True
-    #: OpenVINO variants where it runs on this CPU (built into onnxruntime-openvino, or the
-    #: onnxruntime-ep-openvino plugin on an Intel CPU), on CPU runs
+    #: OpenVINO variants on CPU runs where OpenVINO is installed (built into onnxruntime-openvino, or
+    #: the onnxruntime-ep-openvino plugin, which offers Intel CPUs only: elsewhere they are skipped)
     openvino: bool = True
 
     def grid(self) -> list[tuple[int, int]]:
@@ -119,7 +119,9 @@ def run_benchmark(
         )  # fmt: skip
         variants += onnx_vars
         skipped.update(onnx_skipped)
-        if on_cpu and options.openvino and OPENVINO not in names and openvino_usable():
+        # a plugin without a device here is listed as skipped, with the reason
+        openvino_here = openvino_usable() or OPENVINO in installed_plugins()
+        if on_cpu and options.openvino and OPENVINO not in names and openvino_here:
             ov_vars, ov_skipped = onnx_variants(
                 export_dir, [p for p in OPENVINO_PRECISIONS if p in options.precisions], openvino_providers(),
                 options.threads,
