@@ -149,22 +149,24 @@ class PrecisionBuilder:
         """The float32 graph ``precision`` is made from: the fused graph of its form when this model
         fuses (built once per form, in scratch), else the exported fp32 graph with its weights
         taken out of the checkpoint as plain initializers (the quantisers need them so)."""
-        if not self.fusable or precision.form is None:
+        form = precision.form_of(graph)
+        if not self.fusable or form is None:
             if (graph, None) not in self._sources:
                 dst = self._scratch / f"{graph}.fp32-folded.onnx"
                 proto = fold_transposes(onnx.load(str(self.fp32_dir / self.entries[graph].file)))
                 save_checked(proto, dst, self.options.external_threshold)
                 self._sources[(graph, None)] = dst
             return self._sources[(graph, None)]
-        key = (graph, precision.form)
+        key = (graph, form)
         if key not in self._sources:
-            self._sources[key] = self._fused(graph, precision.form)
+            self._sources[key] = self._fused(graph, form)
         return self._sources[key]
 
-    def _source_name(self, precision: Precision) -> str:
-        if not self.fusable or precision.form is None:
+    def _source_name(self, graph: str, precision: Precision) -> str:
+        form = precision.form_of(graph)
+        if not self.fusable or form is None:
             return FP32
-        return f"fp32-opt ({precision.form.describe()})"
+        return f"fp32-opt ({form.describe()})"
 
     def _fused(self, graph: str, form: FusedForm) -> Path:
         raw = self._scratch / f"{graph}.fused-raw.onnx"
@@ -184,7 +186,7 @@ class PrecisionBuilder:
     def candidate(self, precision: Precision, graph: str, exclude: list[str] | None = None) -> Candidate:
         """``graph`` at ``precision``, with ``exclude`` nodes kept in float32 where the converter can."""
         src = self.source(graph, precision)
-        source = {"source": self._source_name(precision)}
+        source = {"source": self._source_name(graph, precision)}
         if precision.build == "fused":
             counts = operator_counts(onnx.load(str(src), load_external_data=False))
             fields: dict[str, Any] = {

@@ -345,17 +345,44 @@ def test_candidates_are_gated_in_memory_and_written_once(tmp_path, monkeypatch):
     assert read_manifest(out).graphs["encoder"].precisions["int8"].quantization["excluded_nodes"]
 
 
-def test_static_int8_attention_adds_the_projection_biases_itself(quantized):
+def test_int4_attention_adds_the_projection_biases_itself(quantized):
     """Self-attention's q, k and v biases are the fused operator's bias input, not three Adds after
-    the int8 products (QDQ has no place for a product's bias); the products feed it directly."""
+    the 4-bit products (int4 is made from the unpacked fused form); the products feed it directly."""
     out, _, _ = quantized
-    graph = onnx.load(str(out / "encoder.int8-static.onnx"), load_external_data=False).graph
+    graph = onnx.load(str(out / "encoder.int4.onnx"), load_external_data=False).graph
     made = {o: n for n in graph.node for o in n.output}
     attention = [n for n in graph.node if n.op_type == "MultiHeadAttention"]
     assert len(attention) == CFG.n_encoder_layers
     for node in attention:
         assert len(node.input) > 3 and node.input[3], node.name  # the packed (q, k, v) bias
-        assert [made[i].op_type for i in node.input[:3]] == ["MatMul"] * 3, node.name
+        assert [made[i].op_type for i in node.input[:3]] == ["MatMulNBits"] * 3, node.name
+
+
+def test_static_int8_is_standard_onnx_where_it_costs_nothing(quantized):
+    """int8-static's attention, encoder and cross_kv graphs hold standard operators only, so that other
+    engines (OpenVINO) run them whole, with the attention core (q·kᵀ, p·v) left in float32; the
+    decoders keep the fused attention over their cache, whose plain form ONNX Runtime runs slower."""
+    out, _, _ = quantized
+    manifest = read_manifest(out)
+    for name in ("attention", "encoder", "cross_kv"):
+        graph = onnx.load(str(out / f"{name}.int8-static.onnx"), load_external_data=False).graph
+        assert {n.domain for n in graph.node} <= {"", "ai.onnx"}, name
+        assert manifest.graphs[name].precisions["int8-static"].source == "fp32", name
+        made = {o: n for n in graph.node for o in n.output}
+        weights = {t.name for t in graph.initializer}
+        products = [n for n in graph.node if n.op_type == "MatMul"]
+        quantized_weight = [n for n in products if made.get(n.input[1]) is not None
+                            and made[n.input[1]].op_type == "DequantizeLinear"
+                            and made[n.input[1]].input[0] in weights]  # fmt: skip
+        core = [n for n in products if n not in quantized_weight]
+        assert quantized_weight, name
+        for node in core:  # neither operand of the attention core comes through a dequantise
+            assert all(i not in made or made[i].op_type != "DequantizeLinear" for i in node.input), node.name
+        if name == "encoder":  # per layer: q, k, v, output and two feed-forward products, and the core's two
+            assert (len(quantized_weight), len(core)) == (6 * CFG.n_encoder_layers, 2 * CFG.n_encoder_layers)
+    decoder = onnx.load(str(out / "decoder.int8-static.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "MultiHeadAttention" for n in decoder.node) == 2 * CFG.n_decoder_layers
+    assert manifest.graphs["decoder"].precisions["int8-static"].source.startswith("fp32-opt")
 
 
 def test_fused_attention_with_moved_biases_matches_the_model():
