@@ -183,10 +183,12 @@ def scaled_dot_product_attention(
         selected = topk_keep(scores, topk, keep)
         scores = scores.masked_fill(~selected, torch.finfo(scores.dtype).min)
     weights = F.softmax(scores, dim=-1)
-    if row_valid is not None:
-        weights = weights * row_valid.to(weights.dtype)
     attended = weights if dropout is None else dropout(weights)
     out = torch.matmul(attended, v)  # (B, H, T, D)
+    if row_valid is not None:  # (..., T, 1): zero the rows with no key on the output, D wide, not on the S-wide weights
+        valid = row_valid.to(out.dtype)
+        out = out * valid
+        weights = weights * valid if need_weights else weights
     return out, (weights if need_weights else None)
 
 

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 Model = Seq2SeqTransformer | EncoderModel
 
 
+#: What int8-static's attention, encoder and cross_kv graphs can be made from (see PrecisionOptions).
+STATIC_FORMS = ("plain", "fused")
+
+
 @dataclass
 class PrecisionOptions:
     """How reduced precisions are made and judged."""
@@ -63,6 +67,14 @@ class PrecisionOptions:
     sensitive_search: bool = True
     new_tokens: int = 16
     external_threshold: int = PROTOBUF_LIMIT
+    #: what a precision's ``plain_graphs`` (int8-static's attention, encoder and cross_kv) are made
+    #: from: "plain", the fp32 graph (standard operators, for any engine), or "fused", the
+    #: precision's fused form (ONNX Runtime's own attention operators, for ONNX Runtime alone)
+    static_form: str = "plain"
+
+    def __post_init__(self) -> None:
+        if self.static_form not in STATIC_FORMS:
+            raise ExportError(f"static form {self.static_form!r} is not one of {', '.join(STATIC_FORMS)}")
 
 
 @dataclass
@@ -149,7 +161,7 @@ class PrecisionBuilder:
         """The float32 graph ``precision`` is made from: the fused graph of its form when this model
         fuses (built once per form, in scratch), else the exported fp32 graph with its weights
         taken out of the checkpoint as plain initializers (the quantisers need them so)."""
-        form = precision.form_of(graph)
+        form = self._form(graph, precision)
         if not self.fusable or form is None:
             if (graph, None) not in self._sources:
                 dst = self._scratch / f"{graph}.fp32-folded.onnx"
@@ -162,8 +174,11 @@ class PrecisionBuilder:
             self._sources[key] = self._fused(graph, form)
         return self._sources[key]
 
+    def _form(self, graph: str, precision: Precision) -> FusedForm | None:
+        return precision.form if self.options.static_form == "fused" else precision.form_of(graph)
+
     def _source_name(self, graph: str, precision: Precision) -> str:
-        form = precision.form_of(graph)
+        form = self._form(graph, precision)
         if not self.fusable or form is None:
             return FP32
         return f"fp32-opt ({form.describe()})"

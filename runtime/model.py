@@ -22,7 +22,7 @@ from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, genera
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32
-from edgeattn.runtime.providers import Provider
+from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import (
     ExternalTensor,
     UnsafeFileError,
@@ -143,6 +143,14 @@ class ExportedModel:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             paths[name] = (path, entry.sha256)
         providers = pick_providers(providers)  # once for every graph: a missing one is one warning
+        if OPENVINO in [provider_name(p) for p in providers]:
+            made_from = {n: getattr(manifest.entry(n, precision), "source", None) or FP32 for n in paths}
+            fused = [n for n, source in made_from.items() if source.startswith("fp32-opt")]
+            if fused:
+                log.warning("OpenVINO runs standard ONNX operators: the %s graphs %s hold ONNX Runtime's fused ones, "
+                            "which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load fp32, or "
+                            "int8-static exported with --static-form plain (the default)",
+                            precision, ", ".join(fused))  # fmt: skip
         shared_by_graph = shared_initializers(export_dir, {name: path for name, (path, _) in paths.items()})
         #: every weight the sessions share, by initializer name
         self._shared = {n: v for values in shared_by_graph.values() for n, v in values.items()}

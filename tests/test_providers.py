@@ -89,6 +89,21 @@ def test_openvino_built_into_onnxruntime_counts_as_usable(monkeypatch):
     assert why_unavailable(OPENVINO) is None
 
 
+def test_openvino_on_graphs_with_fused_operators_is_warned_about(tmp_path, monkeypatch, caplog):
+    """OpenVINO hands ONNX Runtime's fused operators back to the CPU provider: loading such graphs
+    on it says so (sessions are made on first use, so none is made here)."""
+    import onnxruntime as ort
+
+    out = tmp_path / "out"
+    export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False, precisions=["int8"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.model"):
+        load(out, providers=[OPENVINO])
+        assert not caplog.records  # fp32: standard operators
+        load(out, providers=[OPENVINO], precision="int8")
+    assert len(caplog.records) == 1 and "the int8 graphs encoder hold ONNX Runtime's fused" in caplog.text
+
+
 def test_the_onnxruntime_package_is_named_with_its_version():
     import onnxruntime as ort
 

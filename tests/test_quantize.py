@@ -396,3 +396,11 @@ def test_fused_attention_with_moved_biases_matches_the_model():
     with torch.no_grad():
         want, got = model.encode(ids, mask), fused.encode(ids, mask)
     assert torch.allclose(got[mask.bool()], want[mask.bool()], atol=1e-5)
+
+
+def test_an_unknown_static_form_is_refused():
+    from edgeattn.errors import ExportError
+    from edgeattn.exporters.precisions import PrecisionOptions
+
+    with pytest.raises(ExportError, match="static form 'packed' is not one of plain, fused"):
+        PrecisionOptions(static_form="packed")
