@@ -181,7 +181,7 @@ def test_memory_probe_counts_the_variants_own_memory_not_its_parents(tmp_path):
         [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([-1], np.int64), "axis")],
     )  # fmt: skip
     path = tmp_path / "table.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     ballast = np.ones(100_000_000, dtype=np.float32)  # 400 MB resident in this process
     peak = measure_peak(onnx_probe(str(path), "CPUExecutionProvider", 1), 2, 16, vocab_size=10_000)
     assert ballast.sum() > 0

@@ -140,7 +140,7 @@ def test_static_int8_residuals_read_the_float_activation(tmp_path):
          numpy_helper.from_array(np.float32(2.0), "two")],
     )  # fmt: skip
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(src))
     ids = rng.integers(0, 50, 12)
     settings = CONVERTERS["int8-static"](src, dst, ConversionJob(calibration=lambda: [{"ids": ids}]))
     model = onnx.load(str(dst))
