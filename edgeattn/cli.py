@@ -130,11 +130,11 @@ _calibration_method_option = click.option(
 
 _static_form_option = click.option(
     "--static-form",
-    type=click.Choice(["plain", "fused"]),
+    type=click.Choice(["fused", "plain"]),
     default=None,
-    help="What int8-static's attention, encoder and cross_kv graphs are made from: plain (default; standard "
-    "operators only, for any engine, OpenVINO included) or fused (ONNX Runtime's MultiHeadAttention: up to "
-    "~10% faster on ONNX Runtime at short sequences, 3.5-5x slower on OpenVINO).",
+    help="What int8-static's attention, encoder and cross_kv graphs are made from: fused (default; ONNX "
+    "Runtime's MultiHeadAttention, the faster on ONNX Runtime) or plain (standard operators only, for other "
+    "engines: OpenVINO runs it 3.5-5x faster than the fused form).",
 )
 
 
@@ -688,6 +688,7 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
     show_default=True,
     help="Exported precisions to time (those the export holds; GPU precisions on GPU providers only).",
 )
+@_static_form_option
 @click.option("--repeats", default=20, show_default=True, type=int)
 @click.option("--no-eager", is_flag=True, help="Skip the eager PyTorch variants.")
 @click.option(
@@ -718,6 +719,7 @@ def bench(
     no_cuda_graph: bool,
     tf32: bool,
     precisions: str,
+    static_form: str | None,
     repeats: int,
     no_eager: bool,
     no_peers: bool,
@@ -731,13 +733,15 @@ def bench(
 
     if export_dir is not None and preset is not None:
         raise click.UsageError("give an EXPORT_DIR or --preset, not both")
+    if export_dir is not None and static_form is not None:
+        raise click.UsageError("--static-form is for the export a --preset run makes; an EXPORT_DIR has its own")
     try:
         options = BenchOptions(
             batches=tuple(int(b) for b in batches.split(",")), seqs=tuple(int(s) for s in seqs.split(",")),
             threads=threads, precisions=tuple(_split(precisions) or []),
             repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
             shapes=_shapes(shapes), io_binding=io_binding, cuda_graph=not no_cuda_graph, tf32=tf32,
-            hf_folder=hf_folder, openvino=not no_openvino,
+            hf_folder=hf_folder, openvino=not no_openvino, static_form=static_form or "fused",
         )  # fmt: skip
         chosen = _providers(False, providers, provider_specs)
         if chosen is not None:

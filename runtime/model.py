@@ -149,7 +149,7 @@ class ExportedModel:
             if fused:
                 log.warning("OpenVINO runs standard ONNX operators: the %s graphs %s hold ONNX Runtime's fused ones, "
                             "which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load fp32, or "
-                            "int8-static exported with --static-form plain (the default)",
+                            "int8-static exported with --static-form plain",
                             precision, ", ".join(fused))  # fmt: skip
         shared_by_graph = shared_initializers(export_dir, {name: path for name, (path, _) in paths.items()})
         #: every weight the sessions share, by initializer name

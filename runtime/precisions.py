@@ -110,7 +110,7 @@ class Precision:
     made_with: str
     #: "export": the fp32 graphs themselves; "fused": the fused float32 graph of ``form``;
     #: "convert": a converter run on ``form``'s fused graph (on the plain fp32 graph for
-    #: ``plain_graphs``, or where a model cannot fuse)
+    #: ``plain_graphs`` when asked, or where a model cannot fuse)
     build: Build
     #: the fused float32 graph it is made from (None for fp32)
     form: FusedForm | None = None
@@ -124,7 +124,8 @@ class Precision:
     sensitive_search: bool = False
     #: quantisation ranges are calibrated on representative inputs (``--calibration``)
     calibrated: bool = False
-    #: graphs made from the plain fp32 graph instead of ``form``'s fused one
+    #: graphs made from the plain fp32 graph instead of ``form``'s fused one when the export asks
+    #: for standard operators (``--static-form plain``)
     plain_graphs: tuple[str, ...] = ()
 
     def form_of(self, graph: str) -> FusedForm | None:
@@ -176,11 +177,11 @@ PRECISIONS: dict[str, Precision] = {
             thresholds=Thresholds(0.995, 0.95, 0.93, 0.93, 0.85),
             sensitive_search=True,
             calibrated=True,
-            # standard operators only where ONNX Runtime loses nothing by it, so that other engines
-            # (OpenVINO) run the whole graph: made from the MultiHeadAttention form, the reference
-            # encoder ran 3.5-5x slower on OpenVINO (it hands the six attention nodes back to ONNX
-            # Runtime), from the plain graph 0.97-1.01x on ONNX Runtime; the decoders' cached step
-            # stays fused (1.17x / 1.38x slower plain at batch 1 / 8)
+            # with --static-form plain, standard operators only, so that other engines (OpenVINO) run
+            # the whole graph: made from the MultiHeadAttention form, the reference encoder ran
+            # 3.5-5x slower on OpenVINO (it hands the attention nodes back to ONNX Runtime), while
+            # ONNX Runtime ran the plain one up to 1.15x slower; the decoders' cached step stays fused
+            # either way (1.17x / 1.38x slower plain at batch 1 / 8)
             plain_graphs=("attention", "encoder", "cross_kv"),
         ),
         Precision(

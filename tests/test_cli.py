@@ -163,11 +163,12 @@ def test_export_with_precisions_and_quantize_command(tmp_path):
     assert "Traceback" not in bad_file.stderr and len(bad_file.stderr.strip().splitlines()) == 1
     unused = edgeattn("quantize", "out", "--precision", "int8", "--calibration", "calib.txt", cwd=tmp_path)
     assert unused.returncode == 2 and "--calibration is for int8-static" in unused.stderr
-    # int8-static's encoder from the plain graph by default, from the fused form when asked
-    assert manifest["graphs"]["encoder"]["precisions"]["int8-static"]["source"] == "fp32"
-    fused_static = edgeattn("quantize", "out", "--precision", "int8-static", "--static-form", "fused", cwd=tmp_path)
-    assert fused_static.returncode == 0, fused_static.stderr
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    # int8-static's encoder from the fused form by default, from the plain graph when asked
     assert manifest["graphs"]["encoder"]["precisions"]["int8-static"]["source"].startswith("fp32-opt")
-    unformed = edgeattn("quantize", "out", "--precision", "int8", "--static-form", "fused", cwd=tmp_path)
+    plain_static = edgeattn("quantize", "out", "--precision", "int8-static", "--static-form", "plain", cwd=tmp_path)
+    assert plain_static.returncode == 0, plain_static.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["graphs"]["encoder"]["precisions"]["int8-static"]["source"] == "fp32"
+    assert manifest["graphs"]["decoder"]["precisions"]["int8-static"]["source"].startswith("fp32-opt")
+    unformed = edgeattn("quantize", "out", "--precision", "int8", "--static-form", "plain", cwd=tmp_path)
     assert unformed.returncode == 2 and "--static-form is for int8-static" in unformed.stderr

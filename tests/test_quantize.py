@@ -358,11 +358,20 @@ def test_int4_attention_adds_the_projection_biases_itself(quantized):
         assert [made[i].op_type for i in node.input[:3]] == ["MatMulNBits"] * 3, node.name
 
 
-def test_static_int8_is_standard_onnx_where_it_costs_nothing(quantized):
-    """int8-static's attention, encoder and cross_kv graphs hold standard operators only, so that other
-    engines (OpenVINO) run them whole, with the attention core (q·kᵀ, p·v) left in float32; the
-    decoders keep the fused attention over their cache, whose plain form ONNX Runtime runs slower."""
-    out, _, _ = quantized
+@pytest.fixture(scope="module")
+def plain_static(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plain") / "out"
+    options = PrecisionOptions(allow_degraded=True, static_form="plain")
+    export_model(build_model(CFG, seed=3), out, precisions=["int8-static"], precision_options=options)
+    return out
+
+
+def test_static_int8_from_the_plain_graph_is_standard_onnx(plain_static, quantized):
+    """With ``static_form="plain"``, int8-static's attention, encoder and cross_kv graphs hold standard
+    operators only, so that other engines (OpenVINO) run them whole, with the attention core (q·kᵀ,
+    p·v) left in float32; the decoders keep the fused attention over their cache, whose plain form
+    ONNX Runtime runs slower. By default (fused) the encoder keeps ONNX Runtime's attention."""
+    out = plain_static
     manifest = read_manifest(out)
     for name in ("attention", "encoder", "cross_kv"):
         graph = onnx.load(str(out / f"{name}.int8-static.onnx"), load_external_data=False).graph
@@ -383,6 +392,9 @@ def test_static_int8_is_standard_onnx_where_it_costs_nothing(quantized):
     decoder = onnx.load(str(out / "decoder.int8-static.onnx"), load_external_data=False).graph
     assert sum(n.op_type == "MultiHeadAttention" for n in decoder.node) == 2 * CFG.n_decoder_layers
     assert manifest.graphs["decoder"].precisions["int8-static"].source.startswith("fp32-opt")
+    default, _, _ = quantized
+    encoder = onnx.load(str(default / "encoder.int8-static.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "MultiHeadAttention" for n in encoder.node) == CFG.n_encoder_layers
 
 
 def test_fused_attention_with_moved_biases_matches_the_model():
@@ -402,5 +414,5 @@ def test_an_unknown_static_form_is_refused():
     from edgeattn.errors import ExportError
     from edgeattn.exporters.precisions import PrecisionOptions
 
-    with pytest.raises(ExportError, match="static form 'packed' is not one of plain, fused"):
+    with pytest.raises(ExportError, match="static form .packed. is not one of fused, plain"):
         PrecisionOptions(static_form="packed")

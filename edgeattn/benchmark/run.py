@@ -56,6 +56,9 @@ class BenchOptions:
     hf_folder: str | Path | None = None
     #: each variant's peak memory, alone in a fresh process
     memory: bool = True
+    #: what int8-static's encoder is made from when a preset is exported for the run ("fused", or
+    #: "plain" for standard operators: what OpenVINO runs whole; see PrecisionOptions.static_form)
+    static_form: str = "fused"
     #: OpenVINO variants on CPU runs where OpenVINO is installed (built into onnxruntime-openvino, or
     #: the onnxruntime-ep-openvino plugin, which offers Intel CPUs only: elsewhere they are skipped)
     openvino: bool = True
@@ -97,7 +100,8 @@ def run_benchmark(
             log.info("exporting %s with %s", preset or "demo", ", ".join(options.precisions))
             export_model(
                 source.model, export_dir, verify=False, precisions=wanted, heldout_texts=source.heldout,
-                precision_options=PrecisionOptions(allow_degraded=True), tokenizer=source.tokenizer, task=source.task,
+                precision_options=PrecisionOptions(allow_degraded=True, static_form=options.static_form),
+                tokenizer=source.tokenizer, task=source.task,
                 progress=progress,
             )  # fmt: skip
         export_dir = Path(export_dir)
