@@ -34,7 +34,6 @@ from edgeattn.host import dynamic_int8_weights
 #: One run of a floor graph (timed by the caller).
 Runner = Callable[[], object]
 
-#: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU provider).
 #: Opsets and IR version of the floor graphs: those of edgeattn's exports (opset 17, IR 8), which
 #: every supported onnxruntime loads; onnx's own default IR version can be newer than an older
 #: onnxruntime reads (onnx 1.21 writes IR 14, onnxruntime 1.24 reads up to 13).
@@ -51,6 +50,7 @@ def _floor_model(graph: Any) -> Any:
     )
 
 
+#: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU provider).
 PRECISION_FLOORS = {"fp32": "fp32", "fp32-opt": "fp32", "int8": "int8", "int8-static": "int8-static", "int4": "int4"}
 
 
