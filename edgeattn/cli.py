@@ -388,10 +388,16 @@ def providers(as_json: bool) -> None:
     click.echo(f"onnxruntime {ort.__version__} ({onnxruntime_package()}), "
                f"built in: {', '.join(ort.get_available_providers())}")  # fmt: skip
     if not plugins:
-        click.echo("plugins: none installed (pip install onnxruntime-ep-..., e.g. 'edgeattn[openvino]')")
+        built_in = "OpenVINOExecutionProvider" in ort.get_available_providers()
+        click.echo(
+            "plugins: none installed"
+            + ("" if built_in else " (pip install onnxruntime-ep-..., e.g. 'edgeattn[openvino]')")
+        )
     for name, info in plugins.items():
         devices = ", ".join(info["devices"]) or "none on this machine"
         click.echo(f"plugin {name} ({info['package']}): devices {devices}")
+        if not info["usable"]:
+            click.echo(f"  {why_unavailable(name)}")
 
 
 @cli.command()
