@@ -376,11 +376,12 @@ def providers(as_json: bool) -> None:
     """The ONNX Runtime providers this machine can run: built in, and installed plugins with their devices."""
     import onnxruntime as ort
 
-    from edgeattn.runtime.providers import describe_plugins, onnxruntime_package, why_unavailable
+    from edgeattn.runtime.providers import OPENVINO, describe_plugins, onnxruntime_package, why_unavailable
 
     plugins = describe_plugins()
+    reasons = {name: why_unavailable(name) for name in plugins}
     for name, info in plugins.items():
-        info["usable"] = why_unavailable(name) is None
+        info["usable"] = reasons[name] is None
     if as_json:
         click.echo(json.dumps({"onnxruntime": ort.__version__, "package": onnxruntime_package(),
                                "built_in": ort.get_available_providers(), "plugins": plugins}, indent=2))  # fmt: skip
@@ -388,7 +389,7 @@ def providers(as_json: bool) -> None:
     click.echo(f"onnxruntime {ort.__version__} ({onnxruntime_package()}), "
                f"built in: {', '.join(ort.get_available_providers())}")  # fmt: skip
     if not plugins:
-        built_in = "OpenVINOExecutionProvider" in ort.get_available_providers()
+        built_in = OPENVINO in ort.get_available_providers()
         click.echo(
             "plugins: none installed"
             + ("" if built_in else " (pip install onnxruntime-ep-..., e.g. 'edgeattn[openvino]')")
@@ -396,8 +397,8 @@ def providers(as_json: bool) -> None:
     for name, info in plugins.items():
         devices = ", ".join(info["devices"]) or "none on this machine"
         click.echo(f"plugin {name} ({info['package']}): devices {devices}")
-        if not info["usable"]:
-            click.echo(f"  {why_unavailable(name)}")
+        if reasons[name] is not None:
+            click.echo(f"  {reasons[name]}")
 
 
 @cli.command()
@@ -747,8 +748,10 @@ def bench(
             threads=threads, precisions=tuple(_split(precisions) or []),
             repeats=repeats, eager=not no_eager, generation=generation, peers=not no_peers,
             shapes=_shapes(shapes), io_binding=io_binding, cuda_graph=not no_cuda_graph, tf32=tf32,
-            hf_folder=hf_folder, openvino=not no_openvino, static_form=static_form or "fused",
+            hf_folder=hf_folder, openvino=not no_openvino,
         )  # fmt: skip
+        if static_form is not None:
+            options.static_form = static_form
         chosen = _providers(False, providers, provider_specs)
         if chosen is not None:
             options.providers = tuple(chosen)

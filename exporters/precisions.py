@@ -37,7 +37,7 @@ from edgeattn.model import EncoderModel, Seq2SeqTransformer
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision
+from edgeattn.runtime.precisions import FusedForm, Precision, get_precision, source_name
 from edgeattn.runtime.specs import graph_spec
 
 log = logging.getLogger(__name__)
@@ -179,10 +179,7 @@ class PrecisionBuilder:
         return precision.form_of(graph) if self.options.static_form == "plain" else precision.form
 
     def _source_name(self, graph: str, precision: Precision) -> str:
-        form = self._form(graph, precision)
-        if not self.fusable or form is None:
-            return FP32
-        return f"fp32-opt ({form.describe()})"
+        return source_name(self._form(graph, precision) if self.fusable else None)
 
     def _fused(self, graph: str, form: FusedForm) -> Path:
         raw = self._scratch / f"{graph}.fused-raw.onnx"

@@ -21,7 +21,7 @@ from edgeattn.runtime import text
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
-from edgeattn.runtime.precisions import FP32
+from edgeattn.runtime.precisions import FP32, made_from_fused
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import (
     ExternalTensor,
@@ -144,8 +144,7 @@ class ExportedModel:
             paths[name] = (path, entry.sha256)
         providers = pick_providers(providers)  # once for every graph: a missing one is one warning
         if OPENVINO in [provider_name(p) for p in providers]:
-            made_from = {n: getattr(manifest.entry(n, precision), "source", None) or FP32 for n in paths}
-            fused = [n for n, source in made_from.items() if source.startswith("fp32-opt")]
+            fused = [n for n in paths if made_from_fused(getattr(manifest.entry(n, precision), "source", None))]
             if fused:
                 log.warning("OpenVINO runs standard ONNX operators: the %s graphs %s hold ONNX Runtime's fused ones, "
                             "which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load fp32, or "

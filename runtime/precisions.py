@@ -58,6 +58,21 @@ class FusedForm:
         return ", ".join(parts)
 
 
+#: How the manifest's ``source`` names a fused float32 graph a variant was made from.
+FUSED_SOURCE = "fp32-opt"
+
+
+def source_name(form: FusedForm | None) -> str:
+    """The manifest's ``source`` of a variant made from ``form``'s fused graph (None: the fp32 graph)."""
+    return FP32 if form is None else f"{FUSED_SOURCE} ({form.describe()})"
+
+
+def made_from_fused(source: str | None) -> bool:
+    """Whether a variant whose manifest ``source`` is ``source`` was made from a fused graph (it then
+    holds ONNX Runtime's own operators)."""
+    return source is not None and source.startswith(FUSED_SOURCE)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One metric of one graph below its limit."""
