@@ -425,8 +425,8 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--seed", type=int, default=None, help="Seed for --strategy sample.")
 @click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
 @click.option("--threads", type=int, default=None)
-@click.option("--cpu", is_flag=True, help="Use the CPU provider even where CUDA is available.")
-@_provider_options("e.g. OpenVINOExecutionProvider")
+@click.option("--cpu", is_flag=True, help="Use ONNX Runtime's CPU provider even where CUDA or OpenVINO is available.")
+@_provider_options("e.g. OpenVINOExecutionProvider; default: chosen per graph, one put on OpenVINO said on stderr")
 @click.option(
     "--stream",
     is_flag=True,
@@ -467,6 +467,7 @@ def run(
     An encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
     """
     from edgeattn.runtime import load
+    from edgeattn.runtime.providers import OPENVINO, provider_name
 
     if (text is None) == (input_file is None):
         raise click.UsageError("give one TEXT argument or --file, not both or neither")
@@ -484,6 +485,9 @@ def run(
         texts = [text or ""]
     model = load(export_dir, providers=_providers(cpu, providers, provider_specs), threads=threads,
                  precision=precision)  # fmt: skip
+    for graph, engine in model.engines.items():
+        if not engine.requested and provider_name(engine.providers[0]) == OPENVINO:
+            click.echo(f"{graph} graph on {engine.describe()} (--cpu: ONNX Runtime's CPU provider)", err=True)
     if not model.config.is_seq2seq:
         _run_encoder(model, texts, as_json, truncate, aggregation)
         return

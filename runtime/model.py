@@ -18,19 +18,14 @@ import numpy as np
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
+from edgeattn.runtime.engines import EngineChoice, choose_engine
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
+from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, external_tensors
 from edgeattn.runtime.precisions import FP32, made_from_fused
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
-from edgeattn.runtime.safety import (
-    ExternalTensor,
-    UnsafeFileError,
-    check_entries,
-    check_external_data,
-    external_data_entries,
-    external_tensors,
-)
+from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
 from edgeattn.runtime.specs import (
     POSITION,
@@ -102,8 +97,11 @@ class ExportedModel:
     """The graphs of one export directory as ONNX Runtime sessions.
 
     Each file's sha256 is checked against the manifest before a session is created.
-    ``providers`` None means CUDA when this onnxruntime has it, else CPU; a requested provider
-    that is missing gives a warning and the CPU. ``precision`` selects which exported files run
+    ``providers`` None lets the runtime choose each graph's engine and say why
+    (:mod:`edgeattn.runtime.engines`: CUDA when this onnxruntime has it, else OpenVINO where it
+    runs here, for the encoder graphs of an export without decoders that it runs whole, else
+    CPU; logged, and kept in ``engines``); a
+    requested provider that is missing gives a warning and the CPU. ``precision`` selects which exported files run
     (``fp32``, or a reduced precision the export holds). ``optimized_cache`` is a directory where
     ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
     unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
@@ -142,14 +140,21 @@ class ExportedModel:
                 if data.name not in listed:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             paths[name] = (path, entry.sha256)
-        providers = pick_providers(providers)  # once for every graph: a missing one is one warning
-        if OPENVINO in [provider_name(p) for p in providers]:
-            fused = [n for n in paths if made_from_fused(getattr(manifest.entry(n, precision), "source", None))]
-            if fused:
-                log.warning("OpenVINO runs standard ONNX operators: the %s graphs %s hold ONNX Runtime's fused ones, "
-                            "which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load fp32, or "
-                            "int8-static exported with --static-form plain",
-                            precision, ", ".join(fused))  # fmt: skip
+        if providers is None:
+            engines = {name: choose_engine(name, path, "decoder" in paths, ort_cache=optimized_cache is not None)
+                       for name, (path, _) in paths.items()}  # fmt: skip
+            for name, engine in engines.items():
+                log.info("%s graph on %s", name, engine.describe())
+        else:
+            picked = EngineChoice(tuple(pick_providers(providers)), "requested", requested=True)  # one warning
+            engines = dict.fromkeys(paths, picked)
+            if OPENVINO in [provider_name(p) for p in picked.providers]:
+                fused = [n for n in paths if made_from_fused(getattr(manifest.entry(n, precision), "source", None))]
+                if fused:
+                    log.warning("OpenVINO runs standard ONNX operators: the %s graphs %s hold ONNX Runtime's fused "
+                                "ones, which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load "
+                                "fp32, or int8-static exported with --static-form plain",
+                                precision, ", ".join(fused))  # fmt: skip
         shared_by_graph = shared_initializers(export_dir, {name: path for name, (path, _) in paths.items()})
         #: every weight the sessions share, by initializer name
         self._shared = {n: v for values in shared_by_graph.values() for n, v in values.items()}
@@ -168,7 +173,7 @@ class ExportedModel:
                     Path(optimized_cache).mkdir(parents=True, exist_ok=True)
                     cache = Path(optimized_cache) / optimized_cache_file(sha, name)
                 shared = None if cache is not None else shared_by_graph[name]  # a cached graph holds its own weights
-                return create_session(path, providers=providers, threads=threads, spinning=spinning,
+                return create_session(path, providers=engines[name].providers, threads=threads, spinning=spinning,
                                       optimized_cache=cache, tf32=tf32, initializers=shared,
                                       memory_arena=arena(name))  # fmt: skip
 
@@ -179,6 +184,7 @@ class ExportedModel:
         if manifest.tokenizer is not None:
             tokenizer = load_tokenizer(check_file(export_dir, manifest.tokenizer))
         self._attach(config, sessions, precision, io_binding, tokenizer, manifest.labels, manifest.pooling)
+        self.engines = engines
         self.export_dir: Path | None = export_dir
         self.manifest: Manifest | None = manifest
 
@@ -235,6 +241,9 @@ class ExportedModel:
         self.config = config
         self.precision = precision
         self.sessions = sessions
+        #: the providers each graph of a loaded export directory runs on, and why (see
+        #: :mod:`edgeattn.runtime.engines`); empty for graphs or sessions handed over directly
+        self.engines: dict[str, EngineChoice] = {}
         self.specs: dict[str, GraphSpec] = {name: graph_spec(name, config) for name in sessions}
         first = sessions["encoder"] if "encoder" in sessions else next(iter(sessions.values()))
         self.providers: list[str] = first.get_providers()

@@ -13,11 +13,10 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from edgeattn.runtime.manifest import ManifestError
+from edgeattn.runtime.onnx_bytes import Malformed, external_data_entries, external_tensors
 
 
 class UnsafeFileError(ManifestError):
@@ -47,123 +46,6 @@ def member_path(export_dir: str | Path, name: str, what: str = "file") -> Path:
     return path
 
 
-# ------------------------------------------------------------------------- ONNX external data
-# ModelProto / GraphProto / NodeProto / AttributeProto / FunctionProto / TensorProto field numbers
-# that can hold tensors (onnx.proto3): where a TensorProto may sit, and what each holds.
-_MODEL = {7: "graph", 25: "function"}
-_GRAPH = {1: "node", 5: "tensor", 15: "sparse"}
-_FUNCTION = {7: "node"}
-_NODE = {5: "attribute"}
-_ATTRIBUTE = {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 23: "sparse"}
-_SPARSE = {1: "tensor", 2: "tensor"}
-_KINDS = {"model": _MODEL, "graph": _GRAPH, "function": _FUNCTION, "node": _NODE, "attribute": _ATTRIBUTE,
-          "sparse": _SPARSE}  # fmt: skip
-_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_EXTERNAL, _TENSOR_LOCATION = 1, 2, 8, 13, 14
-_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
-
-
-class _Malformed(ValueError):
-    pass
-
-
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Malformed("truncated or overlong varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf: memoryview) -> Iterator[tuple[int, int, memoryview | int]]:
-    """(field number, wire type, value) of one protobuf message; length-delimited values as views."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-            yield number, wire, value
-        elif wire == 1 or wire == 5:
-            pos += 8 if wire == 1 else 4
-            if pos > len(buf):
-                raise _Malformed("truncated fixed-width field")
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            if pos + size > len(buf):
-                raise _Malformed("a field runs past the end of its message")
-            yield number, wire, buf[pos : pos + size]
-            pos += size
-        else:
-            raise _Malformed(f"wire type {wire}")
-
-
-def _tensors(buf: memoryview, kind: str, depth: int = 0) -> Iterator[memoryview]:
-    """Every TensorProto inside a message of ``kind``, graphs and attributes included."""
-    if depth > 64:
-        raise _Malformed("graphs nested more than 64 deep")
-    table = _KINDS[kind]
-    for number, wire, value in _fields(buf):
-        inner = table.get(number)
-        if inner is None or wire != 2:
-            continue
-        assert isinstance(value, memoryview)
-        if inner == "tensor":
-            yield value
-        else:
-            yield from _tensors(value, inner, depth + 1)
-
-
-@dataclass(frozen=True)
-class ExternalTensor:
-    """A tensor a serialised ONNX model keeps outside: its name, shape, element type and where."""
-
-    name: str
-    dims: tuple[int, ...]
-    data_type: int
-    pairs: dict[str, str]
-
-
-def external_tensors(data: bytes | memoryview | mmap.mmap) -> list[ExternalTensor]:
-    """Every tensor a serialised ONNX model keeps outside (external data), read without onnx."""
-    found = []
-    for tensor in _tensors(memoryview(data), "model"):
-        name, location, pairs, dims, elem = "", 0, {}, [], 0
-        for number, wire, value in _fields(tensor):
-            if number == _TENSOR_NAME and wire == 2:
-                name = bytes(value).decode("utf-8", "replace")  # type: ignore[arg-type]
-            elif number == _TENSOR_LOCATION and wire == 0:
-                location = int(value)  # type: ignore[arg-type]
-            elif number == _TENSOR_DIMS and wire == 0:
-                dims.append(int(value))  # type: ignore[arg-type]
-            elif number == _TENSOR_DIMS and wire == 2:  # packed
-                pos, buf = 0, value
-                while pos < len(buf):  # type: ignore[arg-type]
-                    dim, pos = _varint(buf, pos)  # type: ignore[arg-type]
-                    dims.append(dim)
-            elif number == _TENSOR_TYPE and wire == 0:
-                elem = int(value)  # type: ignore[arg-type]
-            elif number == _TENSOR_EXTERNAL and wire == 2:
-                key = val = ""
-                for n, w, v in _fields(value):  # type: ignore[arg-type]
-                    if w == 2 and n in (1, 2):
-                        text = bytes(v).decode("utf-8", "replace")  # type: ignore[arg-type]
-                        key, val = (text, val) if n == 1 else (key, text)
-                pairs[key] = val
-        if location == _EXTERNAL or pairs:
-            found.append(ExternalTensor(name, tuple(dims), elem, pairs))
-    return found
-
-
-def external_data_entries(data: bytes | memoryview | mmap.mmap) -> list[tuple[str, dict[str, str]]]:
-    """(tensor name, external-data key/values) of every tensor a serialised ONNX model keeps outside."""
-    return [(t.name, t.pairs) for t in external_tensors(data)]
-
-
 def check_external_data(path: str | Path) -> list[Path]:
     """The external-data files of the ONNX graph at ``path``, after checking every entry names a
     regular file beside it (see :func:`member_path`) and lies inside that file. UnsafeFileError
@@ -177,7 +59,7 @@ def check_external_data(path: str | Path) -> list[Path]:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             try:
                 entries = external_data_entries(mapped)
-            except _Malformed as exc:  # its traceback holds views of the map: leave the block first
+            except Malformed as exc:  # its traceback holds views of the map: leave the block first
                 error = str(exc)
     if error is not None:
         raise ManifestError(f"{path} is not a readable ONNX graph: {error}")

@@ -123,8 +123,8 @@ def create_session(
 ) -> ort.InferenceSession:
     """An inference session for one ONNX file, or for a serialised graph held in memory (``bytes``).
 
-    With ``optimized_cache`` (a file path), the optimised graph is saved there on first load and
-    loaded from there afterwards, skipping the optimisation passes. The CUDA provider runs
+    With ``optimized_cache`` (a file path; the CPU and CUDA providers only), the optimised graph is
+    saved there on first load and loaded from there afterwards, skipping the optimisation passes. The CUDA provider runs
     float32 matrix products in full float32 unless ``tf32`` (faster, about 1e-3 relative error).
     ``cuda_graph`` turns on the CUDA provider's graph capture: the session must then always be
     run through IO binding with the same device buffers (one input shape per session). With
@@ -144,6 +144,10 @@ def create_session(
                 raise EdgeattnError(reason)
     picked = pick_providers(providers)
     names = [provider_name(p) for p in picked]
+    compiling = [n for n in names if n not in (CPU, CUDA)]
+    if optimized_cache is not None and compiling:
+        raise EdgeattnError(f"optimized_cache saves ONNX Runtime's optimised graph, which {compiling[0]} compiles "
+                            f"into its own: leave optimized_cache out with {compiling[0]}")  # fmt: skip
     cuda_options = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
     plugins = [p for p in picked if is_plugin(provider_name(p))]
     chosen: list[str | tuple[str, dict[str, Any]]] = [

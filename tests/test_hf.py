@@ -386,6 +386,30 @@ def test_text_runtime_needs_neither_torch_nor_transformers(tmp_path):
     assert result.stdout.strip() == "True (1, 32)"
 
 
+@pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
+def test_run_says_when_it_chose_openvino(tmp_path, monkeypatch):
+    """Where OpenVINO runs (taken as running here: the session falls back to the CPU provider in a
+    stock onnxruntime), `edgeattn run` says on stderr which graph it put there and why, and how to
+    keep ONNX Runtime's CPU provider; the answer on stdout is unchanged."""
+    import onnxruntime as ort
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+    from edgeattn.runtime import engines
+    from edgeattn.runtime.providers import OPENVINO
+
+    _text_export(tmp_path, "Bert", "ForSequenceClassification")
+    plain = CliRunner().invoke(cli, ["run", str(tmp_path / "out"), "Edge devices run.", "--cpu"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, "CPUExecutionProvider"])
+    monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
+    chosen = CliRunner().invoke(cli, ["run", str(tmp_path / "out"), "Edge devices run."])
+    assert plain.exit_code == chosen.exit_code == 0, chosen.output
+    assert chosen.stdout == plain.stdout and "OpenVINO" not in plain.stderr
+    said = chosen.stderr.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"encoder graph on {OPENVINO} (precision_hint=f32): OpenVINO runs")
+    assert "--cpu" in said[0]
+
+
 # ------------------------------------------------------------------ held-out text, benchmark
 def test_the_gate_runs_on_the_users_heldout_text(tmp_path):
     """--heldout: the gate measures int8 on the model's own text, and the manifest says so."""

@@ -19,7 +19,7 @@ from edgeattn.exporters.package import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import ExportedModel, ManifestError, UnsafeFileError, load, read_manifest
 from edgeattn.runtime.manifest import DataFile, sha256_file
-from edgeattn.runtime.safety import external_data_entries
+from edgeattn.runtime.onnx_bytes import external_data_entries
 
 ENC = ModelConfig(architecture="encoder", vocab_size=50, d_model=32, n_heads=4, d_ff=48, n_encoder_layers=2,
                   n_decoder_layers=0, max_len=40, dropout=0.0, position="learned", scale_embedding=False)  # fmt: skip

@@ -1,0 +1,100 @@
+"""Which execution provider runs each graph of an export when the caller names none.
+
+The rule, each step measured on this project's machines (README, "Engines the runtime chooses"):
+
+1. CUDA wherever this onnxruntime has it, with the CPU provider behind it.
+2. Else OpenVINO, where it runs here (:func:`edgeattn.runtime.providers.openvino_usable`), for the
+   encoder and attention graphs of an export without decoders, when their operators are all
+   standard ONNX, at float32 inference precision. On the reference encoder (AVX-512 EPYC, 2 threads) it ran the fp32
+   graph 1.07-1.17x faster than ONNX Runtime's CPU provider, within 3e-6, and the plain
+   int8-static graph 1.08-1.26x faster than the CPU provider ran the fused one, at the same
+   worst-token cosine to float32 (0.99987-0.99989).
+   Not chosen for a graph with ONNX Runtime's own operators (fp32-opt, int8, int4, int8-static made
+   from the fused form): OpenVINO would run it in pieces, with those operators on the CPU provider
+   between them. Not chosen for an export with decoders: generation's time goes to the decoder
+   steps, where OpenVINO measured no faster (a T5-small-shaped model generated at the same speed
+   with its encoder graphs on OpenVINO), and each graph OpenVINO compiles adds 0.5-1 s to loading.
+3. Else ONNX Runtime's CPU provider.
+
+Each choice carries its reason, which the runtime logs and keeps (``ExportedModel.engines``).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.onnx_bytes import STANDARD_DOMAIN, Malformed, operator_domains
+from edgeattn.runtime.providers import OPENVINO, Provider, openvino_usable, provider_name, provider_options
+from edgeattn.runtime.session import CPU, CUDA
+
+#: The graphs OpenVINO may be chosen for, in an export without decoders.
+OPENVINO_GRAPHS = ("attention", "encoder")
+#: OpenVINO's options when the runtime chooses it: float32 arithmetic, as the graph asks (OpenVINO
+#: would otherwise run bfloat16 on CPUs with AMX).
+OPENVINO_AUTO: Provider = (OPENVINO, {"precision_hint": "f32"})
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The providers one graph runs on, and why."""
+
+    providers: tuple[Provider, ...]
+    reason: str
+    #: True when the caller named the providers, False when :func:`choose_engine` chose them
+    requested: bool = False
+
+    @property
+    def name(self) -> str:
+        """The first provider's name, with its options (``OpenVINOExecutionProvider (precision_hint=f32)``)."""
+        first = self.providers[0]
+        options = ", ".join(f"{k}={v}" for k, v in provider_options(first).items())
+        return provider_name(first) + (f" ({options})" if options else "")
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+def standard_only(path: Path) -> bool:
+    """Whether every node of the ONNX graph at ``path`` is a standard ONNX operator."""
+    error = None
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            try:
+                domains = operator_domains(data)
+            except Malformed as exc:  # its traceback holds views of the map: leave the block first
+                error = str(exc)
+    except (OSError, ValueError) as exc:
+        error = str(exc)
+    if error is not None:
+        raise EdgeattnError(f"{path} is not a readable ONNX graph: {error}")
+    return domains <= {STANDARD_DOMAIN}
+
+
+def choose_engine(graph: str, path: Path, generates: bool = False, ort_cache: bool = False) -> EngineChoice:
+    """The providers graph ``graph`` (its ONNX file at ``path``) of an export runs on when the caller
+    names none (see the module's rule); ``generates``: the export has decoder graphs.
+    ``ort_cache``: the caller keeps ONNX Runtime's optimised graphs, which a graph OpenVINO compiled
+    cannot be saved as."""
+    if CUDA in ort.get_available_providers():
+        return EngineChoice((CUDA, CPU), "this onnxruntime has the CUDA provider")
+    cpu = (CPU,)
+    if not openvino_usable():
+        return EngineChoice(cpu, "OpenVINO does not run here (onnxruntime-openvino runs it on any x86-64 CPU)")
+    if generates or graph not in OPENVINO_GRAPHS:
+        return EngineChoice(cpu, "generation spends its time in decoder steps, which OpenVINO runs no faster, "
+                                 "and each graph OpenVINO compiles adds 0.5-1 s to loading")  # fmt: skip
+    if ort_cache:
+        return EngineChoice(cpu, "optimized_cache keeps ONNX Runtime's optimised graphs; OpenVINO compiles its own")
+    if not standard_only(path):
+        return EngineChoice(
+            cpu,
+            "holds ONNX Runtime's own operators, which OpenVINO would hand back to the "
+            "CPU provider (for OpenVINO: fp32, or int8-static exported with --static-form plain)",
+        )
+    return EngineChoice((OPENVINO_AUTO, CPU), "OpenVINO runs all of its operators (float32 precision)")

@@ -1,0 +1,151 @@
+"""The engine the runtime chooses for each graph when the caller names none, and the reason it gives;
+the operator domains it reads from a graph's bytes to decide."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from edgeattn.config import get_preset
+from edgeattn.errors import EdgeattnError
+from edgeattn.exporters.package import export_model
+from edgeattn.model import build_model
+from edgeattn.runtime import engines, load
+from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, standard_only
+from edgeattn.runtime.onnx_bytes import Malformed, operator_domains
+from edgeattn.runtime.providers import OPENVINO, openvino_usable
+from edgeattn.runtime.session import CPU, CUDA, create_session
+
+
+def _model(nodes: list[onnx.NodeProto], functions: list[onnx.FunctionProto] | None = None) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("custom", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8, functions=functions or [])
+
+
+def _branch(op: str, domain: str = "") -> onnx.GraphProto:
+    out = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])
+    return helper.make_graph([helper.make_node(op, ["x"], ["b"], domain=domain)], "branch", [], [out])
+
+
+def test_operator_domains_come_from_nodes_subgraphs_and_functions():
+    plain = _model([helper.make_node("Relu", ["x"], ["y"])])
+    assert operator_domains(plain.SerializeToString()) == {"ai.onnx"}
+    fused = _model(
+        [helper.make_node("Gelu", ["x"], ["h"], domain="com.microsoft"), helper.make_node("Relu", ["h"], ["y"])]
+    )
+    assert operator_domains(fused.SerializeToString()) == {"ai.onnx", "com.microsoft"}
+    # a contrib operator inside an If's branch, and a node of a model-local function
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+    branching = _model([cond, helper.make_node("If", ["c"], ["y"], then_branch=_branch("Relu"),
+                                               else_branch=_branch("FastGelu", "com.microsoft"))])  # fmt: skip
+    assert operator_domains(branching.SerializeToString()) == {"ai.onnx", "com.microsoft"}
+    inner = helper.make_function("custom", "Twice", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                 [helper.make_opsetid("", 17)])  # fmt: skip
+    calling = _model([helper.make_node("Twice", ["x"], ["y"], domain="custom")], functions=[inner])
+    assert operator_domains(calling.SerializeToString()) == {"ai.onnx", "custom"}
+    with pytest.raises(Malformed):
+        operator_domains(b"\x3a\xff\xff")  # the graph field longer than the message
+
+
+def test_standard_only_reads_a_file_and_names_one_it_cannot(tmp_path):
+    path = tmp_path / "g.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])]), str(path))
+    assert standard_only(path)
+    onnx.save(_model([helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")]), str(path))
+    assert not standard_only(path)
+    path.write_bytes(b"\x3a\xff\xff")
+    with pytest.raises(EdgeattnError, match="not a readable ONNX graph"):
+        standard_only(path)
+
+
+@pytest.fixture
+def openvino_here(monkeypatch):
+    """OpenVINO taken as running here, CUDA as absent (the sessions made fall back to the CPU
+    provider in an onnxruntime without OpenVINO; the choice is what is tested)."""
+    import onnxruntime as ort
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+    monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
+
+
+def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here):
+    import onnxruntime as ort
+
+    plain, fused = tmp_path / "plain.onnx", tmp_path / "fused.onnx"
+    onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])]), str(plain))
+    onnx.save(_model([helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")]), str(fused))
+    for graph in ("encoder", "attention"):
+        chosen = choose_engine(graph, plain)
+        assert chosen.providers == (OPENVINO_AUTO, CPU) and not chosen.requested
+        assert chosen.name == f"{OPENVINO} (precision_hint=f32)"  # float32, never OpenVINO's bf16 default on AMX
+    said = {
+        "generates": choose_engine("encoder", plain, generates=True),
+        "decoder": choose_engine("decoder", plain, generates=True),
+        "fused": choose_engine("encoder", fused),
+        "cache": choose_engine("encoder", plain, ort_cache=True),
+    }
+    assert all(choice.providers == (CPU,) for choice in said.values())
+    assert "decoder steps" in said["generates"].reason and "decoder steps" in said["decoder"].reason
+    assert "ONNX Runtime's own operators" in said["fused"].reason and "--static-form plain" in said["fused"].reason
+    assert "optimized_cache" in said["cache"].reason
+    monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": False)
+    assert "onnxruntime-openvino" in choose_engine("encoder", plain).reason
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, OPENVINO, CPU])
+    assert choose_engine("encoder", plain).providers == (CUDA, CPU)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """The tiny model's encoder graphs alone (fp32 and int8), and all its graphs."""
+    root = tmp_path_factory.mktemp("engines")
+    model = build_model(get_preset("tiny"), seed=0)
+    export_model(model, root / "encoder", graphs=["attention", "encoder"], verify=False, precisions=["int8"])
+    export_model(model, root / "all", verify=False)
+    return root
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
+def test_load_chooses_each_graph_and_logs_why(exports, openvino_here, caplog):
+    with caplog.at_level(logging.INFO, logger="edgeattn.runtime.model"):
+        model = load(exports / "encoder")
+    assert {graph: engine.providers for graph, engine in model.engines.items()} == {
+        "attention": (OPENVINO_AUTO, CPU), "encoder": (OPENVINO_AUTO, CPU)}  # fmt: skip
+    assert sum("graph on" in r.getMessage() for r in caplog.records) == 2  # one line each, with its reason
+    int8 = load(exports / "encoder", precision="int8")
+    assert all(engine.providers == (CPU,) for engine in int8.engines.values())  # ONNX Runtime's QAttention inside
+    generating = load(exports / "all")
+    assert {engine.providers for engine in generating.engines.values()} == {(CPU,)}
+    asked = load(exports / "encoder", providers=[CPU])
+    assert all(engine.requested and engine.providers == (CPU,) for engine in asked.engines.values())
+
+
+@pytest.mark.skipif(openvino_usable() or CUDA in __import__("onnxruntime").get_available_providers(),
+                    reason="OpenVINO or CUDA runs here")  # fmt: skip
+def test_without_openvino_or_cuda_every_graph_runs_on_the_cpu_provider(exports):
+    model = load(exports / "encoder")
+    assert model.providers == [CPU]
+    assert {engine.providers for engine in model.engines.values()} == {(CPU,)}
+    assert all("OpenVINO does not run here" in engine.reason for engine in model.engines.values())
+
+
+@pytest.mark.skipif(not openvino_usable(), reason="needs OpenVINO that runs on this CPU")
+def test_openvino_chosen_runs_the_encoder_in_float32(exports, tiny_config):
+    """Where OpenVINO really runs, the graphs it is chosen for run on it, to within 1e-4 of ONNX
+    Runtime's CPU provider; a cache of ONNX Runtime's optimised graphs is refused with OpenVINO."""
+    ids = np.random.default_rng(0).integers(4, tiny_config.vocab_size, (2, 11)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 7:] = 0
+    model = load(exports / "encoder", threads=2)
+    assert model.sessions["encoder"].get_providers()[0] == OPENVINO
+    reference = load(exports / "encoder", providers=[CPU]).encode(ids, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(model.encode(ids, mask)[real], reference[real], atol=1e-4)
+    with pytest.raises(EdgeattnError, match="leave optimized_cache out"):
+        create_session(exports / "encoder" / "encoder.onnx", providers=[OPENVINO], optimized_cache=exports / "c")
