@@ -121,7 +121,7 @@ class ExportedModel:
         providers: list[Provider] | tuple[Provider, ...] | None = None,
         threads: int | None = None,
         precision: str = FP32,
-        spinning: bool | Spinning = True,
+        spinning: bool | Spinning = "run",
         optimized_cache: str | Path | None = None,
         io_binding: bool | None = None,
         tf32: bool = False,
@@ -196,7 +196,7 @@ class ExportedModel:
         precision: str = FP32,
         providers: list[str] | tuple[str, ...] | None = (CPU,),
         threads: int | None = None,
-        spinning: bool | Spinning = True,
+        spinning: bool | Spinning = "run",
     ) -> ExportedModel:
         """A model over ``graphs`` (serialised ONNX models, or files) by graph name, with no export
         directory or manifest behind it: what the accuracy gate measures candidate graphs with."""

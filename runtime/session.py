@@ -79,6 +79,9 @@ def preload_cuda_libraries() -> bool:
 #: How intra-op threads wait for work: "on" (ONNX Runtime's default: they spin, between runs too),
 #: "run" (they spin while a run lasts and stop when it ends, so sessions that share cores do not
 #: fight between their runs), "off" (they never spin). True and False mean "on" and "off".
+#: edgeattn's default is "run": a T5-small-shaped model generated 1.32x (fp32) and 1.35x (int8)
+#: faster than with "on" (2 threads, its encoder, cross_kv and decoder sessions each with a pool of
+#: threads that, under "on", spin on the cores the running one needs).
 Spinning = Literal["on", "run", "off"]
 
 
@@ -90,7 +93,7 @@ def spin_policy(spinning: bool | str) -> str:
     return policy
 
 
-def session_options(threads: int | None = None, spinning: bool | Spinning = True) -> ort.SessionOptions:
+def session_options(threads: int | None = None, spinning: bool | Spinning = "run") -> ort.SessionOptions:
     """Session options: all graph optimisations, ``threads`` intra-op threads (None: ORT decides),
     intra-op spinning as :data:`Spinning` says."""
     opts = ort.SessionOptions()
@@ -112,7 +115,7 @@ def create_session(
     path: str | Path | bytes,
     providers: list[Provider] | tuple[Provider, ...] | None = (CPU,),
     threads: int | None = None,
-    spinning: bool | Spinning = True,
+    spinning: bool | Spinning = "run",
     optimized_cache: str | Path | None = None,
     tf32: bool = False,
     cuda_graph: bool = False,

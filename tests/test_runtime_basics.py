@@ -72,6 +72,8 @@ def test_spinning_policies_set_onnx_runtime_options(export_dir):
     assert entries(True) == entries("on") == ("1", None)
     assert entries(False) == entries("off") == ("0", None)
     assert entries("run") == ("1", "1")
+    default = session_options(2)  # spinning while a run lasts: a model's idle sessions leave the cores alone
+    assert default.get_session_config_entry("session.force_spinning_stop") == "1"
     with pytest.raises(EdgeattnError, match="spinning must be"):
         session_options(2, "sometimes")
     out, _ = export_dir
