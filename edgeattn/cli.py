@@ -130,11 +130,12 @@ _calibration_method_option = click.option(
 
 _static_form_option = click.option(
     "--static-form",
-    type=click.Choice(["fused", "plain"]),
+    type=click.Choice(["auto", "fused", "plain"]),
     default=None,
-    help="What int8-static's attention, encoder and cross_kv graphs are made from: fused (default; ONNX "
-    "Runtime's MultiHeadAttention, the faster on ONNX Runtime) or plain (standard operators only, for other "
-    "engines: OpenVINO runs it 3.5-5x faster than the fused form).",
+    help="What int8-static's attention, encoder and cross_kv graphs are made from: fused (ONNX Runtime's "
+    "MultiHeadAttention, the faster on ONNX Runtime), plain (standard operators only, for other engines: "
+    "OpenVINO runs it 3.5-5x faster than the fused form), or auto (default): plain for the graphs the runtime "
+    "puts on OpenVINO on this machine (an export without decoders, where OpenVINO runs), else fused.",
 )
 
 

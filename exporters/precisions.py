@@ -34,6 +34,7 @@ from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_n
 from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
@@ -46,7 +47,7 @@ Model = Seq2SeqTransformer | EncoderModel
 
 
 #: What int8-static's attention, encoder and cross_kv graphs can be made from (see PrecisionOptions).
-STATIC_FORMS = ("fused", "plain")
+STATIC_FORMS = ("auto", "fused", "plain")
 
 
 @dataclass
@@ -69,9 +70,10 @@ class PrecisionOptions:
     external_threshold: int = PROTOBUF_LIMIT
     #: what a precision's ``plain_graphs`` (int8-static's attention, encoder and cross_kv) are made
     #: from: "fused", the precision's fused form (ONNX Runtime's own attention operators; the
-    #: faster on ONNX Runtime), or "plain", the fp32 graph (standard operators only, for any engine:
-    #: OpenVINO runs it whole)
-    static_form: str = "fused"
+    #: faster on ONNX Runtime), "plain", the fp32 graph (standard operators only, for any engine:
+    #: OpenVINO runs it whole), or "auto": plain for each graph the runtime would run on OpenVINO
+    #: on this machine (:func:`edgeattn.runtime.engines.choose_engine`), else fused
+    static_form: str = "auto"
 
     def __post_init__(self) -> None:
         if self.static_form not in STATIC_FORMS:
@@ -142,6 +144,7 @@ class PrecisionBuilder:
         self.fusable, self.not_fused_because = can_fuse(self.model)
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
         self._sources: dict[tuple[str, FusedForm | None], Path] = {}
+        self._auto_plain: dict[str, bool] = {}
         self._made = 0
         self._index: CheckpointIndex | None = None
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
@@ -176,7 +179,19 @@ class PrecisionBuilder:
         return self._sources[key]
 
     def _form(self, graph: str, precision: Precision) -> FusedForm | None:
-        return precision.form_of(graph) if self.options.static_form == "plain" else precision.form
+        return None if graph in precision.plain_graphs and self._plain(graph) else precision.form
+
+    def _plain(self, graph: str) -> bool:
+        """Whether ``graph``'s plain_graphs variants are made from its plain fp32 graph."""
+        if self.options.static_form != "auto":
+            return self.options.static_form == "plain"
+        if graph not in self._auto_plain:
+            engine = choose_engine(graph, self.fp32_dir / self.entries[graph].file, "decoder" in self.entries)
+            self._auto_plain[graph] = engine.providers[0] == OPENVINO_AUTO
+            if self._auto_plain[graph]:
+                log.info("%s: static int8 made from the plain graph: the runtime runs it on OpenVINO here "
+                         "(--static-form fused for ONNX Runtime's fused form)", graph)  # fmt: skip
+        return self._auto_plain[graph]
 
     def _source_name(self, graph: str, precision: Precision) -> str:
         return source_name(self._form(graph, precision) if self.fusable else None)

@@ -140,12 +140,9 @@ class Precision:
     #: quantisation ranges are calibrated on representative inputs (``--calibration``)
     calibrated: bool = False
     #: graphs made from the plain fp32 graph instead of ``form``'s fused one when the export asks
-    #: for standard operators (``--static-form plain``)
+    #: for standard operators (``--static-form plain``, or ``auto`` for the graphs the runtime
+    #: runs on OpenVINO)
     plain_graphs: tuple[str, ...] = ()
-
-    def form_of(self, graph: str) -> FusedForm | None:
-        """The fused form ``graph`` is made from at this precision (None: the plain fp32 graph)."""
-        return None if graph in self.plain_graphs else self.form
 
     @property
     def gated(self) -> bool:

@@ -414,5 +414,28 @@ def test_an_unknown_static_form_is_refused():
     from edgeattn.errors import ExportError
     from edgeattn.exporters.precisions import PrecisionOptions
 
-    with pytest.raises(ExportError, match="static form .packed. is not one of fused, plain"):
+    with pytest.raises(ExportError, match="static form .packed. is not one of auto, fused, plain"):
         PrecisionOptions(static_form="packed")
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
+def test_auto_static_form_is_plain_where_the_runtime_runs_openvino(tmp_path, monkeypatch):
+    """The default static form follows the runtime's engine choice on this machine: with OpenVINO
+    running here (taken so), an export without decoders gets standard-operator int8-static graphs,
+    one with decoders keeps ONNX Runtime's fused encoder (its graphs stay on the CPU provider)."""
+    import onnxruntime as ort
+
+    from edgeattn.runtime import engines
+    from edgeattn.runtime.providers import OPENVINO
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, "CPUExecutionProvider"])
+    monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
+    model = build_model(CFG, seed=3)
+    sources = {}
+    for name, graphs in {"encoder": ["attention", "encoder"], "generating": ["encoder", "decoder"]}.items():
+        export_model(model, tmp_path / name, graphs=graphs, precisions=["int8-static"], verify=False,
+                     precision_options=PrecisionOptions(allow_degraded=True))  # fmt: skip
+        manifest = read_manifest(tmp_path / name)
+        sources[name] = {g: manifest.graphs[g].precisions["int8-static"].source for g in graphs}
+    assert sources["encoder"] == {"attention": "fp32", "encoder": "fp32"}
+    assert all(source.startswith("fp32-opt") for source in sources["generating"].values())

@@ -56,9 +56,10 @@ class BenchOptions:
     hf_folder: str | Path | None = None
     #: each variant's peak memory, alone in a fresh process
     memory: bool = True
-    #: what int8-static's encoder is made from when a preset is exported for the run ("fused", or
-    #: "plain" for standard operators: what OpenVINO runs whole; see PrecisionOptions.static_form)
-    static_form: str = "fused"
+    #: what int8-static's encoder is made from when a preset is exported for the run ("auto",
+    #: "fused", or "plain" for standard operators: what OpenVINO runs whole; see
+    #: PrecisionOptions.static_form)
+    static_form: str = "auto"
     #: OpenVINO variants on CPU runs where OpenVINO is installed (built into onnxruntime-openvino, or
     #: the onnxruntime-ep-openvino plugin, which offers Intel CPUs only: elsewhere they are skipped)
     openvino: bool = True
