@@ -5,10 +5,11 @@ The rule, each step measured on this project's machines (README, "Engines the ru
 1. CUDA wherever this onnxruntime has it, with the CPU provider behind it.
 2. Else OpenVINO, where it runs here (:func:`edgeattn.runtime.providers.openvino_usable`), for the
    encoder and attention graphs of an export without decoders, when their operators are all
-   standard ONNX, at float32 inference precision. On the reference encoder (AVX-512 EPYC, 2 threads) it ran the fp32
-   graph 1.07-1.17x faster than ONNX Runtime's CPU provider, within 3e-6, and the plain
-   int8-static graph 1.08-1.26x faster than the CPU provider ran the fused one, at the same
-   worst-token cosine to float32 (0.99987-0.99989).
+   standard ONNX, at float32 inference precision. On the reference encoder (AVX-512 EPYC, 2
+   threads, 1x16 to 8x512) it ran the fp32 graph 0.96-1.45x as fast as ONNX Runtime's CPU
+   provider (level up to 1x128, faster beyond), within 3e-6, and the plain int8-static graph
+   0.97-1.58x as fast as the CPU provider ran the fused one, at the same worst-token cosine to
+   float32 (0.99987-0.99989).
    Not chosen for a graph with ONNX Runtime's own operators (fp32-opt, int8, int4, int8-static made
    from the fused form): OpenVINO would run it in pieces, with those operators on the CPU provider
    between them. Not chosen for an export with decoders: generation's time goes to the decoder
