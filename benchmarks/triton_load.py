@@ -27,7 +27,7 @@ def _words(n: int, seed: int = 0) -> list[str]:
 
 def encoder_export(work: Path) -> tuple[Path, list[str]]:
     """A random BERT sequence classifier with a trained tokenizer, exported; and request texts of
-    8 to 60 words."""
+    8 to 60 words that fit its 128 positions."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -57,8 +57,9 @@ def encoder_export(work: Path) -> tuple[Path, list[str]]:
     out = work / "classifier"
     export_model(source.model, out, graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
                  labels=source.labels, verify=False)  # fmt: skip
-    texts = [" ".join(rng.choices(words, k=rng.randint(8, 60))) for _ in range(64)]
-    return out, texts
+    drawn = (" ".join(rng.choices(words, k=rng.randint(8, 60))) for _ in range(1000))
+    fits = [text for text in drawn if len(tok.encode(text).ids) <= config.max_position_embeddings]
+    return out, fits[:64]  # each within the model's length: a request refused as too long is no load
 
 
 def seq2seq_export(work: Path) -> tuple[Path, list[str]]:

@@ -382,3 +382,23 @@ def test_paired_timing_cancels_the_load_order():
     assert loads[0] == 4  # each variant loaded once per order
     assert result.ratio == pytest.approx(0.5) and result.order_effect == pytest.approx(0.9)
     assert result.a_ms == pytest.approx(950.0) and result.b_ms == pytest.approx(475.0)
+
+
+def test_serving_load_counts_failed_requests_apart_from_answered_ones():
+    """A request that raises is an error, not throughput: the rate and the latencies are the
+    answered requests', and the table shows the errors."""
+    from edgeattn.benchmark.serving import ServingBench, _row, drive
+
+    def call(thread: int, text: str) -> None:
+        if text == "too long":
+            raise ValueError(text)
+        time.sleep(0.002)
+
+    result = drive(call, ["fine", "too long", "fine", "fine"], concurrency=2, duration=0.2)
+    latencies, elapsed, errors = result
+    assert errors > 0 and latencies and min(latencies) >= 0.002  # every failure was instant: none is timed
+    row = _row("m", "classify", "embedded runtime", 2, result, None)
+    assert row.requests == len(latencies) and row.errors == errors
+    assert row.rps == pytest.approx(len(latencies) / elapsed, rel=0.01)
+    table = ServingBench(rows=[row]).table()
+    assert table.splitlines()[0].split()[-1] == "errors" and table.splitlines()[-1].split()[-1] == str(errors)

@@ -35,6 +35,7 @@ class LoadRow:
     task: str
     path: str
     concurrency: int
+    #: requests answered (those that failed are in ``errors``, not here, nor in the rate or latencies)
     requests: int
     seconds: float
     rps: float
@@ -53,14 +54,15 @@ class ServingBench:
 
     def table(self) -> str:
         head = (f"{'export':<10} {'path':<26} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} "
-                f"{'vs emb':>7}")  # fmt: skip
+                f"{'vs emb':>7} {'errors':>6}")  # fmt: skip
         lines = [head, "-" * len(head)]
         embedded = {(r.export, r.concurrency): r.rps for r in self.rows if r.path == PATHS[2]}
         for r in self.rows:
             ratio = r.rps / embedded[(r.export, r.concurrency)] if embedded.get((r.export, r.concurrency)) else None
             batch = f"{r.mean_batch:.2f}" if r.mean_batch is not None else "-"
+            versus = f"{ratio:.2f}x" if ratio else "-"
             lines.append(f"{r.export:<10} {r.path:<26} {r.concurrency:>4} {r.rps:>8.1f} {r.p50_ms:>8.1f} "
-                         f"{r.p99_ms:>8.1f} {batch:>6} {f'{ratio:.2f}x' if ratio else '-':>7}")  # fmt: skip
+                         f"{r.p99_ms:>8.1f} {batch:>6} {versus:>7} {r.errors:>6}")  # fmt: skip
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def drive(
     call: Callable[[int, str], None], texts: list[str], concurrency: int, duration: float
 ) -> tuple[list[float], float, int]:
     """``concurrency`` threads calling ``call(thread, text)`` back to back for ``duration`` seconds:
-    (latencies in seconds, elapsed seconds, errors)."""
+    (latencies in seconds of the calls that returned, elapsed seconds, calls that raised)."""
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
     stop = time.perf_counter() + duration
@@ -84,7 +86,8 @@ def drive(
                 call(thread, texts[i % len(texts)])
             except Exception:  # noqa: BLE001 - counted, the load goes on
                 errors[thread] += 1
-            latencies[thread].append(time.perf_counter() - start)
+            else:
+                latencies[thread].append(time.perf_counter() - start)
             i += concurrency
 
     begin = time.perf_counter()
