@@ -100,9 +100,9 @@ class ExportedModel:
     ``providers`` None lets the runtime choose each graph's engine and say why
     (:mod:`edgeattn.runtime.engines`: CUDA when this onnxruntime has it, else OpenVINO where it
     runs here, for the encoder graphs of an export without decoders that it runs whole, else
-    CPU; logged, and kept in ``engines``); a
-    requested provider that is missing gives a warning and the CPU. ``precision`` selects which exported files run
-    (``fp32``, or a reduced precision the export holds). ``optimized_cache`` is a directory where
+    CPU; logged, and kept in ``engines``); a requested provider that is missing gives a warning
+    and the CPU. ``precision`` selects which exported files run (``fp32``, or a reduced precision
+    the export holds). ``optimized_cache`` is a directory where
     ONNX Runtime's optimised graphs are kept between loads. On CUDA, float32 stays full float32
     unless ``tf32``; ``io_binding`` (default: on with CUDA) keeps caches on the device.
     ``spinning`` is how ONNX Runtime's intra-op threads wait for work (see

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 # ModelProto / GraphProto / NodeProto / AttributeProto / FunctionProto / TensorProto field numbers
-# that can hold tensors (onnx.proto3): where a TensorProto may sit, and what each holds.
+# (onnx.proto3): the fields of each message that hold tensors, nodes, graphs, attributes or
+# functions, and what each holds.
 _MODEL = {7: "graph", 25: "function"}
 _GRAPH = {1: "node", 5: "tensor", 15: "sparse"}
 _FUNCTION = {7: "node"}

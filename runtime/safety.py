@@ -5,7 +5,8 @@ prove nothing about where a file leads. Every file the manifest names must be a 
 inside the directory, a regular file that is neither a symbolic link nor hard-linked elsewhere;
 and every external-data entry of an ONNX graph must name such a file beside the graph, its
 ``offset`` and ``length`` inside that file. The graph's entries are read from its protobuf
-bytes here, without the ``onnx`` package and before ONNX Runtime sees the file.
+bytes (:mod:`edgeattn.runtime.onnx_bytes`), without the ``onnx`` package and before ONNX Runtime
+sees the file.
 """
 
 from __future__ import annotations
