@@ -23,6 +23,7 @@ from edgeattn.runtime.precisions import (
     PRECISIONS,
     float32_precisions,
     get_precision,
+    graph_precisions,
     reduced_precisions,
 )
 
@@ -696,9 +697,10 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
 @click.option(
     "--precision",
     "precisions",
-    default=",".join(PRECISIONS),
+    default=",".join(graph_precisions()),
     show_default=True,
-    help="Exported precisions to time (those the export holds; GPU precisions on GPU providers only).",
+    help="Exported precisions to time (those the export holds; GPU precisions on GPU providers only; bf16 is "
+    "timed as fp32 on OpenVINO with a bf16 hint).",
 )
 @_static_form_option
 @click.option("--repeats", default=20, show_default=True, type=int)

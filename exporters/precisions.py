@@ -34,11 +34,12 @@ from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_n
 from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine
+from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, engine_emulated, engine_unavailable
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FusedForm, Precision, get_precision, source_name
+from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import graph_spec
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,14 @@ class PrecisionBuild:
     @property
     def degraded(self) -> bool:
         return self.gate is not None and not self.gate.passed
+
+
+def check_engine(precision: Precision) -> None:
+    """ExportError unless ``precision``'s engine runs it here as asked (the gate would otherwise
+    measure something else: float32, or nothing)."""
+    problem = engine_unavailable(precision) or engine_emulated(precision)
+    if problem is not None:
+        raise ExportError(f"{precision.name} is {precision.summary}; it cannot be made and gated here: {problem}")
 
 
 class PrecisionBuilder:
@@ -224,6 +233,8 @@ class PrecisionBuilder:
                 **({} if self.fusable else {"not_fused_because": self.not_fused_because}),
             }
             return Candidate.read(graph, precision.name, src, {**fields, **source}, keep=False)
+        if precision.build == "engine":  # the fp32 graph itself: its engine brings the precision
+            return Candidate.read(graph, precision.name, src, source, keep=False)
         if precision.build != "convert":
             raise ExportError(f"precision {precision.name!r} is the export itself, not a variant of it")
         self._made += 1
@@ -249,10 +260,13 @@ class PrecisionBuilder:
         return self._calibration[graph]
 
     def runtime(self, candidates: dict[str, Candidate]) -> ExportedModel:
-        """ONNX Runtime sessions over candidate graphs, built in memory (CPU provider)."""
+        """ONNX Runtime sessions over candidate graphs, built in memory (the CPU provider, or the
+        precision's own engine in front of it)."""
         precision = next(iter(candidates.values())).precision
         graphs = {name: c.model for name, c in candidates.items()}
-        return ExportedModel.from_graphs(self.model.config, graphs, precision=precision)
+        engine = get_precision(precision).engine_provider
+        providers = (CPU,) if engine is None else (engine, CPU)
+        return ExportedModel.from_graphs(self.model.config, graphs, precision=precision, providers=providers)
 
     def gate(self, precision: str, candidates: dict[str, Candidate], runtime: ExportedModel | None = None
              ) -> GateResult:  # fmt: skip
@@ -266,6 +280,8 @@ class PrecisionBuilder:
         """Every graph at precision ``name``, gated (and for fp32-opt held to float32 parity);
         raises ExportError when the gate fails and degraded results are not allowed."""
         precision = get_precision(name)
+        if precision.engine is not None:
+            check_engine(precision)
         candidates = {g: self.candidate(precision, g) for g in self.graphs}
         runtime = self.runtime(candidates)  # one set of sessions for the parity check and the gate
         parity = None

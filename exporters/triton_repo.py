@@ -83,7 +83,10 @@ class RepositoryOptions:
     per_tensor_scales: bool = False
 
     def check(self) -> None:
-        get_precision(self.precision)
+        record = get_precision(self.precision)
+        if record.engine is not None:
+            raise ConfigError(f"{self.precision} is {record.summary}; a Triton repository runs ONNX Runtime's CPU or "
+                              "CUDA provider, where those graphs are fp32: serve --precision fp32")  # fmt: skip
         if self.max_batch_size < 0:
             raise ConfigError(f"--max-batch-size must be 0 (no batching) or more, not {self.max_batch_size}")
         if self.instances < 1:

@@ -2,6 +2,8 @@
 
 The rule, each step measured on this project's machines (README, "Engines the runtime chooses"):
 
+0. A precision its engine brings (bf16: the fp32 graphs, which OpenVINO runs in bfloat16) runs on
+   that engine, every graph; where the engine cannot run, loading it is an error that says why.
 1. CUDA wherever this onnxruntime has it, with the CPU provider behind it.
 2. Else OpenVINO, where it runs here (:func:`edgeattn.runtime.providers.openvino_usable`), for the
    encoder and attention graphs of an export without decoders, when their operators are all
@@ -30,8 +32,17 @@ from pathlib import Path
 import onnxruntime as ort
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.host import has_bf16
 from edgeattn.runtime.onnx_bytes import STANDARD_DOMAIN, Malformed, operator_domains
-from edgeattn.runtime.providers import OPENVINO, Provider, openvino_usable, provider_name, provider_options
+from edgeattn.runtime.precisions import FP32, Precision, get_precision
+from edgeattn.runtime.providers import (
+    OPENVINO,
+    Provider,
+    openvino_usable,
+    provider_name,
+    provider_options,
+    why_unavailable,
+)
 from edgeattn.runtime.session import CPU, CUDA
 
 #: The graphs OpenVINO may be chosen for, in an export without decoders.
@@ -77,11 +88,34 @@ def standard_only(path: Path) -> bool:
     return domains <= {STANDARD_DOMAIN}
 
 
-def choose_engine(graph: str, path: Path, generates: bool = False, ort_cache: bool = False) -> EngineChoice:
-    """The providers graph ``graph`` (its ONNX file at ``path``) of an export runs on when the caller
-    names none (see the module's rule); ``generates``: the export has decoder graphs.
-    ``ort_cache``: the caller keeps ONNX Runtime's optimised graphs, which a graph OpenVINO compiled
-    cannot be saved as."""
+def engine_unavailable(precision: Precision) -> str | None:
+    """Why the engine of an "engine" precision (bf16: OpenVINO) cannot run here; None when it can."""
+    return None if precision.engine is None else why_unavailable(precision.engine)
+
+
+def engine_emulated(precision: Precision) -> str | None:
+    """Why the engine would run ``precision`` at float32 here instead (bf16 on a CPU without
+    bfloat16 instructions); None when it runs it as asked."""
+    hint = dict(precision.engine_options).get("precision_hint")
+    if hint == "bf16" and not has_bf16():
+        return "this CPU has no bfloat16 instructions (AVX-512 BF16 or AMX): OpenVINO runs the graphs in float32"
+    return None
+
+
+def choose_engine(
+    graph: str, path: Path, generates: bool = False, ort_cache: bool = False, precision: str = FP32
+) -> EngineChoice:
+    """The providers graph ``graph`` (its ONNX file at ``path``) of an export, at ``precision``, runs
+    on when the caller names none (see the module's rule); ``generates``: the export has decoder
+    graphs. ``ort_cache``: the caller keeps ONNX Runtime's optimised graphs, which a graph OpenVINO
+    compiled cannot be saved as. A precision made for an engine of its own (bf16) runs there, and
+    where that engine cannot run, EdgeattnError says why."""
+    record = get_precision(precision)
+    if record.engine_provider is not None:
+        problem = engine_unavailable(record)
+        if problem is not None:
+            raise EdgeattnError(f"the {precision} graphs are {record.summary}, and cannot run here: {problem}")
+        return EngineChoice((record.engine_provider, CPU), f"{precision} is {record.summary}")
     if CUDA in ort.get_available_providers():
         return EngineChoice((CUDA, CPU), "this onnxruntime has the CUDA provider")
     cpu = (CPU,)

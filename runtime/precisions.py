@@ -23,7 +23,7 @@ FP32 = "fp32"
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
 Provider = Literal["any", "cpu", "gpu"]
-Build = Literal["export", "fused", "convert"]
+Build = Literal["export", "fused", "convert", "engine"]
 
 
 class PrecisionError(ExportError, ValueError):
@@ -125,7 +125,8 @@ class Precision:
     made_with: str
     #: "export": the fp32 graphs themselves; "fused": the fused float32 graph of ``form``;
     #: "convert": a converter run on ``form``'s fused graph (on the plain fp32 graph for
-    #: ``plain_graphs`` when asked, or where a model cannot fuse)
+    #: ``plain_graphs`` when asked, or where a model cannot fuse); "engine": the fp32 graphs,
+    #: which ``engine`` runs at a lower precision of its own
     build: Build
     #: the fused float32 graph it is made from (None for fp32)
     form: FusedForm | None = None
@@ -143,10 +144,18 @@ class Precision:
     #: for standard operators (``--static-form plain``, or ``auto`` for the graphs the runtime
     #: runs on OpenVINO)
     plain_graphs: tuple[str, ...] = ()
+    #: the execution provider that runs the graphs ("engine" builds), and its options
+    engine: str | None = None
+    engine_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def gated(self) -> bool:
         return self.thresholds is not None
+
+    @property
+    def engine_provider(self) -> tuple[str, dict[str, str]] | None:
+        """``engine`` with its options, as ONNX Runtime takes a provider (None: any provider)."""
+        return None if self.engine is None else (self.engine, dict(self.engine_options))
 
 
 _FUSED_CPU = FusedForm()
@@ -207,6 +216,18 @@ PRECISIONS: dict[str, Precision] = {
             provider="gpu",
         ),
         Precision(
+            "bf16",
+            "the fp32 graphs run by OpenVINO in bfloat16 (CPUs with AVX-512 BF16 or AMX); near-lossless",
+            "OpenVINO's `INFERENCE_PRECISION_HINT` (onnxruntime-openvino)",
+            "engine",
+            thresholds=Thresholds(0.99999, 0.9999, 0.99, 0.99, 0.95),
+            engine="OpenVINOExecutionProvider",
+            # without the CPU plugin's snippets, which fail to compile the decoders' cached attention
+            # in bf16 ("BrgemmCPU node has incompatible input element types: f32 and bf16",
+            # onnxruntime-openvino 1.24.1); the encoders ran as fast either way (0.97-1.03x)
+            engine_options=(("precision_hint", "bf16"), ("load_config", '{"CPU": {"SNIPPETS_MODE": "DISABLE"}}')),
+        ),
+        Precision(
             "int4",
             "block-wise 4-bit weights (block 32), 4-bit embeddings when large",
             "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized)",
@@ -229,6 +250,12 @@ def get_precision(name: str) -> Precision:
 def reduced_precisions() -> list[str]:
     """Every precision an export may add beside fp32."""
     return [name for name in PRECISIONS if name != FP32]
+
+
+def graph_precisions() -> list[str]:
+    """Every precision whose graphs are its own: all but those an engine brings to the fp32 graphs
+    (bf16), which a benchmark times as fp32 on that engine."""
+    return [p.name for p in PRECISIONS.values() if p.engine is None]
 
 
 def float32_precisions() -> list[str]:

@@ -402,3 +402,12 @@ def test_serving_load_counts_failed_requests_apart_from_answered_ones():
     assert row.rps == pytest.approx(len(latencies) / elapsed, rel=0.01)
     table = ServingBench(rows=[row]).table()
     assert table.splitlines()[0].split()[-1] == "errors" and table.splitlines()[-1].split()[-1] == str(errors)
+
+
+def test_bf16_is_not_timed_as_a_graph_of_its_own(tiny_export):
+    """bf16's graphs are fp32's, run by OpenVINO with a bf16 hint: the benchmark times that as an
+    fp32 variant on OpenVINO, never a bf16 row on another provider (it would be float32 there)."""
+    from edgeattn.benchmark.latency import onnx_variants
+
+    variants, skipped = onnx_variants(tiny_export, ["bf16"], ["CPUExecutionProvider"], threads=1)
+    assert variants == [] and "timed as fp32 on OpenVINOExecutionProvider" in skipped["onnx bf16 CPU"]

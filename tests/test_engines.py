@@ -3,6 +3,7 @@ the operator domains it reads from a graph's bytes to decide."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -13,6 +14,7 @@ from onnx import TensorProto, helper
 from edgeattn.config import get_preset
 from edgeattn.errors import EdgeattnError
 from edgeattn.exporters.package import export_model
+from edgeattn.host import has_bf16
 from edgeattn.model import build_model
 from edgeattn.runtime import engines, load
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, standard_only
@@ -149,3 +151,70 @@ def test_openvino_chosen_runs_the_encoder_in_float32(exports, tiny_config):
     np.testing.assert_allclose(model.encode(ids, mask)[real], reference[real], atol=1e-4)
     with pytest.raises(EdgeattnError, match="leave optimized_cache out"):
         create_session(exports / "encoder" / "encoder.onnx", providers=[OPENVINO], optimized_cache=exports / "c")
+
+
+# ------------------------------------------------------------------ bf16: a precision OpenVINO brings
+def test_bf16_is_refused_where_openvino_cannot_run_it_as_asked(tmp_path, monkeypatch):
+    """bf16 is gated through OpenVINO: where OpenVINO does not run, or the CPU has no bfloat16
+    instructions (OpenVINO would quietly run float32), the export says so and writes nothing."""
+    from edgeattn.errors import ExportError
+
+    model = build_model(get_preset("tiny"), seed=0)
+    monkeypatch.setattr(engines, "why_unavailable", lambda name: f"{name} is not installed (test)")
+    with pytest.raises(ExportError, match="cannot be made and gated here: OpenVINOExecutionProvider is not installed"):
+        export_model(model, tmp_path / "a", graphs=["encoder"], verify=False, precisions=["bf16"])
+    monkeypatch.setattr(engines, "why_unavailable", lambda name: None)
+    monkeypatch.setattr(engines, "has_bf16", lambda: False)
+    with pytest.raises(ExportError, match="no bfloat16 instructions"):
+        export_model(model, tmp_path / "b", graphs=["encoder"], verify=False, precisions=["bf16"])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
+def test_bf16_graphs_are_the_fp32_graphs_and_load_on_openvino_only(tmp_path, monkeypatch, caplog):
+    """A bf16 export holds the fp32 graphs again (their weights in the checkpoint, stored once), and
+    loads on OpenVINO with the bf16 hint; where OpenVINO cannot run, loading it is an error that
+    says why, and on a provider named by the caller it runs in float32, with a warning."""
+    import onnxruntime as ort
+
+    from edgeattn.runtime.engines import engine_unavailable
+    from edgeattn.runtime.precisions import get_precision
+
+    bf16 = get_precision("bf16")
+    with monkeypatch.context() as patch:  # taken as running here (sessions fall back to the CPU provider)
+        patch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+        patch.setattr(engines, "has_bf16", lambda: True)
+        out = tmp_path / "out"
+        export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False,
+                     precisions=["bf16"])  # fmt: skip
+        model = load(out, precision="bf16")
+        assert model.engines["encoder"].providers == (bf16.engine_provider, CPU)
+        assert dict(bf16.engine_options)["precision_hint"] == "bf16"
+    manifest = json.loads((out / "manifest.json").read_text())
+    variant = manifest["graphs"]["encoder"]["precisions"]["bf16"]
+    assert variant["source"] == "fp32" and variant["bytes"] < 200_000  # the graph alone: weights stay shared
+    if engine_unavailable(bf16) is not None:
+        with pytest.raises(EdgeattnError, match="the bf16 graphs are .* cannot run here"):
+            load(out, precision="bf16")
+    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.model"):
+        load(out, precision="bf16", providers=[CPU])
+    assert "on CPUExecutionProvider they run in float32" in caplog.text
+
+
+@pytest.mark.skipif(not openvino_usable() or not has_bf16(),
+                    reason="needs OpenVINO on a CPU with bfloat16 instructions")  # fmt: skip
+def test_bf16_passes_the_gate_and_runs_in_bfloat16_on_openvino(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    result = export_model(build_model(get_preset("tiny"), seed=0), out, precisions=["bf16"])
+    assert result.gates["bf16"].passed
+    ids = np.random.default_rng(0).integers(4, tiny_config.vocab_size, (2, 11)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 7:] = 0
+    model = load(out, precision="bf16", threads=2)
+    assert {engine.providers[0][0] for engine in model.engines.values()} == {OPENVINO}
+    reference = load(out, providers=[CPU]).encode(ids, mask)
+    real = mask.astype(bool)
+    a, b = model.encode(ids, mask)[real], reference[real]
+    cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cosine.min() > 0.9999 and np.abs(a - b).max() > 1e-5  # bfloat16 really ran
+    assert model.generate(ids, mask, max_new_tokens=4) is not None  # the decoders compile in bf16 too

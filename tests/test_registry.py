@@ -40,7 +40,7 @@ def test_every_converted_precision_has_a_converter_and_every_converter_a_record(
     assert converted == set(CONVERTERS)
     assert [p.name for p in PRECISIONS.values() if p.build == "export"] == [FP32]
     for p in PRECISIONS.values():
-        assert (p.form is None) == (p.build == "export"), p.name
+        assert (p.form is None) == (p.build in ("export", "engine")), p.name
         assert p.gated == (p.name != FP32), p.name
 
 

@@ -102,6 +102,8 @@ def test_gpu_settings_and_refusals(demo_export, tmp_path):
         RepositoryOptions(kind="gpu", accelerator="cuda", fp16=True).check()
     with pytest.raises(ConfigError, match="needs --kind gpu"):
         RepositoryOptions(accelerator="cuda").check()
+    with pytest.raises(ConfigError, match="where those graphs are fp32: serve --precision fp32"):
+        RepositoryOptions(precision="bf16").check()  # OpenVINO's bfloat16 is not what Triton's backend runs
     with pytest.raises(EdgeattnError, match="not empty"):
         write_repository(demo_export, tmp_path / "gpu", RepositoryOptions())
     with pytest.raises(EdgeattnError, match="was not exported at precision 'int4'"):

@@ -302,8 +302,12 @@ def onnx_variants(
         bind = provider_id == CUDA if io_binding is None else io_binding
         for precision in precisions:
             name = f"onnx {precision} {short}"
-            if get_precision(precision).provider == "gpu" and provider_id != CUDA:
+            record = get_precision(precision)
+            if record.provider == "gpu" and provider_id != CUDA:
                 skipped[name] = f"{precision} is a GPU precision (the CPU runs it through casts)"
+                continue
+            if record.engine is not None:  # its graphs are fp32's, timed on that engine as fp32 variants
+                skipped[name] = f"{precision} is {record.summary}: timed as fp32 on {record.engine} with its hint"
                 continue
             try:
                 variant_entry = manifest.entry("encoder", precision)

@@ -12,7 +12,7 @@ from typing import Any
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
-from edgeattn.runtime.precisions import FP32, PRECISIONS, get_precision
+from edgeattn.runtime.precisions import FP32, get_precision, graph_precisions
 from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, openvino_usable, provider_name
 from edgeattn.runtime.session import CPU, CUDA
 
@@ -38,7 +38,7 @@ class BenchOptions:
     threads: int = 2
     #: provider names, or (name, options); plugin providers too (see edgeattn.runtime.providers)
     providers: tuple[Provider, ...] = (CPU,)
-    precisions: tuple[str, ...] = tuple(PRECISIONS)
+    precisions: tuple[str, ...] = tuple(graph_precisions())
     repeats: int = 20
     warmup: int = 3
     eager: bool = True
