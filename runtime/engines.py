@@ -34,7 +34,7 @@ import onnxruntime as ort
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
 from edgeattn.runtime.onnx_bytes import STANDARD_DOMAIN, Malformed, operator_domains
-from edgeattn.runtime.precisions import FP32, Precision, get_precision
+from edgeattn.runtime.precisions import FP32, PRECISIONS, Precision
 from edgeattn.runtime.providers import (
     OPENVINO,
     Provider,
@@ -110,8 +110,8 @@ def choose_engine(
     graphs. ``ort_cache``: the caller keeps ONNX Runtime's optimised graphs, which a graph OpenVINO
     compiled cannot be saved as. A precision made for an engine of its own (bf16) runs there, and
     where that engine cannot run, EdgeattnError says why."""
-    record = get_precision(precision)
-    if record.engine_provider is not None:
+    record = PRECISIONS.get(precision)  # None: a precision a newer edgeattn wrote
+    if record is not None and record.engine_provider is not None:
         problem = engine_unavailable(record)
         if problem is not None:
             raise EdgeattnError(f"the {precision} graphs are {record.summary}, and cannot run here: {problem}")

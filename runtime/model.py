@@ -23,7 +23,7 @@ from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, genera
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, external_tensors
-from edgeattn.runtime.precisions import FP32, get_precision, made_from_fused
+from edgeattn.runtime.precisions import FP32, PRECISIONS, made_from_fused
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
@@ -140,18 +140,18 @@ class ExportedModel:
                 if data.name not in listed:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             paths[name] = (path, entry.sha256)
-        record = get_precision(precision)
+        record = PRECISIONS.get(precision)  # None: a precision a newer edgeattn wrote, run as its file is
         if providers is None:
             engines = {name: choose_engine(name, path, "decoder" in paths, optimized_cache is not None, precision)
                        for name, (path, _) in paths.items()}  # fmt: skip
             for name, engine in engines.items():
                 log.info("%s graph on %s", name, engine.describe())
-            if (emulated := engine_emulated(record)) is not None:
+            if record is not None and (emulated := engine_emulated(record)) is not None:
                 log.warning("%s: %s", precision, emulated)
         else:
             picked = EngineChoice(tuple(pick_providers(providers)), "requested", requested=True)  # one warning
             engines = dict.fromkeys(paths, picked)
-            if record.engine is not None and record.engine not in [provider_name(p) for p in picked.providers]:
+            if record and record.engine and record.engine not in [provider_name(p) for p in picked.providers]:
                 log.warning("the %s graphs are %s; on %s they run in float32", precision, record.summary,
                             provider_name(picked.providers[0]))  # fmt: skip
             if OPENVINO in [provider_name(p) for p in picked.providers]:
