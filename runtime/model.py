@@ -18,12 +18,12 @@ import numpy as np
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
-from edgeattn.runtime.engines import EngineChoice, choose_engine, engine_emulated
+from edgeattn.runtime.engines import EngineChoice, choose_engine, engine_emulated, standard_only
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import Manifest, Pooling, check_file, read_manifest
 from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, external_tensors
-from edgeattn.runtime.precisions import FP32, PRECISIONS, made_from_fused
+from edgeattn.runtime.precisions import FP32, PRECISIONS
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
@@ -155,7 +155,7 @@ class ExportedModel:
                 log.warning("the %s graphs are %s; on %s they run in float32", precision, record.summary,
                             provider_name(picked.providers[0]))  # fmt: skip
             if OPENVINO in [provider_name(p) for p in picked.providers]:
-                fused = [n for n in paths if made_from_fused(getattr(manifest.entry(n, precision), "source", None))]
+                fused = [name for name, (path, _) in paths.items() if not standard_only(path)]
                 if fused:
                     log.warning("OpenVINO runs standard ONNX operators: the %s graphs %s hold ONNX Runtime's fused "
                                 "ones, which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load "

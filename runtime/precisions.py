@@ -67,12 +67,6 @@ def source_name(form: FusedForm | None) -> str:
     return FP32 if form is None else f"{FUSED_SOURCE} ({form.describe()})"
 
 
-def made_from_fused(source: str | None) -> bool:
-    """Whether a variant whose manifest ``source`` is ``source`` was made from a fused graph (it then
-    holds ONNX Runtime's own operators)."""
-    return source is not None and source.startswith(FUSED_SOURCE)
-
-
 @dataclass(frozen=True)
 class Verdict:
     """One metric of one graph below its limit."""
