@@ -17,6 +17,7 @@ import click
 
 from edgeattn import __version__
 from edgeattn.errors import EdgeattnError
+from edgeattn.extras import require_extra
 from edgeattn.runtime.precisions import (
     CALIBRATION_METHODS,
     FP32,
@@ -83,6 +84,23 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _needs(extra: str, *modules: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that runs only where the ``extra`` install (or the ``modules`` of it the command
+    imports) is present: elsewhere one line saying which extra to install, and exit 1."""
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(command)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            require_extra(extra, f"'edgeattn {command.__name__.replace('_', '-')}'", modules)
+            return command(*args, **kwargs)
+
+        return checked
+
+    return wrap
 
 
 _provider_option = click.option(
@@ -254,6 +272,7 @@ def _precision_options(
 @click.option(
     "--allow-degraded", is_flag=True, help="Keep precisions that miss their accuracy thresholds, marked degraded."
 )
+@_needs("export")
 def export(
     output: Path,
     preset: str | None,
@@ -323,6 +342,7 @@ def export(
     show_default=True,
     help="Which float32 graphs to check.",
 )
+@_needs("export")
 def verify(export_dir: Path, as_json: bool, precision: str) -> None:
     """Compare an export with eager PyTorch on fresh shapes; exit 1 on any mismatch."""
     from edgeattn.exporters.verify import verify_export
@@ -342,6 +362,7 @@ def verify(export_dir: Path, as_json: bool, precision: str) -> None:
 @_heldout_option
 @_static_form_option
 @click.option("--allow-degraded", is_flag=True, help="Keep precisions that miss their thresholds, marked degraded.")
+@_needs("export")
 def quantize(
     export_dir: Path,
     precisions: str,
@@ -406,6 +427,7 @@ def providers(as_json: bool) -> None:
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@_needs("export", "onnx")
 def inspect(path: Path, as_json: bool) -> None:
     """Describe an ONNX file (any) or an edgeattn export directory."""
     from edgeattn.exporters.inspect_onnx import format_report, inspect_path, to_json
@@ -575,10 +597,11 @@ def _serving_options(func: Any) -> Any:
     show_default=True,
     help="The end-to-end model calls the graph models through Triton, or runs them itself.",
 )
+@_needs("export", "onnx")
 def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: int, max_queue_delay_us: int,
            instances: int, dynamic_batching: bool, name: str | None, task: str | None, kind: str,
            accelerator: str | None, fp16: bool, per_tensor_scales: bool, graphs: str) -> None:  # fmt: skip
-    """Write a Triton Inference Server model repository for an export. Needs no torch.
+    """Write a Triton Inference Server model repository for an export. Needs onnx, not torch.
 
     One ONNX Runtime backend model per graph the task needs, and the task end to end (text in,
     answers out) as a Python-backend model; encoder-decoders also get a streaming model.
@@ -607,6 +630,7 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
     default=None,
     help="Keep the Triton repository here (default: a temporary directory).",
 )
+@_needs("export", "onnx")
 def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay_us: int, instances: int,
           dynamic_batching: bool,
           name: str | None, task: str | None, host: str, port: int, grpc_port: int, metrics_port: int,
@@ -719,6 +743,7 @@ def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, ag
 @click.option("--generation", is_flag=True, help="Also run the generation benchmark (encoder-decoder models).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Write a PNG plot.")
+@_needs("export")
 def bench(
     export_dir: Path | None,
     preset: str | None,
@@ -785,6 +810,7 @@ def bench(
 @click.option("--steps", default=2500, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=2, show_default=True, help="torch CPU threads.")
+@_needs("export")
 def train_demo(output: Path, steps: int, seed: int, threads: int) -> None:
     """Train the demo digit-sorting model from scratch (seeded; a few minutes on two cores)."""
     import torch

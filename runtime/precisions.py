@@ -1,6 +1,6 @@
 """Every precision an export can hold, one record each: the one place their facts live.
 
-A record says what the precision is (for the CLI's help and the README's table), how its graphs
+A record says what the precision is (for the CLI's help and the manual's table), how its graphs
 are made (the fp32 export itself, the fused graph, or a converter run on a fused source form),
 how it is judged (float32 parity, or the accuracy gate's thresholds) and which provider it is
 for. The CLI, the exporters, the gate, the runtime and the benchmark read these records; a new
@@ -113,9 +113,9 @@ class Precision:
     """Everything edgeattn knows about one precision."""
 
     name: str
-    #: what the graphs are, in a line (help text, README)
+    #: what the graphs are, in a line (help text, the manual)
     summary: str
-    #: the tools that make them (README)
+    #: the tools that make them (the manual)
     made_with: str
     #: "export": the fp32 graphs themselves; "fused": the fused float32 graph of ``form``;
     #: "convert": a converter run on ``form``'s fused graph (on the plain fp32 graph for
@@ -264,14 +264,14 @@ def parse_precisions(value: Iterable[str] | None) -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's table of precisions."""
+    """The manual's (docs/precisions.md) table of precisions."""
     rows = ["| precision | what | made with |", "|---|---|---|"]
     rows += [f"| `{p.name}` | {p.summary} | {p.made_with} |" for p in PRECISIONS.values() if p.name != FP32]
     return "\n".join(rows)
 
 
 def thresholds_table() -> str:
-    """The README's table of the accuracy gate's thresholds."""
+    """The manual's (docs/precisions.md) table of the accuracy gate's thresholds."""
     rows = [
         "| precision | cosine mean | cosine worst | top-1 | teacher-forced top-1 | generation exact match |",
         "|---|---|---|---|---|---|",

@@ -491,14 +491,13 @@ def test_bench_times_optimum_and_transformers_on_the_same_checkpoint(tmp_path):
 
 
 def _readme_commands() -> list[str]:
-    """The command lines of the README's worked Hugging Face examples (``$ edgeattn ...``)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Hugging Face checkpoints", 1)[1].split("\n## ", 1)[0]
-    return [line[2:] for line in section.splitlines() if line.startswith("$ edgeattn ")]
+    """The command lines of the manual's worked Hugging Face examples (``$ edgeattn ...``)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "huggingface.md").read_text(encoding="utf-8")
+    return [line[2:] for line in page.splitlines() if line.startswith("$ edgeattn ")]
 
 
 def readme_folders(folder: Path) -> None:
-    """The README's example folders and text files in ``folder``: small random checkpoints with a
+    """The manual's (docs/huggingface.md) example folders and text files in ``folder``: small random checkpoints with a
     trained tokenizer, perturbed as ``_checkpoint`` does and their heads sharpened as in
     ``_text_export``."""
     tokenizer = _tokenizer(*BERT_SPECIALS)
@@ -524,8 +523,8 @@ def readme_folders(folder: Path) -> None:
 
 @pytest.mark.slow
 def test_the_readmes_worked_examples_run_as_written(tmp_path, monkeypatch):
-    """Every command of the README's classification, entity and embedding examples, on small
-    random folders of the names it uses, exits 0 and prints what the README shows."""
+    """Every command of the manual's classification, entity and embedding examples, on small
+    random folders of the names it uses, exits 0 and prints what the manual shows."""
     import shlex
 
     from click.testing import CliRunner

@@ -381,9 +381,9 @@ def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_pa
 
 @pytest.mark.slow
 def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
-    """Every ``$ edgeattn`` line of the README's T5 section, on a small random folder named as it
+    """Every ``$ edgeattn`` line of docs/t5.md, on a small random folder named as it
     says: an export exits 0, or (a random model's int8) is refused by the gate in one line and then
-    kept with --allow-degraded as the README describes; every run prints answers."""
+    kept with --allow-degraded as the page describes; every run prints answers."""
     import shlex
     import shutil
 
@@ -391,9 +391,8 @@ def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
 
     from edgeattn.cli import cli
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Hugging Face T5", 1)[1].split("\n## ", 1)[0]
-    commands = [line[2:] for line in section.splitlines() if line.startswith("$ edgeattn ")]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "t5.md").read_text(encoding="utf-8")
+    commands = [line[2:] for line in page.splitlines() if line.startswith("$ edgeattn ")]
     assert len(commands) >= 5 and any("--stream" in c for c in commands)
     monkeypatch.chdir(tmp_path)
     t5_folder(tmp_path / "my-t5", "v1.1")

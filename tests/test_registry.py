@@ -28,7 +28,7 @@ from edgeattn.runtime.precisions import (
     thresholds_table,
 )
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PRECISIONS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "precisions.md"
 CFG = ModelConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
 
 
@@ -61,8 +61,8 @@ def test_thresholds_give_verdicts_as_values():
     assert t.limit("logits_cosine_mean") is None and isinstance(t, Thresholds)
 
 
-def test_readme_tables_are_the_registrys():
-    text = README.read_text(encoding="utf-8")
+def test_the_manuals_tables_are_the_registrys():
+    text = PRECISIONS_PAGE.read_text(encoding="utf-8")
     assert markdown_table() in text
     assert thresholds_table() in text
 

@@ -1,0 +1,31 @@
+"""MkDocs hook: lay out the package as it is installed for the API reference to read.
+
+The source folders are mapped (``runtime/`` is ``edgeattn.runtime``, ``exporters/`` is
+``edgeattn.exporters``), so mkdocstrings reads a copy of the modules in ``build/api-src`` laid out
+as the import system finds them (links would not do: griffe follows them back to the source tree).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+TREE = ROOT / "build" / "api-src"
+
+
+def on_config(config: Any, **kwargs: Any) -> Any:
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    shutil.rmtree(TREE, ignore_errors=True)
+    for package, folder in sorted(mapping.items()):
+        target = TREE.joinpath(*package.split("."))
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in (ROOT / folder).iterdir():
+            if entry.suffix == ".py":
+                shutil.copy2(entry, target / entry.name)
+            elif (entry / "__init__.py").exists() and not (target / entry.name).exists():
+                shutil.copytree(entry, target / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+    return config
