@@ -18,6 +18,7 @@ import click
 from edgeattn import __version__
 from edgeattn.errors import EdgeattnError
 from edgeattn.extras import require_extra
+from edgeattn.runtime.families import all_tasks
 from edgeattn.runtime.precisions import (
     CALIBRATION_METHODS,
     FP32,
@@ -188,8 +189,8 @@ def _precision_options(
 
     options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded)
     if static_form is not None:
-        if not any(get_precision(p).plain_graphs for p in precisions):
-            formed = [p.name for p in PRECISIONS.values() if p.plain_graphs]
+        if not any(get_precision(p).plain_form for p in precisions):
+            formed = [p.name for p in PRECISIONS.values() if p.plain_form]
             raise click.UsageError(f"--static-form is for {', '.join(formed)}; add it to --precision")
         options.static_form = static_form
     if calibration_file is not None:
@@ -241,7 +242,7 @@ def _precision_options(
 )
 @click.option(
     "--task",
-    type=click.Choice(["encode", "embed", "classify", "tag", "generate"]),
+    type=click.Choice(list(all_tasks())),
     default=None,
     help="With --from-hf: what the model is for (default: what its config.json says).",
 )
@@ -512,7 +513,7 @@ def run(
     for graph, engine in model.engines.items():
         if not engine.requested and provider_name(engine.providers[0]) == OPENVINO:
             click.echo(f"{graph} graph on {engine.describe()} (--cpu: ONNX Runtime's CPU provider)", err=True)
-    if not model.config.is_seq2seq:
+    if not model.family.generation:
         _run_encoder(model, texts, as_json, truncate, aggregation)
         return
     options: dict[str, Any] = {"strategy": strategy}
@@ -546,7 +547,7 @@ def _providers(cpu: bool, providers: str | None, specs: tuple[str, ...]) -> list
     return parse_provider_options(names, specs)
 
 
-_SERVE_TASKS = click.Choice(["classify", "tag", "embed", "encode", "generate"])
+_SERVE_TASKS = click.Choice(list(all_tasks()))
 
 
 def _serving_options(func: Any) -> Any:

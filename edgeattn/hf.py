@@ -29,7 +29,8 @@ import torch
 from edgeattn import hf_t5
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
+from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel, build_model
+from edgeattn.runtime.families import all_tasks
 from edgeattn.runtime.manifest import Pooling
 from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
@@ -43,7 +44,7 @@ FAMILIES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "cam
 HEADS = {"Model": "encode", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
 #: what an encoder-decoder is for: text in, text out
 GENERATE = "generate"
-TASKS = ("encode", "embed", "classify", "tag", GENERATE)
+TASKS = all_tasks()
 _PREFIX = {"Bert": "bert", "Roberta": "roberta", "XLMRoberta": "roberta", "Camembert": "roberta",
            "DistilBert": "distilbert"}  # fmt: skip
 KNOWN_ARCHITECTURES = (*(f"{name}{suffix}" for name in _PREFIX for suffix in HEADS), *hf_t5.ARCHITECTURES.values())
@@ -54,7 +55,7 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "g
 class HFModel:
     """An imported checkpoint: the model, what it was, and what its outputs mean."""
 
-    model: EncoderModel | Seq2SeqTransformer
+    model: TransformerModel
     architecture: str
     task: str
     labels: list[str] | None

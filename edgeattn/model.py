@@ -147,8 +147,9 @@ class Decoder(_Stack):
         return self._finish(x), presents
 
 
-class _Embedded(nn.Module):
-    """Token embeddings scaled by √d_model when the config asks."""
+class TransformerModel(nn.Module):
+    """What every family's model is: a config, token embeddings scaled by √d_model when the config
+    asks, and the state-dict keys that alias one tensor."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -167,7 +168,7 @@ class _Embedded(nn.Module):
         return relative_aliases(self.config, "encoder", self.config.n_encoder_layers)
 
 
-class Seq2SeqTransformer(_Embedded):
+class Seq2SeqTransformer(TransformerModel):
     """Encoder-decoder transformer with a language-model head over a shared vocabulary."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -241,7 +242,7 @@ class Seq2SeqTransformer(_Embedded):
         return torch.stack(out, dim=1)
 
 
-class EncoderModel(_Embedded):
+class EncoderModel(TransformerModel):
     """An encoder alone, optionally with a sequence- or token-classification head."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -298,12 +299,14 @@ class EncoderModel(_Embedded):
         return hidden, self.classifier(hidden)
 
 
-def build_model(config: ModelConfig, seed: int | None = None) -> Seq2SeqTransformer | EncoderModel:
-    """The model the config describes, in eval mode; ``seed`` makes its random weights repeatable."""
+def build_model(config: ModelConfig, seed: int | None = None) -> TransformerModel:
+    """The model the config describes (its family's model class), in eval mode; ``seed`` makes its
+    random weights repeatable."""
+    from edgeattn.runtime.families import family_of, resolve
+
+    model_class = resolve(family_of(config).model)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        model: Seq2SeqTransformer | EncoderModel = (
-            Seq2SeqTransformer(config) if config.is_seq2seq else EncoderModel(config)
-        )
+        model: TransformerModel = model_class(config)
     return model.eval()

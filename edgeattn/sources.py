@@ -10,7 +10,7 @@ from typing import Any
 
 from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
-from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
+from edgeattn.model import TransformerModel, build_model
 from edgeattn.runtime.manifest import Pooling
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import load_model, read_config
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class ModelSource:
     """A model ready to export, a line saying where it came from, and its tokenizer if any."""
 
-    model: Seq2SeqTransformer | EncoderModel
+    model: TransformerModel
     description: str
     tokenizer: WordTokenizer | TextTokenizer | None = None
     #: the task the model was trained for, if any (recorded in the manifest)

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import TransformerModel
 
 
 def encoder_attention(
-    model: Seq2SeqTransformer | EncoderModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    model: TransformerModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
     """Every encoder layer's self-attention weights, each (B, H, S, S)."""
     with torch.no_grad():
@@ -58,7 +58,7 @@ def plot_attention(
 
 
 def plot_layer_head(
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     input_ids: torch.Tensor,
     path: str | Path,
     layer: int = 0,

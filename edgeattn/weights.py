@@ -12,7 +12,7 @@ from torch import nn
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.model import EncoderModel, Seq2SeqTransformer, build_model
+from edgeattn.model import TransformerModel, build_model
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def config_path_for(weights: Path) -> Path:
     return weights.with_name("config.json")
 
 
-def save_weights(model: Seq2SeqTransformer | EncoderModel, path: str | Path) -> Path:
+def save_weights(model: TransformerModel, path: str | Path) -> Path:
     """Write the model's tensors to ``path`` (safetensors, config in its metadata) and
     ``config.json`` beside it. Tied aliases are stored once."""
     path = Path(path)
@@ -99,14 +99,14 @@ def load_state(
     model.load_state_dict(full, strict=True)
 
 
-def load_weights(model: Seq2SeqTransformer | EncoderModel, path: str | Path) -> None:
+def load_weights(model: TransformerModel, path: str | Path) -> None:
     """Load a safetensors checkpoint into an existing model (strict key and shape check)."""
     path = Path(path)
     tensors, _ = _read(path)
     load_state(model, tensors, f"checkpoint {path}", model.tied_aliases())
 
 
-def load_model(path: str | Path, config: ModelConfig | None = None) -> Seq2SeqTransformer | EncoderModel:
+def load_model(path: str | Path, config: ModelConfig | None = None) -> TransformerModel:
     """Build the model from a checkpoint's config (or the one given) and load its weights."""
     config = config or read_config(path)
     model = build_model(config)

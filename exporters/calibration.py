@@ -10,7 +10,10 @@ import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.model import TransformerModel
+from edgeattn.runtime.families import family_of, resolve
+from edgeattn.runtime.specs import POSITION, GraphSpec, encoder_feeds
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
 
 
@@ -64,21 +67,22 @@ CALIBRATION_ROWS = 8
 
 
 def calibration_feeds(
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     graph: str,
     sequences: list[list[int]] | None = None,
     new_tokens: int = 16,
     batches: int = CALIBRATION_BATCHES,
 ) -> list[dict[str, np.ndarray]]:
-    """Representative feeds for ``graph`` in up to ``batches`` batches: from the user's
-    calibration ``sequences`` when given, else drawn from the model's own vocabulary and length
-    range (other sequences than the gate's). The attention graph, which takes hidden states, gets
-    random ones of the same sizes either way."""
-    from edgeattn.exporters.gate import heldout_sources, slot_feeds, teacher_forced
-    from edgeattn.exporters.sampling import sample_inputs
-    from edgeattn.runtime.specs import encoder_feeds, graph_spec
+    """Representative feeds for ``graph`` in up to ``batches`` batches, made as its family role
+    says: from the user's calibration ``sequences`` when given, else drawn from the model's own
+    vocabulary and length range (other sequences than the gate's). A graph that takes hidden
+    states (attention) gets random ones of the same sizes either way."""
+    from edgeattn.exporters.gate import heldout_sources
 
     c = model.config
+    role = family_of(c).role(graph)
+    make = resolve(role.calibration)
+    spec = role.spec(c)
     if sequences:
         calib = heldout_sources(c, texts=sequences)
         batches = min(batches, len(sequences))
@@ -86,24 +90,42 @@ def calibration_feeds(
         calib = heldout_sources(c, n=CALIBRATION_ROWS * batches, seed=1234)
     feeds: list[dict[str, np.ndarray]] = []
     rng = np.random.default_rng(7)
-    spec = graph_spec(graph, c)
     for rows in np.array_split(np.arange(calib.ids.shape[0]), batches):
         ids, mask = calib.ids[rows], calib.mask[rows]
         width = int(mask.sum(axis=1).max())
-        ids, mask = ids[:, :width], mask[:, :width]
-        if graph == "encoder":
-            feeds.append(encoder_feeds(spec.input_names, ids, mask))
-        elif graph == "attention":
-            feeds.append(sample_inputs(spec, c, {"batch": len(rows), "tgt_len": width, "src_len": width}, rng))
-        elif graph == "cross_kv":
-            with torch.no_grad():
-                hidden = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-            feeds.append({"encoder_hidden_states": hidden.numpy()})
-        else:
-            assert isinstance(model, Seq2SeqTransformer)
-            forced = teacher_forced(model, ids, mask, new_tokens).feeds
-            feeds.append(slot_feeds(forced, c) if graph == "decoder_fixed" else forced)
+        feeds.append(make(model, spec, ids[:, :width], mask[:, :width], rng, new_tokens))
     return feeds
+
+
+def encoder_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
+                        rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """The source itself."""
+    return encoder_feeds(spec.input_names, ids, mask)
+
+
+def attention_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
+                          rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random hidden states as long as the source."""
+    width = ids.shape[1]
+    return sample_inputs(spec, model.config, {"batch": ids.shape[0], "tgt_len": width, "src_len": width}, rng)
+
+
+def cross_kv_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
+                         rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """The eager encoder's hidden states of the source."""
+    with torch.no_grad():
+        hidden = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
+    return {"encoder_hidden_states": hidden.numpy()}
+
+
+def decoder_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
+                        rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """The eager model's own continuation under teacher forcing (in cache slots for a graph that
+    takes them)."""
+    from edgeattn.exporters.gate import slot_feeds, teacher_forced
+
+    forced = teacher_forced(model, ids, mask, new_tokens).feeds  # type: ignore[arg-type]
+    return slot_feeds(forced, model.config) if POSITION in spec.input_names else forced
 
 
 def describe_calibration(sequences: list[list[int]] | None, source: str = "") -> str:

@@ -34,7 +34,7 @@ from edgeattn.attention import (
     combine_masks,
     scaled_dot_product_attention,
 )
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import TransformerModel
 from edgeattn.runtime.precisions import FusedForm
 
 log = logging.getLogger(__name__)
@@ -203,14 +203,14 @@ def _slots_attention(mha: MultiHeadAttention, call: AttentionCall) -> tuple[Tens
     return out[0], (call.k, call.v)
 
 
-def can_fuse(model: Seq2SeqTransformer | EncoderModel) -> tuple[bool, str]:
+def can_fuse(model: TransformerModel) -> tuple[bool, str]:
     """Whether every attention block of this model has a fused kernel, and why not."""
     if model.config.attention_topk is not None:
         return False, "top-k sparse attention has no fused ONNX Runtime kernel"
     return True, ""
 
 
-def fused_copy(model: Seq2SeqTransformer | EncoderModel, packed: bool = True) -> Seq2SeqTransformer | EncoderModel:
+def fused_copy(model: TransformerModel, packed: bool = True) -> TransformerModel:
     """A copy of ``model`` whose attention blocks export as fused attention nodes (see
     :func:`ort_attention_kernel` for ``packed``)."""
     fused = copy.deepcopy(model).eval()
@@ -223,16 +223,7 @@ def fused_copy(model: Seq2SeqTransformer | EncoderModel, packed: bool = True) ->
     return fused
 
 
-def expected_attention_blocks(graph: str, model: Seq2SeqTransformer | EncoderModel) -> int:
-    """How many attention blocks graph ``graph`` holds."""
-    c = model.config
-    decoder = 2 * c.n_decoder_layers
-    return {"attention": 1, "encoder": c.n_encoder_layers, "cross_kv": 0, "decoder": decoder, "decoder_fixed": decoder}[
-        graph
-    ]
-
-
-def optimize_fused(path: Path, model: Seq2SeqTransformer | EncoderModel, form: FusedForm) -> onnx.ModelProto:
+def optimize_fused(path: Path, model: TransformerModel, form: FusedForm) -> onnx.ModelProto:
     """Run ONNX Runtime's transformer optimizer (offline fusions only, portable across machines)
     on an exported graph; returns the optimised model (not saved)."""
     from onnxruntime.transformers.fusion_options import FusionOptions

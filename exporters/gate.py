@@ -25,7 +25,8 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import Seq2SeqTransformer, TransformerModel
+from edgeattn.runtime.families import Family, family_of, resolve
 from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
@@ -59,12 +60,12 @@ class GateResult:
         """Compare every metric with the precision's thresholds."""
         self.failures = self.thresholds.verdicts(self.metrics)
 
-    def failing_graphs(self, graphs: list[str]) -> list[str]:
+    def failing_graphs(self, graphs: list[str], family: Family) -> list[str]:
         """Those of ``graphs`` with a failing metric; a failed generation counts against every
-        graph it runs through."""
+        graph it runs through (``family``'s generation graphs and decoding steps)."""
         failing = {v.graph for v in self.failures}
-        if "generation" in failing:
-            failing |= {"encoder", "cross_kv", "decoder", "decoder_fixed"}
+        if GENERATION in failing:
+            failing |= set(family.generation) | {r.name for r in family.roles if r.decodes}
         return [g for g in graphs if g in failing]
 
     def to_record(self, degraded: bool) -> GateRecord:
@@ -138,12 +139,13 @@ class Reference:
     """Eager float32 PyTorch's side of the gate for one held-out set, each part computed on first
     use and kept: the gate measures many candidate graphs against the same answers."""
 
-    def __init__(self, model: Seq2SeqTransformer | EncoderModel, heldout: HeldOut, new_tokens: int = 16) -> None:
+    def __init__(self, model: TransformerModel, heldout: HeldOut, new_tokens: int = 16) -> None:
         self.model = model.eval()
         self.heldout = heldout
         self.new_tokens = new_tokens
         self.ids, self.mask = heldout.ids, heldout.mask
         self.valid = heldout.mask.astype(bool)
+        self._blocks: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
 
     @cached_property
     def hidden(self) -> torch.Tensor:
@@ -156,15 +158,17 @@ class Reference:
         with torch.no_grad():
             return self.model(torch.from_numpy(self.ids), torch.from_numpy(self.mask))[1].numpy()
 
-    @cached_property
-    def attention(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Feeds for the attention graph and eager PyTorch's output on them."""
-        module, spec = graph_module("attention", self.model)
-        feeds = sample_inputs(spec, self.model.config, {"batch": 4, "tgt_len": 24, "src_len": 31},
-                              np.random.default_rng(5))  # fmt: skip
-        with torch.no_grad():
-            out = module(*(torch.from_numpy(feeds[n]) for n in spec.input_names)).numpy()
-        return feeds, out
+    def block(self, graph: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Random hidden-state feeds for a graph of one attention block, and eager PyTorch's output
+        on them (kept per graph)."""
+        if graph not in self._blocks:
+            module, spec = graph_module(graph, self.model)
+            feeds = sample_inputs(spec, self.model.config, {"batch": 4, "tgt_len": 24, "src_len": 31},
+                                  np.random.default_rng(5))  # fmt: skip
+            with torch.no_grad():
+                out = module(*(torch.from_numpy(feeds[n]) for n in spec.input_names)).numpy()
+            self._blocks[graph] = feeds, out
+        return self._blocks[graph]
 
     @cached_property
     def cross(self) -> dict[str, np.ndarray]:
@@ -188,7 +192,7 @@ class Reference:
 
 
 def evaluate(
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     runtime: ExportedModel,
     precision: str,
     heldout: HeldOut,
@@ -197,25 +201,77 @@ def evaluate(
     reference: Reference | None = None,
 ) -> GateResult:
     """Measure ``runtime``'s graphs (``graphs``, default all it has) at ``precision`` against eager
-    float32 ``model`` on ``heldout``; ``reference`` reuses eager answers computed before."""
+    float32 ``model`` on ``heldout``, each as its family role says, then generation where the graphs
+    hold a decoding step and the rest of what generation runs through; ``reference`` reuses eager
+    answers computed before."""
     ref = reference or Reference(model, heldout, new_tokens)
     result = GateResult(precision, heldout=ref.heldout.source)
     graphs = graphs or runtime.graphs
-    ids, mask = ref.ids, ref.mask
-    if "encoder" in graphs:
-        out = runtime.run("encoder", encoder_feeds(runtime.specs["encoder"].input_names, ids, mask))
-        metrics = _cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
-        if "logits" in out:
-            agree = out["logits"].argmax(-1) == ref.logits.argmax(-1)
-            metrics["top1"] = float(agree[ref.valid].mean() if agree.ndim == 2 else agree.mean())
-        result.metrics["encoder"] = metrics
-    if "attention" in graphs:
-        feeds, want = ref.attention
-        result.metrics["attention"] = _cosine_metrics(runtime.run("attention", feeds)["attention_output"], want)
-    if isinstance(ref.model, Seq2SeqTransformer) and ({"decoder", "decoder_fixed", "cross_kv"} & set(graphs)):
-        _decoder_metrics(ref, runtime, result, graphs)
+    family = family_of(model.config)
+    for role in family.roles:
+        if role.name in graphs:
+            result.metrics[role.name] = resolve(role.gate)(ref, runtime, role.name)
+    decoding = [g for g in graphs if g in family.graphs and family.graphs[g].decodes]
+    source = [g for g in family.generation if not family.graphs[g].decodes]
+    if decoding and set(source) <= set(graphs):  # through decoder_fixed where the runtime has it
+        result.metrics[GENERATION] = generation_metrics(ref, runtime)
     result.check()
     return result
+
+
+#: the gate's metric over whole generations (not a graph's)
+GENERATION = "generation"
+
+
+def encoder_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
+    """Hidden states' cosine to eager (real tokens), and the head's top-1 agreement."""
+    out = runtime.run(graph, encoder_feeds(runtime.specs[graph].input_names, ref.ids, ref.mask))
+    metrics = _cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
+    if "logits" in out:
+        agree = out["logits"].argmax(-1) == ref.logits.argmax(-1)
+        metrics["top1"] = float(agree[ref.valid].mean() if agree.ndim == 2 else agree.mean())
+    return metrics
+
+
+def attention_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
+    """The block's output cosine to eager on random hidden states."""
+    feeds, want = ref.block(graph)
+    return _cosine_metrics(runtime.run(graph, feeds)["attention_output"], want)
+
+
+def cross_kv_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
+    """The worst layer's cross keys' and values' cosine to eager (real source positions)."""
+    c = ref.model.config
+    got = runtime.run(graph, {"encoder_hidden_states": ref.hidden.numpy()})
+    rows = np.repeat(ref.valid[:, None, :], c.n_heads, axis=1)
+    worst = {"cosine_mean": 1.0, "cosine_min": 1.0}
+    for name, want in ref.cross.items():
+        m = _cosine_metrics(got[name], want, rows)
+        worst = {k: min(worst[k], m[k]) for k in worst}
+    return worst
+
+
+def decoder_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
+    """Next-token top-1 agreement under teacher forcing, and the logits' cosine to eager (in cache
+    slots for a graph that takes them)."""
+    want = ref.forced.logits
+    feeds = ref.forced.feeds
+    if POSITION in runtime.specs[graph].input_names:
+        feeds = slot_feeds(feeds, ref.model.config)
+    logits = runtime.run(graph, feeds)["logits"]
+    agree = logits.argmax(-1) == want.argmax(-1)
+    return {"teacher_top1": float(agree.mean()), **{f"logits_{k}": v for k, v in _cosine_metrics(logits, want).items()}}
+
+
+def generation_metrics(ref: Reference, runtime: ExportedModel) -> dict[str, float]:
+    """The share of held-out sources whose greedy generation equals eager float32's exactly."""
+    pad = ref.model.config.pad_id
+    eager = ref.greedy
+    got = runtime.generate(ref.ids, ref.mask, ref.new_tokens).tokens
+    width = max(eager.shape[1], got.shape[1])
+    eager = np.pad(eager, ((0, 0), (0, width - eager.shape[1])), constant_values=pad)
+    got = np.pad(got, ((0, 0), (0, width - got.shape[1])), constant_values=pad)
+    return {"exact_match": float((eager == got).all(axis=1).mean())}
 
 
 @dataclass
@@ -256,34 +312,3 @@ def slot_feeds(feeds: dict[str, np.ndarray], config: ModelConfig) -> dict[str, n
     for name in cache_names(SLOT_CACHE, config.n_decoder_layers):
         out[name] = np.zeros((rows, config.n_heads, t, config.head_dim), np.float32)
     return out
-
-
-def _decoder_metrics(ref: Reference, runtime: ExportedModel, result: GateResult, graphs: list[str]) -> None:
-    c = ref.model.config
-    if "cross_kv" in graphs:
-        got = runtime.run("cross_kv", {"encoder_hidden_states": ref.hidden.numpy()})
-        rows = np.repeat(ref.valid[:, None, :], c.n_heads, axis=1)
-        worst = {"cosine_mean": 1.0, "cosine_min": 1.0}
-        for name, want in ref.cross.items():
-            m = _cosine_metrics(got[name], want, rows)
-            worst = {k: min(worst[k], m[k]) for k in worst}
-        result.metrics["cross_kv"] = worst
-    decoders = [g for g in ("decoder", "decoder_fixed") if g in graphs]
-    if not decoders:
-        return
-    want = ref.forced.logits
-    for graph in decoders:
-        feeds = ref.forced.feeds if graph == "decoder" else slot_feeds(ref.forced.feeds, c)
-        logits = runtime.run(graph, feeds)["logits"]
-        agree = logits.argmax(-1) == want.argmax(-1)
-        result.metrics[graph] = {
-            "teacher_top1": float(agree.mean()),
-            **{f"logits_{k}": v for k, v in _cosine_metrics(logits, want).items()},
-        }
-    if {"encoder", "cross_kv"} <= set(graphs):  # through decoder_fixed where the runtime has it
-        eager = ref.greedy
-        got_tokens = runtime.generate(ref.ids, ref.mask, ref.new_tokens).tokens
-        width = max(eager.shape[1], got_tokens.shape[1])
-        eager = np.pad(eager, ((0, 0), (0, width - eager.shape[1])), constant_values=c.pad_id)
-        got_tokens = np.pad(got_tokens, ((0, 0), (0, width - got_tokens.shape[1])), constant_values=c.pad_id)
-        result.metrics["generation"] = {"exact_match": float((eager == got_tokens).all(axis=1).mean())}

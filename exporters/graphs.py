@@ -8,16 +8,17 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from edgeattn.attention import CacheSlots, MultiHeadAttention, padding_mask
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
-from edgeattn.runtime.specs import GraphSpec, graph_spec
+from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel
+from edgeattn.runtime.families import family_of, resolve
+from edgeattn.runtime.specs import GraphSpec
 
 
 class AttentionGraph(nn.Module):
     """query, key, value, key_padding_mask -> attention_output (the first encoder layer's block)."""
 
-    def __init__(self, mha: MultiHeadAttention) -> None:
+    def __init__(self, model: TransformerModel) -> None:
         super().__init__()
-        self.mha = mha
+        self.mha: MultiHeadAttention = model.encoder.layers[0].self_attn
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor) -> Tensor:
         kv = (self.mha._split(self.mha.k_proj(key)), self.mha._split(self.mha.v_proj(value)))
@@ -28,7 +29,7 @@ class AttentionGraph(nn.Module):
 class EncoderGraph(nn.Module):
     """input_ids, attention_mask (, token_type_ids) -> last_hidden_state (and logits for models with a head)."""
 
-    def __init__(self, model: Seq2SeqTransformer | EncoderModel) -> None:
+    def __init__(self, model: TransformerModel) -> None:
         super().__init__()
         self.model = model
 
@@ -83,17 +84,8 @@ class FixedDecoderGraph(DecoderGraph):
         return (logits, *(t for kv in updated for t in kv))
 
 
-def graph_module(name: str, model: Seq2SeqTransformer | EncoderModel) -> tuple[nn.Module, GraphSpec]:
-    """The module to trace for graph ``name`` and that graph's spec."""
-    spec = graph_spec(name, model.config)
-    if name == "attention":
-        module: nn.Module = AttentionGraph(model.encoder.layers[0].self_attn)
-    elif name == "encoder":
-        module = EncoderGraph(model)
-    elif name == "cross_kv":
-        module = CrossKVGraph(model)  # type: ignore[arg-type]
-    elif name == "decoder":
-        module = DecoderGraph(model)  # type: ignore[arg-type]
-    else:
-        module = FixedDecoderGraph(model)  # type: ignore[arg-type]
-    return module.eval(), spec
+def graph_module(name: str, model: TransformerModel) -> tuple[nn.Module, GraphSpec]:
+    """The module to trace for graph ``name`` (its family role's module) and that graph's spec."""
+    role = family_of(model.config).role(name)
+    module: nn.Module = resolve(role.module)(model)
+    return module.eval(), role.spec(model.config)

@@ -30,7 +30,8 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import TransformerModel
+from edgeattn.runtime.families import family_of
 from edgeattn.runtime.layout import external_data_file
 from edgeattn.runtime.manifest import (
     FORMAT_VERSION,
@@ -41,7 +42,7 @@ from edgeattn.runtime.manifest import (
     META_SPEC,
     META_VERSION,
 )
-from edgeattn.runtime.specs import GraphSpec, TensorSpec
+from edgeattn.runtime.specs import EXPORT_SIZES, GraphSpec, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,6 @@ MIN_OPSET = 14
 TORCHSCRIPT_MAX_OPSET = 20
 #: Graphs with more weight bytes than this keep them in external data (protobuf stops at 2 GiB).
 PROTOBUF_LIMIT = 1_900_000_000
-#: Sizes of the example inputs traced at export; verification uses other sizes on purpose.
-EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11}
 
 _ELEM = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT16: "float16"}
 
@@ -190,7 +189,7 @@ def _rename_dims(model: onnx.ModelProto, spec: GraphSpec) -> None:
 
 
 def export_graph(
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     name: str,
     path: str | Path,
     opset: int = DEFAULT_OPSET,
@@ -228,7 +227,8 @@ def finalize(proto: onnx.ModelProto, config: ModelConfig, spec: GraphSpec, preci
     edgeattn metadata (config, graph role, precision, versions) into ``metadata_props``."""
     _rename_dims(proto, spec)
     check_against_spec(proto, spec)
-    if spec.name == "decoder_fixed":
+    role = family_of(config).graphs.get(spec.name)
+    if role is not None and role.in_place:
         check_cache_writes(proto, spec)
     proto.producer_name = "edgeattn"
     proto.producer_version = __version__

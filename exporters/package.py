@@ -25,7 +25,8 @@ from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
 from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import TransformerModel
+from edgeattn.runtime.families import family_of, resolve_graphs
 from edgeattn.runtime.layout import (
     CHECKPOINT_CONFIG,
     TOKENIZER,
@@ -39,7 +40,6 @@ from edgeattn.runtime.layout import (
 from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manifest, Parity, Pooling
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, parse_precisions
-from edgeattn.runtime.specs import resolve_graphs
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import save_weights
 
@@ -73,7 +73,7 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
 
 
 def export_model(
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     out_dir: str | Path,
     graphs: list[str] | None = None,
     opset: int = DEFAULT_OPSET,
@@ -127,6 +127,7 @@ def export_model(
                 created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 source=source or "random weights",
                 task=task,
+                family=family_of(model.config).name,
                 exporter={"torch": torch.__version__, "onnx": onnx.__version__, "method": method},
                 config=model.config,
                 architecture=architecture,
@@ -180,7 +181,7 @@ def share_file_weights(path: Path, index: CheckpointIndex, external_threshold: i
 
 def build_precisions(
     export_dir: Path,
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     manifest: Manifest,
     precisions: list[str],
     options: PrecisionOptions | None = None,

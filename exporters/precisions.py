@@ -26,15 +26,16 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.calibration import calibration_feeds, describe_calibration
 from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_between, share_weights
-from edgeattn.exporters.fusion import can_fuse, expected_attention_blocks, fused_copy, optimize_fused
+from edgeattn.exporters.fusion import can_fuse, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GateResult, HeldOut, Reference, evaluate
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
 from edgeattn.exporters.operators import fused_attention_count, operator_counts
 from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_nodes
 from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import TransformerModel
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, engine_emulated, engine_unavailable
+from edgeattn.runtime.families import family_of
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
@@ -44,7 +45,7 @@ from edgeattn.runtime.specs import graph_spec
 
 log = logging.getLogger(__name__)
 
-Model = Seq2SeqTransformer | EncoderModel
+Model = TransformerModel
 
 
 #: What int8-static's attention, encoder and cross_kv graphs can be made from (see PrecisionOptions).
@@ -69,7 +70,8 @@ class PrecisionOptions:
     sensitive_search: bool = True
     new_tokens: int = 16
     external_threshold: int = PROTOBUF_LIMIT
-    #: what a precision's ``plain_graphs`` (int8-static's attention, encoder and cross_kv) are made
+    #: what a ``plain_form`` precision's graphs that do not decode (int8-static's attention, encoder
+    #: and cross_kv) are made
     #: from: "fused", the precision's fused form (ONNX Runtime's own attention operators; the
     #: faster on ONNX Runtime), "plain", the fp32 graph (standard operators only, for any engine:
     #: OpenVINO runs it whole), or "auto": plain for each graph the runtime would run on OpenVINO
@@ -144,6 +146,7 @@ class PrecisionBuilder:
     def __init__(self, model: Model, graphs: dict[str, GraphEntry], fp32_dir: Path, heldout: HeldOut,
                  options: PrecisionOptions, progress: bool = False) -> None:  # fmt: skip
         self.model = model.eval()
+        self.family = family_of(model.config)
         self.progress = progress
         self.entries = graphs
         self.graphs = list(graphs)
@@ -188,19 +191,25 @@ class PrecisionBuilder:
         return self._sources[key]
 
     def _form(self, graph: str, precision: Precision) -> FusedForm | None:
-        return None if graph in precision.plain_graphs and self._plain(graph) else precision.form
+        plain = precision.plain_form and not self.family.role(graph).decodes and self._plain(graph)
+        return None if plain else precision.form
 
     def _plain(self, graph: str) -> bool:
-        """Whether ``graph``'s plain_graphs variants are made from its plain fp32 graph."""
+        """Whether ``graph``'s ``plain_form`` variants are made from its plain fp32 graph."""
         if self.options.static_form != "auto":
             return self.options.static_form == "plain"
         if graph not in self._auto_plain:
-            engine = choose_engine(graph, self.fp32_dir / self.entries[graph].file, "decoder" in self.entries)
+            engine = choose_engine(self.family.role(graph), self.fp32_dir / self.entries[graph].file,
+                                   self.family.generates_with(self.entries))  # fmt: skip
             self._auto_plain[graph] = engine.providers[0] == OPENVINO_AUTO
             if self._auto_plain[graph]:
                 log.info("%s: static int8 made from the plain graph: the runtime runs it on OpenVINO here "
                          "(--static-form fused for ONNX Runtime's fused form)", graph)  # fmt: skip
         return self._auto_plain[graph]
+
+    def _blocks(self, graph: str) -> int:
+        """How many attention blocks ``graph`` holds (its family role says)."""
+        return self.family.role(graph).attention_blocks(self.model.config)
 
     def _source_name(self, graph: str, precision: Precision) -> str:
         return source_name(self._form(graph, precision) if self.fusable else None)
@@ -210,11 +219,11 @@ class PrecisionBuilder:
         dst = self._scratch / f"{graph}.fused-{form.tag}.onnx"
         export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
                      external_threshold=self.options.external_threshold,
-                     fused=expected_attention_blocks(graph, self.model) > 0)  # fmt: skip
+                     fused=self._blocks(graph) > 0)  # fmt: skip
         proto = optimize_fused(raw, self.model, form)
         finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
         save_checked(proto, dst, self.options.external_threshold)
-        expected, fused = expected_attention_blocks(graph, self.model), fused_attention_count(operator_counts(proto))
+        expected, fused = self._blocks(graph), fused_attention_count(operator_counts(proto))
         if fused != expected:
             raise ExportError(f"{graph}: {fused} of {expected} attention blocks fused; all must be")
         return dst
@@ -228,7 +237,7 @@ class PrecisionBuilder:
             counts = operator_counts(onnx.load(str(src), load_external_data=False))
             fields: dict[str, Any] = {
                 "fused_operators": counts,
-                "attention_blocks": expected_attention_blocks(graph, self.model),
+                "attention_blocks": self._blocks(graph),
                 "attention_fused": fused_attention_count(counts),
                 **({} if self.fusable else {"not_fused_because": self.not_fused_because}),
             }
@@ -291,7 +300,8 @@ class PrecisionBuilder:
                 raise VerificationError(f"{name} graphs disagree with eager PyTorch:\n" + parity.table())
         result = self.gate(name, candidates, runtime) if precision.gated else None
         if result is not None and not result.passed and precision.sensitive_search and self.options.sensitive_search:
-            candidates, result = self.exclude_sensitive(precision, candidates, result.failing_graphs(self.graphs))
+            failing = result.failing_graphs(self.graphs, self.family)
+            candidates, result = self.exclude_sensitive(precision, candidates, failing)
         build = PrecisionBuild(name, candidates, result, parity)
         if build.degraded and not self.options.allow_degraded:
             assert result is not None

@@ -33,6 +33,7 @@ import onnx
 import edgeattn
 from edgeattn.errors import ConfigError, EdgeattnError
 from edgeattn.exporters.rowwise import row_independent
+from edgeattn.runtime.families import task_family
 from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
@@ -113,8 +114,8 @@ def _valid_name(name: str) -> bool:
 
 
 def graphs_for(task: str) -> list[str]:
-    """The graphs a served task runs."""
-    return ["encoder", "cross_kv", "decoder"] if task == "generate" else ["encoder"]
+    """The graphs a served task runs (its family's say)."""
+    return list(task_family(task).task_graphs(task))
 
 
 # -------------------------------------------------------------------------------- config.pbtxt

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from edgeattn.config import ModelConfig
 from edgeattn.errors import VerificationError
 from edgeattn.exporters.graphs import graph_module
-from edgeattn.exporters.onnx_export import EXPORT_SIZES
 from edgeattn.exporters.sampling import padding, sample_inputs
-from edgeattn.model import EncoderModel, Seq2SeqTransformer
+from edgeattn.model import TransformerModel
+from edgeattn.runtime.families import family_of
 from edgeattn.runtime.layout import WEIGHTS
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, float32_precisions
@@ -110,22 +111,9 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verification_sizes(graph: str, max_len: int) -> list[dict[str, int]]:
-    """Input sizes for one graph: none of them the traced sizes, lengths 1, 37 and long."""
-    long = min(max_len, max(64, 4 * EXPORT_SIZES["src_len"]))
-    mid = min(37, max_len)
-    if graph == "attention":
-        shapes = [(1, 1, 1), (3, 1, mid), (3, mid, long), (1, long, 1)]
-        return [{"batch": b, "tgt_len": t, "src_len": s} for b, t, s in shapes]
-    if graph in ("encoder", "cross_kv"):
-        shapes = [(1, 1), (3, 1), (1, mid), (3, mid), (3, long)]
-        return [{"batch": b, "src_len": s} for b, s in shapes]
-    many = max(0, min(60, max_len - 6))
-    shapes = [(1, mid, 1, 0), (3, mid, 1, 0), (3, mid, 1, 1), (3, mid, 1, many), (3, 1, 6, 0), (1, long, 6, many)]
-    sizes = [{"batch": b, "src_len": s, "tgt_len": t, "past_len": p} for b, s, t, p in shapes]
-    if graph == "decoder_fixed":  # room to spare after the new tokens, and a cache filled to the last slot
-        return [{**z, "capacity": z["past_len"] + z["tgt_len"] + (0 if i % 2 else 7)} for i, z in enumerate(sizes)]
-    return sizes
+def verification_sizes(graph: str, config: ModelConfig) -> list[dict[str, int]]:
+    """Input sizes for one graph, none of them the traced sizes (its family role's)."""
+    return family_of(config).role(graph).sizes(config.max_len)
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:
@@ -148,7 +136,7 @@ def _eager(module: torch.nn.Module, names: list[str], feeds: dict[str, np.ndarra
 
 
 def verify_graphs(
-    model: Seq2SeqTransformer | EncoderModel,
+    model: TransformerModel,
     runtime: ExportedModel,
     seed: int = 1234,
     atol: float = ATOL,
@@ -162,7 +150,7 @@ def verify_graphs(
     rng = np.random.default_rng(seed)
     report = VerifyReport(atol=atol, rtol=rtol)
     model = model.eval()
-    jobs = [(g, s) for g in runtime.graphs for s in verification_sizes(g, model.config.max_len)]
+    jobs = [(g, s) for g in runtime.graphs for s in verification_sizes(g, model.config)]
     for graph, sizes in tqdm(jobs, desc="verify", unit="case", disable=not progress, leave=False):
         module, spec = graph_module(graph, model)
         feeds = sample_inputs(spec, model.config, sizes, rng)
@@ -174,13 +162,13 @@ def verify_graphs(
             worst_abs, worst_rel, ok = max(worst_abs, a), max(worst_rel, r), ok and passed
         report.cases.append(CaseResult(graph, sizes, worst_abs, worst_rel, ok))
         log.debug("%s %s: max abs %.2e", graph, sizes, worst_abs)
-    if isinstance(model, Seq2SeqTransformer) and {"encoder", "cross_kv", "decoder"} <= set(runtime.graphs):
+    if runtime.family.generates_with(runtime.graphs):
         report.greedy = verify_greedy(model, runtime, rng, greedy_tokens)
     return report
 
 
 def verify_greedy(
-    model: Seq2SeqTransformer, runtime: ExportedModel, rng: np.random.Generator, tokens: int = GREEDY_TOKENS
+    model: TransformerModel, runtime: ExportedModel, rng: np.random.Generator, tokens: int = GREEDY_TOKENS
 ) -> GreedyResult:
     """Greedy decode of ``tokens`` steps (no early stop) through eager PyTorch and the export."""
     cfg = model.config
@@ -195,7 +183,7 @@ def verify_greedy(
 
 def verify_export(
     export_dir: str | Path,
-    model: Seq2SeqTransformer | EncoderModel | None = None,
+    model: TransformerModel | None = None,
     providers: tuple[str, ...] = (CPU,),
     progress: bool = False,
     precision: str = FP32,

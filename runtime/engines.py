@@ -1,12 +1,13 @@
 """Which execution provider runs each graph of an export when the caller names none.
 
-The rule, each step measured on this project's machines (README, "Engines the runtime chooses"):
+The rule, each step measured on this project's machines (docs/runtime.md, "Engines the runtime chooses"):
 
 0. A precision its engine brings (bf16: the fp32 graphs, which OpenVINO runs in bfloat16) runs on
    that engine, every graph; where the engine cannot run, loading it is an error that says why.
 1. CUDA wherever this onnxruntime has it, with the CPU provider behind it.
 2. Else OpenVINO, where it runs here (:func:`edgeattn.runtime.providers.openvino_usable`), for the
-   encoder and attention graphs of an export without decoders, when their operators are all
+   graphs whose family role allows it (``GraphRole.openvino``: encoder and attention graphs) in an
+   export that does not generate, when their operators are all
    standard ONNX, at float32 inference precision. On the reference encoder (AVX-512 EPYC, 2
    threads, 1x16 to 8x512) it ran the fp32 graph 0.96-1.45x as fast as ONNX Runtime's CPU
    provider (level up to 1x128, faster beyond), within 3e-6, and the plain int8-static graph
@@ -33,6 +34,7 @@ import onnxruntime as ort
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
+from edgeattn.runtime.families import GraphRole
 from edgeattn.runtime.onnx_bytes import STANDARD_DOMAIN, Malformed, operator_domains
 from edgeattn.runtime.precisions import FP32, PRECISIONS, Precision
 from edgeattn.runtime.providers import (
@@ -45,8 +47,6 @@ from edgeattn.runtime.providers import (
 )
 from edgeattn.runtime.session import CPU, CUDA
 
-#: The graphs OpenVINO may be chosen for, in an export without decoders.
-OPENVINO_GRAPHS = ("attention", "encoder")
 #: OpenVINO's options when the runtime chooses it: float32 arithmetic, as the graph asks (OpenVINO
 #: would otherwise run bfloat16 on CPUs with AMX).
 OPENVINO_AUTO: Provider = (OPENVINO, {"precision_hint": "f32"})
@@ -103,12 +103,14 @@ def engine_emulated(precision: Precision) -> str | None:
 
 
 def choose_engine(
-    graph: str, path: Path, generates: bool = False, ort_cache: bool = False, precision: str = FP32
+    role: GraphRole | None, path: Path, generates: bool = False, ort_cache: bool = False, precision: str = FP32
 ) -> EngineChoice:
-    """The providers graph ``graph`` (its ONNX file at ``path``) of an export, at ``precision``, runs
-    on when the caller names none (see the module's rule); ``generates``: the export has decoder
-    graphs. ``ort_cache``: the caller keeps ONNX Runtime's optimised graphs, which a graph OpenVINO
-    compiled cannot be saved as. A precision made for an engine of its own (bf16) runs there, and
+    """The providers a graph of an export (its family ``role``, None for a graph this version has no
+    role for; its ONNX file at ``path``), at ``precision``, runs on when the caller names none (see
+    the module's rule): OpenVINO only for roles that allow it, in an export that does not generate
+    (``generates``: it holds every graph its family generates through). ``ort_cache``: the caller
+    keeps ONNX Runtime's optimised graphs, which a graph OpenVINO compiled cannot be saved as. A
+    precision made for an engine of its own (bf16) runs there, and
     where that engine cannot run, EdgeattnError says why."""
     record = PRECISIONS.get(precision)  # None: a precision a newer edgeattn wrote
     if record is not None and record.engine_provider is not None:
@@ -121,7 +123,7 @@ def choose_engine(
     cpu = (CPU,)
     if not openvino_usable():
         return EngineChoice(cpu, "OpenVINO does not run here (onnxruntime-openvino runs it on any x86-64 CPU)")
-    if generates or graph not in OPENVINO_GRAPHS:
+    if generates or role is None or not role.openvino:
         return EngineChoice(cpu, "generation spends its time in decoder steps, which OpenVINO runs no faster, "
                                  "and each graph OpenVINO compiles adds 0.5-1 s to loading")  # fmt: skip
     if ort_cache:

@@ -153,6 +153,11 @@ class GraphEntry(FileEntry):
         return cls.describe(path, shared, role=spec.name, opset=opset, description=spec.description,
                             inputs=list(spec.inputs), outputs=list(spec.outputs))  # fmt: skip
 
+    @property
+    def spec(self) -> GraphSpec:
+        """The graph's inputs and outputs as the export wrote them."""
+        return GraphSpec(self.role, self.description, tuple(self.inputs), tuple(self.outputs))
+
     def at(self, precision: str) -> FileEntry:
         """The file entry at ``precision``: this entry for fp32, else one of its variants."""
         if precision == self.precision:
@@ -198,6 +203,9 @@ class Manifest:
     #: where the model came from, in words
     source: str
     task: str | None = None
+    #: the model family (``edgeattn.runtime.families``); exports written before families were
+    #: recorded have none, and their config's architecture says it
+    family: str | None = None
     #: the tools and versions that exported the graphs
     exporter: dict[str, str] = field(default_factory=dict)
     config: ModelConfig
@@ -216,9 +224,16 @@ class Manifest:
     #: run on it when it is still there; the runtime never reads it)
     source_folder: str | None = None
 
-    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"architecture", "labels", "pooling", "source_folder"})
+    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"family", "architecture", "labels", "pooling", "source_folder"})
     #: keys a version-1 manifest may lack (older writers left them out until they had a value)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gates", "greedy_parity"})
+
+    @property
+    def family_name(self) -> str:
+        """The model family's name: as recorded, else the one of the config's architecture."""
+        from edgeattn.runtime.families import family_of
+
+        return self.family or family_of(self.config).name
 
     def entry(self, graph: str, precision: str = FP32) -> FileEntry:
         """The file entry of ``graph`` at ``precision``."""

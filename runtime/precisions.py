@@ -119,7 +119,8 @@ class Precision:
     made_with: str
     #: "export": the fp32 graphs themselves; "fused": the fused float32 graph of ``form``;
     #: "convert": a converter run on ``form``'s fused graph (on the plain fp32 graph for
-    #: ``plain_graphs`` when asked, or where a model cannot fuse); "engine": the fp32 graphs,
+    #: the graphs that do not decode when ``plain_form`` and asked, or where a model cannot fuse);
+    #: "engine": the fp32 graphs,
     #: which ``engine`` runs at a lower precision of its own
     build: Build
     #: the fused float32 graph it is made from (None for fp32)
@@ -134,10 +135,11 @@ class Precision:
     sensitive_search: bool = False
     #: quantisation ranges are calibrated on representative inputs (``--calibration``)
     calibrated: bool = False
-    #: graphs made from the plain fp32 graph instead of ``form``'s fused one when the export asks
-    #: for standard operators (``--static-form plain``, or ``auto`` for the graphs the runtime
+    #: the graphs that are not decoding steps (a family role's ``decodes``: an encoder, attention,
+    #: cross_kv) are made from the plain fp32 graph instead of ``form``'s fused one when the export
+    #: asks for standard operators (``--static-form plain``, or ``auto`` for the graphs the runtime
     #: runs on OpenVINO)
-    plain_graphs: tuple[str, ...] = ()
+    plain_form: bool = False
     #: the execution provider that runs the graphs ("engine" builds), and its options
     engine: str | None = None
     engine_options: tuple[tuple[str, str], ...] = ()
@@ -197,7 +199,7 @@ PRECISIONS: dict[str, Precision] = {
             # 3.5-5x slower on OpenVINO (it hands the attention nodes back to ONNX Runtime), while
             # ONNX Runtime ran the plain one up to 1.15x slower; the decoders' cached step stays fused
             # either way (1.17x / 1.38x slower plain at batch 1 / 8)
-            plain_graphs=("attention", "encoder", "cross_kv"),
+            plain_form=True,
         ),
         Precision(
             "fp16",

@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.families import all_tasks, family_of
 from edgeattn.runtime.text import label_names
 
 log = logging.getLogger(__name__)
 
-TASKS = ("classify", "tag", "embed", "encode", "generate")
+TASKS = all_tasks()
 
 #: numpy dtype name -> Triton data type
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
@@ -63,7 +64,8 @@ def task_of(config: Any, task: str | None = None, recorded: str | None = None) -
     export recorded (``recorded``, when it is one of :data:`TASKS`), else what its head says
     (generate for encoder-decoders, classify / tag for sequence / token heads, else embed)."""
     task = task or (recorded if recorded in TASKS else None)
-    natural = ("generate" if config.is_seq2seq else "classify" if config.head == "sequence"
+    family = family_of(config)
+    natural = (next(iter(family.tasks)) if len(family.tasks) == 1 else "classify" if config.head == "sequence"
                else "tag" if config.head == "token" else "embed")  # fmt: skip
     if task in (None, "", natural):
         return natural

@@ -1,7 +1,8 @@
 """One small spec per exported graph: its file, inputs and outputs with dtypes and named axes.
 
-The exporter names the ONNX inputs and dynamic axes from these specs, the runtime checks its
-feeds against them, the verifier draws its test inputs from them, and the tests read them.
+The exporter names the ONNX inputs and dynamic axes from these specs, the manifest stores them,
+the runtime checks its feeds against them, the verifier draws its test inputs from them, and the
+tests read them. Which graphs a model has is its family's say (:mod:`edgeattn.runtime.families`).
 Torch-free: it needs only the config.
 """
 
@@ -13,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from edgeattn.config import ModelConfig
-from edgeattn.errors import ConfigError
 
 #: Named dynamic axes used across every graph.
 BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "past_len", "total_len"
@@ -21,11 +21,11 @@ BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "p
 #: that says how many are filled.
 CAPACITY, POSITION = "capacity", "position"
 
+#: Sizes of the example inputs traced at export; verification uses other sizes on purpose.
+EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11}
+
 #: The encoder input of models with token types (segments).
 TOKEN_TYPE_IDS = "token_type_ids"
-
-#: Every graph an export can hold, in the order they are written.
-GRAPH_NAMES = ("attention", "encoder", "cross_kv", "decoder", "decoder_fixed")
 
 #: The decoder_fixed graph's cache inputs, and the outputs a runtime binds to the same buffers.
 SLOT_CACHE, SLOT_UPDATED = "cache", "updated"
@@ -187,43 +187,23 @@ def decoder_fixed_spec(config: ModelConfig) -> GraphSpec:
     )
 
 
-_BUILDERS = {
-    "attention": attention_spec,
-    "encoder": encoder_spec,
-    "cross_kv": cross_kv_spec,
-    "decoder": decoder_spec,
-    "decoder_fixed": decoder_fixed_spec,
-}
-
-
 def graph_spec(name: str, config: ModelConfig) -> GraphSpec:
-    """The spec of graph ``name`` for this config."""
-    if name not in _BUILDERS:
-        raise ConfigError(f"unknown graph {name!r}; graphs are {', '.join(GRAPH_NAMES)}")
-    return _BUILDERS[name](config)
+    """The spec of graph ``name`` for this config (see :func:`edgeattn.runtime.families.graph_spec`)."""
+    from edgeattn.runtime.families import graph_spec as spec_of
+
+    return spec_of(name, config)
 
 
 def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelConfig) -> list[str]:
-    """The graphs to export: ``requested`` (default: all the config supports), with ``decoder``
-    bringing ``encoder`` and ``cross_kv`` along and ``decoder_fixed`` bringing ``decoder``; decoder
-    graphs of an encoder-only config are refused."""
-    supported = list(GRAPH_NAMES) if config.is_seq2seq else ["attention", "encoder"]
-    if not requested:
-        return supported
-    names = [n.strip() for n in requested if n.strip()]
-    for n in names:
-        if n not in GRAPH_NAMES:
-            raise ConfigError(
-                f"unknown graph {n!r}; choose from {', '.join(g for g in GRAPH_NAMES if g != 'cross_kv')}"
-            )
-        if n not in supported:
-            raise ConfigError(
-                f"graph {n!r} needs an encoder-decoder model; this config is architecture={config.architecture!r}"
-            )
-    if "decoder_fixed" in names and "decoder" not in names:
-        names.append("decoder")
-    if "decoder" in names:
-        if "encoder" not in names:
-            names.append("encoder")
-        names.append("cross_kv")
-    return [g for g in GRAPH_NAMES if g in names]
+    """The graphs to export (see :func:`edgeattn.runtime.families.resolve_graphs`)."""
+    from edgeattn.runtime.families import resolve_graphs as resolve
+
+    return resolve(requested, config)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GRAPH_NAMES":  # every graph any family exports, from the family registry
+        from edgeattn.runtime.families import all_graph_names
+
+        return all_graph_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -172,3 +172,23 @@ def test_export_with_precisions_and_quantize_command(tmp_path):
     assert manifest["graphs"]["decoder"]["precisions"]["int8-static"]["source"].startswith("fp32-opt")
     unformed = edgeattn("quantize", "out", "--precision", "int8", "--static-form", "plain", cwd=tmp_path)
     assert unformed.returncode == 2 and "--static-form is for int8-static" in unformed.stderr
+
+
+def test_commands_that_need_the_exporter_say_which_extra_where_it_is_missing(tmp_path):
+    """On a runtime-only install (torch, onnx absent) `edgeattn export` is one line naming the extra
+    to install, exit 1; `edgeattn run --help` still works."""
+    code = (
+        "import sys\nfor m in ('torch', 'onnx', 'onnxscript'): sys.modules[m] = None\n"
+        "from click.testing import CliRunner\nfrom edgeattn.cli import cli\n"
+        f"r = CliRunner().invoke(cli, ['export', '-o', {str(tmp_path / 'out')!r}])\n"
+        "print(r.exit_code); print(r.output, end='')\n"
+        "r = CliRunner().invoke(cli, ['inspect', '.'])\nprint(r.exit_code); print(r.output, end='')\n"
+        "print(CliRunner().invoke(cli, ['run', '--help']).exit_code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "1" and lines[2] == "1" and lines[4] == "0", lines
+    assert lines[1] == ("edgeattn: error: 'edgeattn export' needs the 'export' extra, which this install lacks "
+                        "(torch, onnx, onnxscript not found): pip install 'edgeattn[export]'")  # fmt: skip
+    assert "(onnx not found)" in lines[3] and not (tmp_path / "out").exists()

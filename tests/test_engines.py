@@ -18,6 +18,7 @@ from edgeattn.host import has_bf16
 from edgeattn.model import build_model
 from edgeattn.runtime import engines, load
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, standard_only
+from edgeattn.runtime.families import ENCODER_FAMILY, SEQ2SEQ_FAMILY
 from edgeattn.runtime.onnx_bytes import Malformed, operator_domains
 from edgeattn.runtime.providers import OPENVINO, openvino_usable
 from edgeattn.runtime.session import CPU, CUDA, create_session
@@ -84,23 +85,23 @@ def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here):
     onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])]), str(plain))
     onnx.save(_model([helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")]), str(fused))
     for graph in ("encoder", "attention"):
-        chosen = choose_engine(graph, plain)
+        chosen = choose_engine(ENCODER_FAMILY.graphs[graph], plain)
         assert chosen.providers == (OPENVINO_AUTO, CPU) and not chosen.requested
         assert chosen.name == f"{OPENVINO} (precision_hint=f32)"  # float32, never OpenVINO's bf16 default on AMX
     said = {
-        "generates": choose_engine("encoder", plain, generates=True),
-        "decoder": choose_engine("decoder", plain, generates=True),
-        "fused": choose_engine("encoder", fused),
-        "cache": choose_engine("encoder", plain, ort_cache=True),
+        "generates": choose_engine(SEQ2SEQ_FAMILY.graphs["encoder"], plain, generates=True),
+        "decoder": choose_engine(SEQ2SEQ_FAMILY.graphs["decoder"], plain, generates=True),
+        "fused": choose_engine(ENCODER_FAMILY.graphs["encoder"], fused),
+        "cache": choose_engine(ENCODER_FAMILY.graphs["encoder"], plain, ort_cache=True),
     }
     assert all(choice.providers == (CPU,) for choice in said.values())
     assert "decoder steps" in said["generates"].reason and "decoder steps" in said["decoder"].reason
     assert "ONNX Runtime's own operators" in said["fused"].reason and "--static-form plain" in said["fused"].reason
     assert "optimized_cache" in said["cache"].reason
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": False)
-    assert "onnxruntime-openvino" in choose_engine("encoder", plain).reason
+    assert "onnxruntime-openvino" in choose_engine(ENCODER_FAMILY.graphs["encoder"], plain).reason
     monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, OPENVINO, CPU])
-    assert choose_engine("encoder", plain).providers == (CUDA, CPU)
+    assert choose_engine(ENCODER_FAMILY.graphs["encoder"], plain).providers == (CUDA, CPU)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ import numpy as np
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.timing import Timing, interleaved
 from edgeattn.runtime import load
-from edgeattn.runtime.model import ExportedModel, SlotStepper
+from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.seq2seq_runtime import SlotStepper
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import SLOT_CACHE
 

@@ -281,6 +281,7 @@ def onnx_variants(
     precision; ``tf32`` lets CUDA float32 matrix products use TF32; ``lengths`` adds each fused
     precision (fp32-opt, fp16) with its padding given as key lengths (see :func:`_lengths_variants`)."""
     from edgeattn.benchmark.bound import CudaGraphRunner
+    from edgeattn.runtime.families import get_family
     from edgeattn.runtime.manifest import read_manifest
     from edgeattn.runtime.providers import why_unavailable
     from edgeattn.runtime.safety import graph_bytes
@@ -288,8 +289,9 @@ def onnx_variants(
 
     manifest = read_manifest(export_dir)
     skipped: dict[str, str] = {}
-    if "encoder" not in manifest.graphs:
-        return [], {"onnx": f"{export_dir} has no encoder graph"}
+    timed = get_family(manifest.family_name).primary_graph  # the graph every task runs first: the encoder
+    if timed not in manifest.graphs:
+        return [], {"onnx": f"{export_dir} has no {timed} graph"}
     d_model = manifest.config.d_model
     variants: list[Variant] = []
     for provider in providers:
@@ -310,7 +312,7 @@ def onnx_variants(
                 skipped[name] = f"{precision} is {record.summary}: timed as fp32 on {record.engine} with its hint"
                 continue
             try:
-                variant_entry = manifest.entry("encoder", precision)
+                variant_entry = manifest.entry(timed, precision)
             except ManifestError as exc:
                 skipped[name] = str(exc)
                 continue

@@ -12,6 +12,7 @@ from typing import Any
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
+from edgeattn.runtime.families import get_family
 from edgeattn.runtime.precisions import FP32, get_precision, graph_precisions
 from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, openvino_usable, provider_name
 from edgeattn.runtime.session import CPU, CUDA
@@ -160,7 +161,7 @@ def run_benchmark(
                 _agreement(report, others, eager.answer, manifest, against="eager PyTorch float32",
                            output="last_hidden_state")  # fmt: skip
         generation = None
-        if options.generation and "decoder" in manifest.graphs:
+        if options.generation and get_family(manifest.family_name).generates_with(manifest.graphs):
             from edgeattn.benchmark.generation import bench_generation
 
             positions = tuple(p for p in (16, 64, 256) if p < config.max_len)

@@ -1,0 +1,280 @@
+"""Model families: one record each, saying what a family exports and how every layer treats it.
+
+A family (an encoder, an encoder-decoder, ...) is its graph roles, each with its spec, the PyTorch
+module it is exported from, the sizes verification runs it at, how calibration and gate inputs are
+made, whether it runs once per source and which engines may run it; the family's tasks and the
+graphs each needs; its eager stepper; and the runtime class :func:`edgeattn.runtime.load` returns
+for it. Export, verify, gate, calibration, fusion, engine choice, precisions, memory policy,
+Triton and the command line iterate over a family's roles instead of naming graphs.
+
+Torch-free: the parts that need PyTorch (modules, gate and calibration inputs, the eager stepper)
+are named as ``"module:attribute"`` and imported by the exporter (:func:`resolve`). Adding a
+family is its own files (model, graph modules, runtime class), its importer, and one record here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from edgeattn.config import ModelConfig
+from edgeattn.errors import ConfigError
+from edgeattn.runtime import specs
+from edgeattn.runtime.specs import GraphSpec
+
+#: verification sizes: lengths never traced, batch 1 and > 1
+_MID = 37
+
+
+def _long(max_len: int) -> int:
+    return min(max_len, max(64, 4 * specs.EXPORT_SIZES["src_len"]))
+
+
+def attention_sizes(max_len: int) -> list[dict[str, int]]:
+    """A block's query and key lengths apart."""
+    mid, long = min(_MID, max_len), _long(max_len)
+    shapes = [(1, 1, 1), (3, 1, mid), (3, mid, long), (1, long, 1)]
+    return [{"batch": b, "tgt_len": t, "src_len": s} for b, t, s in shapes]
+
+
+def source_sizes(max_len: int) -> list[dict[str, int]]:
+    """A source of length 1, 37 and long, batch 1 and 3."""
+    mid, long = min(_MID, max_len), _long(max_len)
+    shapes = [(1, 1), (3, 1), (1, mid), (3, mid), (3, long)]
+    return [{"batch": b, "src_len": s} for b, s in shapes]
+
+
+def step_sizes(max_len: int) -> list[dict[str, int]]:
+    """Decoder steps after 0, 1 and many cached positions, one token and several."""
+    mid, long = min(_MID, max_len), _long(max_len)
+    many = max(0, min(60, max_len - 6))
+    shapes = [(1, mid, 1, 0), (3, mid, 1, 0), (3, mid, 1, 1), (3, mid, 1, many), (3, 1, 6, 0), (1, long, 6, many)]
+    return [{"batch": b, "src_len": s, "tgt_len": t, "past_len": p} for b, s, t, p in shapes]
+
+
+def slot_sizes(max_len: int) -> list[dict[str, int]]:
+    """:func:`step_sizes` over a cache of fixed capacity: room to spare after the new tokens, and a
+    cache filled to the last slot."""
+    sizes = step_sizes(max_len)
+    return [{**z, "capacity": z["past_len"] + z["tgt_len"] + (0 if i % 2 else 7)} for i, z in enumerate(sizes)]
+
+
+@dataclass(frozen=True)
+class GraphRole:
+    """One graph a family exports."""
+
+    name: str
+    spec: Callable[[ModelConfig], GraphSpec]
+    #: the PyTorch module it is exported from, ``"module:class"`` (built from the whole model)
+    module: str
+    #: input sizes verification runs it at, none of them traced: ``sizes(max_len)``
+    sizes: Callable[[int], list[dict[str, int]]]
+    #: ``"module:function"`` making calibration feeds: ``(model, spec, ids, mask, rng, new_tokens)``
+    calibration: str
+    #: ``"module:function"`` measuring it for the gate: ``(reference, runtime, name) -> metrics``
+    gate: str
+    #: attention blocks a fused export of it holds: ``attention_blocks(config)``
+    attention_blocks: Callable[[ModelConfig], int]
+    #: run once per source rather than once per token (no memory arena by default; int8-static
+    #: made from the plain graph)
+    once_per_source: bool = False
+    #: OpenVINO may run it when the runtime chooses, in an export that does not generate (its
+    #: operators permitting)
+    openvino: bool = False
+    #: the graphs an export of it brings along
+    needs: tuple[str, ...] = ()
+    #: whether ``--graphs`` offers it (a graph that is only ever brought along is not offered)
+    requestable: bool = True
+    #: a decoding step (a failed generation counts against it)
+    decodes: bool = False
+    #: its cache inputs are written in place (checked at export: nothing reads one after it is written)
+    in_place: bool = False
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: its graphs, its tasks, and the runtime class that runs its exports."""
+
+    name: str
+    #: ``ModelConfig.architecture`` of its models
+    architecture: str
+    roles: tuple[GraphRole, ...]
+    #: task -> the graphs it runs
+    tasks: dict[str, tuple[str, ...]]
+    #: ``"module:class"`` of its PyTorch model (built from a config by ``edgeattn.model.build_model``)
+    model: str
+    #: ``"module:class"`` of the runtime :func:`edgeattn.runtime.load` returns
+    runtime: str
+    #: the graphs generation runs through (empty: the family does not generate)
+    generation: tuple[str, ...] = ()
+    #: ``"module:class"`` of the eager PyTorch stepper generation is checked against
+    stepper: str | None = None
+    #: what a family's exports are for, in a line
+    summary: str = ""
+    graphs: dict[str, GraphRole] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "graphs", {r.name: r for r in self.roles})
+
+    @property
+    def graph_names(self) -> list[str]:
+        return [r.name for r in self.roles]
+
+    @property
+    def primary_graph(self) -> str:
+        """The graph the family's first task runs first (whose session says what a model runs on)."""
+        return next(iter(self.tasks.values()))[0]
+
+    def role(self, name: str) -> GraphRole:
+        """The role of graph ``name``, or a ConfigError naming the family's graphs."""
+        if name not in self.graphs:
+            raise ConfigError(f"a {self.name} model has no {name!r} graph; its graphs are {', '.join(self.graphs)}")
+        return self.graphs[name]
+
+    def generates_with(self, graphs: Any) -> bool:
+        """Whether ``graphs`` hold everything generation runs through."""
+        return bool(self.generation) and set(self.generation) <= set(graphs)
+
+    def task_graphs(self, task: str) -> tuple[str, ...]:
+        """The graphs ``task`` runs, or a ConfigError naming the family's tasks."""
+        if task not in self.tasks:
+            raise ConfigError(f"a {self.name} model does not {task}; its tasks are {', '.join(self.tasks)}")
+        return self.tasks[task]
+
+
+_BLOCKS_ONE: Callable[[ModelConfig], int] = lambda c: 1  # noqa: E731
+_GRAPHS, _GATE, _CALIB = "edgeattn.exporters.graphs", "edgeattn.exporters.gate", "edgeattn.exporters.calibration"
+
+ATTENTION = GraphRole(
+    "attention", specs.attention_spec, f"{_GRAPHS}:AttentionGraph", attention_sizes, f"{_CALIB}:attention_calibration",
+    f"{_GATE}:attention_metrics", _BLOCKS_ONE, openvino=True,
+)  # fmt: skip
+ENCODER = GraphRole(
+    "encoder", specs.encoder_spec, f"{_GRAPHS}:EncoderGraph", source_sizes, f"{_CALIB}:encoder_calibration",
+    f"{_GATE}:encoder_metrics", lambda c: c.n_encoder_layers, openvino=True,
+)  # fmt: skip
+
+ENCODER_FAMILY = Family(
+    "encoder",
+    "encoder",
+    (ATTENTION, ENCODER),
+    tasks={task: ("encoder",) for task in ("encode", "embed", "classify", "tag")},
+    model="edgeattn.model:EncoderModel",
+    runtime="edgeattn.runtime.encoder_runtime:EncoderRuntime",
+    summary="an encoder alone (BERT family): hidden states, pooled embeddings, sequence or token labels",
+)
+
+
+def _decoder_blocks(c: ModelConfig) -> int:
+    return 2 * c.n_decoder_layers
+
+
+_SEQ2SEQ_DECODER = GraphRole(
+    "decoder", specs.decoder_spec, f"{_GRAPHS}:DecoderGraph", step_sizes, f"{_CALIB}:decoder_calibration",
+    f"{_GATE}:decoder_metrics", _decoder_blocks, needs=("encoder", "cross_kv"), decodes=True,
+)  # fmt: skip
+
+SEQ2SEQ_FAMILY = Family(
+    "seq2seq",
+    "encoder-decoder",
+    (
+        replace(ATTENTION, once_per_source=True),
+        replace(ENCODER, once_per_source=True),
+        GraphRole("cross_kv", specs.cross_kv_spec, f"{_GRAPHS}:CrossKVGraph", source_sizes,
+                  f"{_CALIB}:cross_kv_calibration", f"{_GATE}:cross_kv_metrics", lambda c: 0, once_per_source=True,
+                  requestable=False),
+        _SEQ2SEQ_DECODER,
+        replace(_SEQ2SEQ_DECODER, name="decoder_fixed", spec=specs.decoder_fixed_spec,
+                module=f"{_GRAPHS}:FixedDecoderGraph", sizes=slot_sizes, needs=("decoder",), in_place=True),
+    ),
+    tasks={"generate": ("encoder", "cross_kv", "decoder")},
+    model="edgeattn.model:Seq2SeqTransformer",
+    runtime="edgeattn.runtime.seq2seq_runtime:Seq2SeqRuntime",
+    generation=("encoder", "cross_kv", "decoder"),
+    stepper="edgeattn.exporters.reference:EagerStepper",
+    summary="an encoder-decoder (T5 family): text in, text out, generated token by token",
+)  # fmt: skip
+
+#: Every family, by name.
+FAMILIES: dict[str, Family] = {f.name: f for f in (ENCODER_FAMILY, SEQ2SEQ_FAMILY)}
+
+
+def family_of(config: ModelConfig) -> Family:
+    """The family of a config's architecture."""
+    for family in FAMILIES.values():
+        if family.architecture == config.architecture:
+            return family
+    raise ConfigError(f"no model family has architecture {config.architecture!r}")  # pragma: no cover
+
+
+def get_family(name: str) -> Family:
+    """The family called ``name``, or a ConfigError listing them."""
+    if name not in FAMILIES:
+        raise ConfigError(f"unknown model family {name!r}; families are {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def all_graph_names() -> tuple[str, ...]:
+    """Every graph name any family exports, each once, in the families' order."""
+    return tuple(dict.fromkeys(r.name for f in FAMILIES.values() for r in f.roles))
+
+
+def all_tasks() -> tuple[str, ...]:
+    """Every task any family has, each once."""
+    return tuple(dict.fromkeys(t for f in FAMILIES.values() for t in f.tasks))
+
+
+def task_family(task: str) -> Family:
+    """The family whose models do ``task``, or a ConfigError listing the tasks."""
+    for family in FAMILIES.values():
+        if task in family.tasks:
+            return family
+    raise ConfigError(f"unknown task {task!r}; tasks are {', '.join(all_tasks())}")
+
+
+def graph_spec(name: str, config: ModelConfig) -> GraphSpec:
+    """The spec of graph ``name`` for this config."""
+    family = family_of(config)
+    if name not in family.graphs:
+        if name in all_graph_names():
+            raise ConfigError(f"graph {name!r} is not one a {family.name} model exports ({', '.join(family.graphs)}); "
+                              f"this config is architecture={config.architecture!r}")  # fmt: skip
+        raise ConfigError(f"unknown graph {name!r}; graphs are {', '.join(all_graph_names())}")
+    return family.graphs[name].spec(config)
+
+
+def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelConfig) -> list[str]:
+    """The graphs to export: ``requested`` (default: every graph of the config's family), each
+    bringing the graphs it needs along; a graph of another family is refused."""
+    family = family_of(config)
+    if not requested:
+        return family.graph_names
+    names = [n.strip() for n in requested if n.strip()]
+    everything = all_graph_names()
+    for n in names:
+        if n not in everything:
+            offered = [g for g in everything if any(f.graphs[g].requestable for f in FAMILIES.values()
+                                                    if g in f.graphs)]  # fmt: skip
+            raise ConfigError(f"unknown graph {n!r}; choose from {', '.join(offered)}")
+        if n not in family.graphs:
+            owners = [f for f in FAMILIES.values() if n in f.graphs]
+            raise ConfigError(
+                f"graph {n!r} needs an {owners[0].architecture} model; this config is "
+                f"architecture={config.architecture!r}"
+            )
+    wanted: set[str] = set()
+    todo = list(names)
+    while todo:
+        n = todo.pop()
+        if n not in wanted:
+            wanted.add(n)
+            todo.extend(family.graphs[n].needs)
+    return [g for g in family.graph_names if g in wanted]
+
+
+def resolve(reference: str) -> Any:
+    """The object a ``"module:attribute"`` reference names (importing its module)."""
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
