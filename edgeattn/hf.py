@@ -1,6 +1,8 @@
 """Fine-tuned models from local Hugging Face folders, as ``save_pretrained`` writes them.
 
-Encoders here; T5-family encoder-decoders through :mod:`edgeattn.hf_t5`.
+Dispatched on ``architectures[0]`` through one table, :data:`IMPORTERS` (architecture -> the
+family it becomes, its weight layout, the task its head implies, and its loader, which maps the
+config and every tensor). Encoders here; T5-family encoder-decoders through :mod:`edgeattn.hf_t5`.
 
 BERT, RoBERTa (and the checkpoints that share its layout: XLM-RoBERTa, CamemBERT) and DistilBERT,
 bare or with a sequence- or token-classification head, become an edgeattn :class:`EncoderModel`:
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +41,8 @@ from edgeattn.weights import load_state
 log = logging.getLogger(__name__)
 
 #: model_type -> the layout its weights use
-FAMILIES = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta",
-            "distilbert": "distilbert"}  # fmt: skip
+LAYOUTS = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta",
+           "distilbert": "distilbert", "t5": "t5", "mt5": "t5"}  # fmt: skip
 #: architecture suffix -> task
 HEADS = {"Model": "encode", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
 #: what an encoder-decoder is for: text in, text out
@@ -47,7 +50,35 @@ GENERATE = "generate"
 TASKS = all_tasks()
 _PREFIX = {"Bert": "bert", "Roberta": "roberta", "XLMRoberta": "roberta", "Camembert": "roberta",
            "DistilBert": "distilbert"}  # fmt: skip
-KNOWN_ARCHITECTURES = (*(f"{name}{suffix}" for name in _PREFIX for suffix in HEADS), *hf_t5.ARCHITECTURES.values())
+
+
+@dataclass(frozen=True)
+class Importer:
+    """How one Hugging Face architecture (``architectures[0]`` of its ``config.json``) is imported."""
+
+    architecture: str
+    #: the edgeattn model family it becomes (``edgeattn.runtime.families``)
+    family: str
+    #: the layout of its weights (which ``model_type`` values it accepts)
+    layout: str
+    #: the task its head implies
+    task: str
+    #: ``load(folder, hf_config, importer, task) -> HFModel``: config mapped, every tensor mapped
+    load: Callable[[Path, dict[str, Any], Importer, str], HFModel]
+
+    @property
+    def model_types(self) -> list[str]:
+        return [t for t, layout in LAYOUTS.items() if layout == self.layout]
+
+
+def _importers() -> dict[str, Importer]:
+    table = {f"{prefix}{suffix}": Importer(f"{prefix}{suffix}", "encoder", layout, task, _import_encoder)
+             for prefix, layout in _PREFIX.items() for suffix, task in HEADS.items()}  # fmt: skip
+    for model_type, name in hf_t5.ARCHITECTURES.items():
+        table[name] = Importer(name, "seq2seq", LAYOUTS[model_type], GENERATE, _import_t5)
+    return table
+
+
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
@@ -75,22 +106,17 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _architecture(hf: dict[str, Any], path: Path) -> tuple[str, str, str]:
-    """(architecture, family, the task its head implies) of a config.json, or a ConfigError
-    listing what edgeattn knows."""
+def _importer(hf: dict[str, Any], path: Path) -> Importer:
+    """The importer of a config.json's architecture, or a ConfigError listing what edgeattn knows."""
     known = ", ".join(KNOWN_ARCHITECTURES)
     names = hf.get("architectures") or []
     model_type = hf.get("model_type")
-    family = FAMILIES.get(str(model_type))
     if not isinstance(names, list) or len(names) != 1 or not isinstance(names[0], str):
         raise ConfigError(f"{path} names no single architecture ({names!r}); edgeattn imports {known}")
-    name = names[0]
-    if hf_t5.ARCHITECTURES.get(str(model_type)) == name:
-        return name, str(model_type), GENERATE
-    base = next((b for b in sorted(_PREFIX, key=len, reverse=True) if name.startswith(b)), None)
-    if family is None or base is None or name[len(base) :] not in HEADS or _PREFIX[base] != family:
-        raise ConfigError(f"architecture {name} (model_type {model_type!r}) is not one edgeattn imports: {known}")
-    return name, family, HEADS[name[len(base) :]]
+    importer = IMPORTERS.get(names[0])
+    if importer is None or model_type not in importer.model_types:
+        raise ConfigError(f"architecture {names[0]} (model_type {model_type!r}) is not one edgeattn imports: {known}")
+    return importer
 
 
 def _labels(hf: dict[str, Any], path: Path) -> list[str] | None:
@@ -276,8 +302,11 @@ def _tokenizer(folder: Path) -> TextTokenizer | None:
     return tokenizer
 
 
-def _import_t5(folder: Path, hf: dict[str, Any], architecture: str) -> HFModel:
+def _import_t5(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
     """A T5-family checkpoint as a :class:`Seq2SeqTransformer` (see :mod:`edgeattn.hf_t5`)."""
+    architecture = importer.architecture
+    if task not in ("", GENERATE):
+        raise ConfigError(f"{architecture} has no {task} head; its task is {GENERATE}")
     tensors = read_tensors(folder)
     tied = bool(hf.get("tie_word_embeddings", True))
     if not tied and "lm_head.weight" not in tensors:
@@ -294,23 +323,29 @@ def _import_t5(folder: Path, hf: dict[str, Any], architecture: str) -> HFModel:
 def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     """The model in a local Hugging Face folder, its weights loaded and checked; ``task``
     (encode, embed, classify, tag for encoders; generate for T5s) overrides what ``config.json``
-    implies."""
+    implies. Dispatched on ``architectures[0]`` through :data:`IMPORTERS`."""
     folder = Path(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"{folder} has no config.json; is it a Hugging Face model folder?")
     hf = _read_json(config_file)
-    architecture, family, implied = _architecture(hf, config_file)
+    importer = _importer(hf, config_file)
+    if task is not None and task not in TASKS:
+        raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
+    return importer.load(folder, hf, importer, task or "")
+
+
+def _import_encoder(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
+    """A BERT-family checkpoint as an :class:`EncoderModel` for ``task`` (empty: what its head and
+    a sentence-embedding folder's pooling imply)."""
+    config_file = folder / "config.json"
+    architecture, family, implied = importer.architecture, importer.layout, importer.task
     pooling = sentence_pooling(folder)
     if implied == "encode" and pooling is not None:
         implied = "embed"
     task = task or implied
-    if task not in TASKS:
-        raise ConfigError(f"task {task!r} is not one of {', '.join(TASKS)}")
-    if (task in ("classify", "tag") or GENERATE in (task, implied)) and implied != task:
+    if (task in ("classify", "tag") or task == GENERATE) and implied != task:
         raise ConfigError(f"{architecture} has no {task} head; its task is {implied}")
-    if task == GENERATE:
-        return _import_t5(folder, hf, architecture)
     labels = _labels(hf, config_file) if task in ("classify", "tag") else None
     tensors = read_tensors(folder)
     if task in ("encode", "embed") and implied in ("classify", "tag"):  # --task asks for the encoder alone
@@ -326,3 +361,8 @@ def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     log.info("imported %s (%s) from %s for %s", architecture, family, folder, task)
     pooling = (pooling or Pooling()) if task == "embed" else None
     return HFModel(model.eval(), architecture, task, labels, pooling, folder, _tokenizer(folder))
+
+
+#: Every architecture edgeattn imports -> its importer (one line per architecture a family adds).
+IMPORTERS: dict[str, Importer] = _importers()
+KNOWN_ARCHITECTURES = tuple(IMPORTERS)

@@ -126,3 +126,11 @@ def test_a_stored_spec_with_an_output_this_version_does_not_list_still_loads(enc
     missing = _changed(encoder_export, tmp_path / "missing", lambda g: None, lambda g: g["outputs"].pop())
     with pytest.raises(ManifestError, match="lacks the output logits"):
         load(missing).classify(ids)
+
+
+def test_every_hugging_face_importer_names_a_family_and_a_task_of_it():
+    from edgeattn.hf import IMPORTERS
+
+    for name, importer in IMPORTERS.items():
+        assert importer.architecture == name and importer.family in FAMILIES, name
+        assert importer.task in FAMILIES[importer.family].tasks or importer.task == "encode", name
