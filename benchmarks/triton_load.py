@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from edgeattn.benchmark.report import publish
-from edgeattn.benchmark.serving import bench_serving
 from edgeattn.exporters.package import export_model
+from edgeattn.serving.load import bench_serving
 from edgeattn.sources import resolve_model
 
 

@@ -607,7 +607,7 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
     One ONNX Runtime backend model per graph the task needs, and the task end to end (text in,
     answers out) as a Python-backend model; encoder-decoders also get a streaming model.
     """
-    from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
+    from edgeattn.serving.repository import RepositoryOptions, write_repository
 
     options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances, kind=kind,
                                 accelerator=accelerator, fp16=fp16, max_queue_delay_us=max_queue_delay_us,
@@ -644,8 +644,8 @@ def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay
     import signal
     import tempfile
 
-    from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
-    from edgeattn.runtime.triton_server import TritonServer
+    from edgeattn.serving.repository import RepositoryOptions, write_repository
+    from edgeattn.serving.triton_server import TritonServer
 
     options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, instances=instances,
                                 max_queue_delay_us=max_queue_delay_us, name=name, task=task,

@@ -23,6 +23,8 @@ from edgeattn.runtime.onnx_bytes import Malformed, operator_domains
 from edgeattn.runtime.providers import OPENVINO, openvino_usable
 from edgeattn.runtime.session import CPU, CUDA, create_session
 
+pytestmark = pytest.mark.quick
+
 
 def _model(nodes: list[onnx.NodeProto], functions: list[onnx.FunctionProto] | None = None) -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])

@@ -14,6 +14,8 @@ from edgeattn.exporters.package import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import ExportedModel, InputError
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):

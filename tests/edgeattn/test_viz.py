@@ -12,6 +12,8 @@ pytest.importorskip("matplotlib")
 
 from edgeattn.viz import encoder_attention, plot_layer_head  # noqa: E402
 
+pytestmark = pytest.mark.quick
+
 
 def test_heatmap_png(tmp_path, tiny_config):
     model = build_model(tiny_config, seed=0)

@@ -98,6 +98,7 @@ def test_graph_inputs_have_symbolic_batch_and_sequence_axes(exported):
     assert [d.dim_param for d in enc.graph.input[0].type.tensor_type.shape.dim] == ["batch", "src_len"]
 
 
+@pytest.mark.quick
 def test_onnx_files_carry_their_metadata_and_pass_the_checker(exported):
     out, _, _ = exported
     for name in ("attention", "encoder", "cross_kv", "decoder"):
@@ -109,6 +110,7 @@ def test_onnx_files_carry_their_metadata_and_pass_the_checker(exported):
         assert model.opset_import[0].version == 17
 
 
+@pytest.mark.quick
 def test_manifest_describes_every_graph(exported):
     out, _, _ = exported
     manifest = read_manifest(out)
@@ -129,6 +131,7 @@ def test_verify_command_path_agrees(exported):
     assert report.passed, report.table()
 
 
+@pytest.mark.quick
 def test_a_tampered_graph_is_refused(tmp_path, exported):
     out, _, _ = exported
     copy_dir = tmp_path / "copy"
@@ -159,6 +162,7 @@ def test_failed_verification_leaves_nothing_behind(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.quick
 def test_existing_output_is_kept_on_failure_and_needs_force(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -170,6 +174,7 @@ def test_existing_output_is_kept_on_failure_and_needs_force(tmp_path):
     assert not (out / "precious.txt").exists() and (out / "manifest.json").is_file()
 
 
+@pytest.mark.quick
 def test_unwritable_output_and_bad_opset_are_refused(tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")

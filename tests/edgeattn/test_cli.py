@@ -19,6 +19,7 @@ def edgeattn(*args: str, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.quick
 def test_help_and_version():
     result = edgeattn("--help")
     assert result.returncode == 0
@@ -28,6 +29,7 @@ def test_help_and_version():
     assert version.returncode == 0 and __version__ in version.stdout
 
 
+@pytest.mark.quick
 def test_help_does_not_import_torch():
     code = (
         "import sys\nfrom click.testing import CliRunner\nfrom edgeattn.cli import cli\n"
@@ -49,6 +51,7 @@ def test_help_does_not_import_torch():
         (("bench", "--shapes", "1xq"), "--shapes BATCHxSEQ"),
     ],
 )
+@pytest.mark.quick
 def test_bad_usage_is_one_line_and_exit_2(args, message):
     result = edgeattn(*args)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -174,6 +177,7 @@ def test_export_with_precisions_and_quantize_command(tmp_path):
     assert unformed.returncode == 2 and "--static-form is for int8-static" in unformed.stderr
 
 
+@pytest.mark.quick
 def test_commands_that_need_the_exporter_say_which_extra_where_it_is_missing(tmp_path):
     """On a runtime-only install (torch, onnx absent) `edgeattn export` is one line naming the extra
     to install, exit 1; `edgeattn run --help` still works."""

@@ -21,6 +21,8 @@ from edgeattn.runtime import ExportedModel, ManifestError, UnsafeFileError, load
 from edgeattn.runtime.manifest import DataFile, sha256_file
 from edgeattn.runtime.onnx_bytes import external_data_entries
 
+pytestmark = pytest.mark.quick
+
 ENC = ModelConfig(architecture="encoder", vocab_size=50, d_model=32, n_heads=4, d_ff=48, n_encoder_layers=2,
                   n_decoder_layers=0, max_len=40, dropout=0.0, position="learned", scale_embedding=False)  # fmt: skip
 

@@ -17,9 +17,9 @@ import pytest
 
 from edgeattn.errors import ConfigError, EdgeattnError
 from edgeattn.exporters.package import export_model
-from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
 from edgeattn.runtime import load
-from edgeattn.runtime.serving import answer, task_inputs, task_outputs
+from edgeattn.serving.repository import RepositoryOptions, write_repository
+from edgeattn.serving.tasks import answer, task_inputs, task_outputs
 from edgeattn.sources import resolve_model
 
 CPU = ["CPUExecutionProvider"]
@@ -193,7 +193,7 @@ def test_the_python_model_runs_the_graphs_through_bls_as_the_runtime_does(demo_e
     write_repository(demo_export, tmp_path / "repo", RepositoryOptions(max_batch_size=2))
     fake = _FakeTriton(tmp_path / "repo", max_batch=2)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake.module)
-    from edgeattn.runtime.triton_backend import TritonPythonModel
+    from edgeattn.serving.triton_backend import TritonPythonModel
 
     model = TritonPythonModel()
     config = (tmp_path / "repo" / "sorter" / "config.pbtxt").read_text()
@@ -233,7 +233,7 @@ def test_answers_and_errors_per_request(demo_export):
 def _server_or_skip():
     pytest.importorskip("pytriton")
     pytest.importorskip("tritonclient.http")
-    from edgeattn.runtime.triton_server import TritonServer
+    from edgeattn.serving.triton_server import TritonServer
 
     return TritonServer
 
@@ -341,7 +341,7 @@ def test_edgeattn_serve_serves_until_interrupted(demo_export, tmp_path):
     server_class = _server_or_skip()
     import tritonclient.http as http
 
-    from edgeattn.runtime.triton_server import free_port
+    from edgeattn.serving.triton_server import free_port
 
     ports = [free_port() for _ in range(3)]
     cmd = [sys.executable, "-m", "edgeattn.cli", "serve", str(demo_export), "--port", str(ports[0]),
@@ -411,7 +411,7 @@ def test_served_int8_graphs_give_a_row_the_same_result_in_any_batch(demo_export,
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int8-static", "fp16"])
 def test_served_answers_do_not_depend_on_batch_mates(demo_export, tmp_path, precision):
-    from edgeattn.runtime.triton_backend import served_model
+    from edgeattn.serving.triton_backend import served_model
 
     write_repository(demo_export, tmp_path / "repo", RepositoryOptions(precision=precision, graphs="in-process"))
     model, _ = served_model(tmp_path / "repo" / "sorter" / "1", "in-process", 8)
@@ -430,7 +430,7 @@ def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task)
     pytest.importorskip("transformers")
     from test_hf import BERT_SPECIALS, TEXTS, _checkpoint, _tokenizer
 
-    from edgeattn.runtime.triton_backend import served_model
+    from edgeattn.serving.triton_backend import served_model
 
     head = "ForTokenClassification" if task == "tag" else "ForSequenceClassification"
     _checkpoint("Bert", head).save_pretrained(tmp_path / "hf")
@@ -455,10 +455,10 @@ def test_writing_and_serving_need_no_torch(demo_export, tmp_path):
     code = (
         "import sys\n"
         "from edgeattn.cli import main\n"
-        "from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository\n"
-        "import edgeattn.runtime.triton_backend, edgeattn.runtime.triton_server\n"
+        "from edgeattn.serving.repository import RepositoryOptions, write_repository\n"
+        "import edgeattn.serving.triton_backend, edgeattn.serving.triton_server\n"
         f"write_repository({str(demo_export)!r}, {str(tmp_path / 'repo')!r}, RepositoryOptions())\n"
-        "from edgeattn.runtime.triton_backend import served_model\n"
+        "from edgeattn.serving.triton_backend import served_model\n"
         f"model, _ = served_model(__import__('pathlib').Path({str(tmp_path / 'repo' / 'sorter' / '1')!r}), "
         "'in-process', 8)\n"
         "assert model.generate_text(['3 1 2']) == ['1 2 3']\n"

@@ -24,9 +24,9 @@ from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import Pooling
 from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.serving import answer, decoding, generation_options, request_texts, task_inputs, task_outputs
 from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.tokenizer import load_tokenizer
+from edgeattn.serving.tasks import answer, decoding, generation_options, request_texts, task_inputs, task_outputs
 
 log = logging.getLogger(__name__)
 

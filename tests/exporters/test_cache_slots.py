@@ -19,6 +19,8 @@ from edgeattn.runtime import load
 from edgeattn.runtime.seq2seq_runtime import SlotStepper
 from edgeattn.runtime.specs import graph_spec
 
+pytestmark = pytest.mark.quick
+
 BASE = ModelConfig(
     vocab_size=40, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, max_len=64, dropout=0.0
 )

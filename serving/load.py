@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
-from edgeattn.exporters.triton_repo import RepositoryOptions, write_repository
 from edgeattn.runtime import load
-from edgeattn.runtime.serving import answer, task_of
 from edgeattn.runtime.session import CPU
-from edgeattn.runtime.triton_server import TritonServer
+from edgeattn.serving.repository import RepositoryOptions, write_repository
+from edgeattn.serving.tasks import answer, task_of
+from edgeattn.serving.triton_server import TritonServer
 
 log = logging.getLogger(__name__)
 

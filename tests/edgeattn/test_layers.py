@@ -10,6 +10,8 @@ from edgeattn.attention import MultiHeadAttention
 from edgeattn.config import ModelConfig
 from edgeattn.layers import DecoderLayer, EncoderLayer, FeedForward, RMSNorm
 
+pytestmark = pytest.mark.quick
+
 D, HEADS, FF = 32, 4, 64
 
 

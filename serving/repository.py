@@ -37,8 +37,8 @@ from edgeattn.runtime.families import task_family
 from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
-from edgeattn.runtime.serving import TRITON_TYPES, ServedTensor, task_inputs, task_of, task_outputs
 from edgeattn.runtime.specs import GraphSpec, graph_spec
+from edgeattn.serving.tasks import TRITON_TYPES, ServedTensor, task_inputs, task_of, task_outputs
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "vendor"))
 
-from edgeattn.runtime.triton_backend import TritonPythonModel  # noqa: E402,F401
+from edgeattn.serving.triton_backend import TritonPythonModel  # noqa: E402,F401
 '''
 
 
@@ -235,14 +235,19 @@ def _copy_graph(src: Path, dst_dir: Path, per_tensor_scales: bool) -> dict[str, 
 
 
 def _vendor(dst: Path) -> None:
-    """The torch-free part of edgeattn (its top module, config, errors and runtime) under ``dst``."""
+    """The torch-free part of edgeattn under ``dst``: its top module, config, errors and host facts,
+    the runtime, and the serving modules the Python-backend model runs."""
     package = Path(edgeattn.__file__).resolve().parent
     runtime = Path(__import__("edgeattn.runtime", fromlist=["_"]).__file__).resolve().parent
+    serving = Path(__file__).resolve().parent
     (dst / "edgeattn" / "runtime").mkdir(parents=True)
-    for name in ("__init__.py", "config.py", "errors.py"):
+    (dst / "edgeattn" / "serving").mkdir()
+    for name in ("__init__.py", "config.py", "errors.py", "host.py"):
         shutil.copy2(package / name, dst / "edgeattn" / name)
     for path in runtime.glob("*.py"):
         shutil.copy2(path, dst / "edgeattn" / "runtime" / path.name)
+    for name in ("__init__.py", "tasks.py", "triton_backend.py"):
+        shutil.copy2(serving / name, dst / "edgeattn" / "serving" / name)
 
 
 @dataclass

@@ -28,7 +28,9 @@ from edgeattn.runtime.precisions import (
     thresholds_table,
 )
 
-PRECISIONS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "precisions.md"
+pytestmark = pytest.mark.quick
+
+PRECISIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "precisions.md"
 CFG = ModelConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
 
 

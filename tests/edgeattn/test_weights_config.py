@@ -48,6 +48,7 @@ def test_unknown_keys_and_presets_are_named():
         get_preset("nope")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("arch", ["encoder-decoder", "encoder"])
 def test_save_load_round_trip_gives_identical_outputs(tmp_path, tiny_config, arch):
     cfg = tiny_config if arch == "encoder-decoder" else tiny_config.replace(architecture="encoder", head="sequence")
@@ -65,6 +66,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path, tiny_config, arc
             torch.testing.assert_close(loaded(ids, tgt), model(ids, tgt), rtol=0, atol=0)
 
 
+@pytest.mark.quick
 def test_tied_embedding_is_stored_once_and_stays_tied(tmp_path, tiny_config):
     model = build_model(tiny_config, seed=1)
     path = save_weights(model, tmp_path / "m.safetensors")
@@ -73,6 +75,7 @@ def test_tied_embedding_is_stored_once_and_stays_tied(tmp_path, tiny_config):
     assert loaded.lm_head.weight.data_ptr() == loaded.embed.weight.data_ptr()
 
 
+@pytest.mark.quick
 def test_wrong_shape_names_the_tensor(tmp_path, tiny_config):
     model = build_model(tiny_config, seed=1)
     path = save_weights(model, tmp_path / "m.safetensors")
@@ -83,6 +86,7 @@ def test_wrong_shape_names_the_tensor(tmp_path, tiny_config):
         load_weights(build_model(tiny_config), tmp_path / "bad.safetensors")
 
 
+@pytest.mark.quick
 def test_missing_and_unexpected_keys_are_named(tmp_path, tiny_config):
     model = build_model(tiny_config, seed=1)
     tensors = load_file(str(save_weights(model, tmp_path / "m.safetensors")))

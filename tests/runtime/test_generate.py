@@ -19,6 +19,8 @@ from edgeattn.runtime.generate import (
     top_indices,
 )
 
+pytestmark = pytest.mark.quick
+
 V, BOS, EOS, PAD = 5, 0, 4, 0
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from edgeattn.benchmark.results_page import PAGE, RESULTS, machine_line, render
+
+pytestmark = pytest.mark.quick
 
 
 def test_the_results_page_is_what_the_json_files_give():

@@ -16,7 +16,7 @@ from edgeattn.runtime.seq2seq_runtime import Seq2SeqRuntime
 
 pytestmark = pytest.mark.quick
 
-OLD = Path(__file__).resolve().parent / "fixtures" / "old-exports"
+OLD = Path(__file__).resolve().parents[1] / "fixtures" / "old-exports"
 RECORD = json.loads((OLD / "answers.json").read_text())
 IDS, MASK = np.array(RECORD["ids"]), np.array(RECORD["mask"])
 

@@ -17,6 +17,8 @@ from edgeattn.model import build_model
 from edgeattn.runtime.padding import key_lengths, right_padded
 from edgeattn.runtime.session import CPU, create_session
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):

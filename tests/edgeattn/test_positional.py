@@ -11,6 +11,8 @@ from edgeattn.config import ModelConfig
 from edgeattn.model import build_model
 from edgeattn.positional import LearnedPosition, ShawRelativePosition, SinusoidalPosition, T5RelativeBias
 
+pytestmark = pytest.mark.quick
+
 
 def test_sinusoidal_matches_the_paper_formula():
     pe = SinusoidalPosition(16)(torch.arange(50))

@@ -18,6 +18,8 @@ from edgeattn.attention import (
 from edgeattn.config import ModelConfig
 from edgeattn.model import build_model
 
+pytestmark = pytest.mark.quick
+
 B, H, T, S, D = 3, 2, 5, 7, 8
 
 

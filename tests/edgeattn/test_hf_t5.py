@@ -102,6 +102,7 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- the mapping
+@pytest.mark.quick
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_import_maps_both_layouts(tmp_path, layout):
     hf = import_folder(t5_folder(tmp_path / "hf", layout, layers=2, decoder_layers=3))
@@ -235,12 +236,14 @@ def _broken(tmp_path: Path, change: str) -> Path:
         ("no-d_kv", "lacks 'd_kv'"),
     ],
 )
+@pytest.mark.quick
 def test_bad_folders_fail_with_one_line(tmp_path, change, message):
     with pytest.raises((ConfigError, CheckpointError), match=message) as info:
         import_folder(_broken(tmp_path, change))
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.quick
 def test_a_tied_output_layer_saved_apart_must_equal_the_embedding(tmp_path):
     folder = t5_folder(tmp_path / "hf", "t5")
     tensors = load_file(folder / "model.safetensors")
@@ -391,7 +394,7 @@ def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
 
     from edgeattn.cli import cli
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "t5.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "t5.md").read_text(encoding="utf-8")
     commands = [line[2:] for line in page.splitlines() if line.startswith("$ edgeattn ")]
     assert len(commands) >= 5 and any("--stream" in c for c in commands)
     monkeypatch.chdir(tmp_path)

@@ -31,6 +31,7 @@ LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
 # ------------------------------------------------------------------------------ config knobs
+@pytest.mark.quick
 def test_token_types_add_one_row_per_segment():
     model = build_model(ENC.replace(token_types=2), seed=0)
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -43,6 +44,7 @@ def test_token_types_add_one_row_per_segment():
     assert build_model(ENC, seed=0).token_type is None
 
 
+@pytest.mark.quick
 def test_position_offset_counts_real_tokens_only():
     cfg = ENC.replace(position_offset=2, pad_id=1)
     model = build_model(cfg, seed=0)
@@ -58,6 +60,7 @@ def test_position_offset_counts_real_tokens_only():
     assert torch.allclose(alone, padded_right, atol=1e-6) and torch.allclose(alone, padded_left, atol=1e-6)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_pooler_is_a_dense_layer_and_activation_before_the_classifier(activation):
     model = build_model(ENC.replace(head="sequence", num_labels=3, pooling="first", pooler=activation), seed=0)
@@ -164,6 +167,7 @@ def test_int8_of_an_imported_checkpoint_passes_the_gate(tmp_path):
     assert fused.attention_fused == fused.attention_blocks == 2
 
 
+@pytest.mark.quick
 def test_pickle_checkpoints_load_with_weights_only_and_run_no_code(tmp_path):
     reference = _checkpoint("DistilBert", "ForSequenceClassification")
     reference.save_pretrained(tmp_path / "hf")
@@ -221,11 +225,13 @@ def _edit_config(folder: Path, edit) -> None:
          "BertForMaskedLM"),
     ],
 )  # fmt: skip
+@pytest.mark.quick
 def test_a_broken_folder_is_one_error_naming_the_problem(tmp_path, change, error, message):
     with pytest.raises(error, match=message):
         import_folder(_broken(tmp_path, change))
 
 
+@pytest.mark.quick
 def test_task_override_and_refusal(tmp_path):
     _checkpoint("Roberta", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
     hf = import_folder(tmp_path / "hf", task="embed")
@@ -235,6 +241,7 @@ def test_task_override_and_refusal(tmp_path):
     assert "RobertaForTokenClassification" in KNOWN_ARCHITECTURES
 
 
+@pytest.mark.quick
 def test_sentence_embedding_folders_record_their_pooling(tmp_path):
     folder = tmp_path / "st"
     _checkpoint("Bert", "Model").save_pretrained(folder)
@@ -492,7 +499,7 @@ def test_bench_times_optimum_and_transformers_on_the_same_checkpoint(tmp_path):
 
 def _readme_commands() -> list[str]:
     """The command lines of the manual's worked Hugging Face examples (``$ edgeattn ...``)."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "huggingface.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "huggingface.md").read_text(encoding="utf-8")
     return [line[2:] for line in page.splitlines() if line.startswith("$ edgeattn ")]
 
 

@@ -15,6 +15,8 @@ from edgeattn.exporters.reference import eager_generate
 from edgeattn.model import build_model
 from edgeattn.runtime import InputError, ManifestError, load
 
+pytestmark = pytest.mark.quick
+
 CFG = ModelConfig(
     vocab_size=40, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, max_len=48,
     dropout=0.0, position="t5",

@@ -27,6 +27,8 @@ from edgeattn.runtime.providers import (
 )
 from edgeattn.runtime.session import CPU, create_session
 
+pytestmark = pytest.mark.quick
+
 HAS_OPENVINO = OPENVINO in installed_plugins()
 #: OpenVINO runs the CPU here: built into onnxruntime (onnxruntime-openvino), or a plugin with a CPU device
 OPENVINO_RUNS = openvino_usable()
