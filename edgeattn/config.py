@@ -19,7 +19,9 @@ PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"]
 NormKind = Literal["layernorm", "rmsnorm"]
 HeadKind = Literal["none", "sequence", "token"]
-Pooling = Literal["mean", "first"]
+#: how a sequence-classification head pools the tokens (an embedding export's pooling is
+#: ``edgeattn.runtime.manifest.EmbeddingPooling``)
+HeadPooling = Literal["mean", "first"]
 Pooler = Literal["none", "tanh", "relu"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -87,7 +89,7 @@ class ModelConfig:
     scale_decoder_output: bool = False
     head: HeadKind = "none"
     num_labels: int = 2
-    pooling: Pooling = "mean"
+    pooling: HeadPooling = "mean"
     #: a dense layer and this activation between the pooled vector and a sequence classifier
     #: (BERT's pooler and RoBERTa's classification head: tanh; DistilBERT's pre-classifier: relu)
     pooler: Pooler = "none"

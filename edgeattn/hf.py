@@ -34,7 +34,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel, build_model
 from edgeattn.runtime.families import all_tasks
-from edgeattn.runtime.manifest import Pooling
+from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
 
@@ -90,7 +90,7 @@ class HFModel:
     architecture: str
     task: str
     labels: list[str] | None
-    pooling: Pooling | None
+    pooling: EmbeddingPooling | None
     folder: Path
     #: the folder's tokenizer.json, when it has one
     tokenizer: TextTokenizer | None = None
@@ -274,7 +274,7 @@ def map_tensors(
     return out
 
 
-def sentence_pooling(folder: Path) -> Pooling | None:
+def sentence_pooling(folder: Path) -> EmbeddingPooling | None:
     """The pooling a sentence-transformers folder describes (``modules.json``), or None."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
@@ -284,7 +284,7 @@ def sentence_pooling(folder: Path) -> Pooling | None:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{modules_file} is not readable JSON: {exc}") from exc
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    pooling = Pooling(normalize="Normalize" in kinds)
+    pooling = EmbeddingPooling(normalize="Normalize" in kinds)
     if "Pooling" in kinds:
         config = _read_json(folder / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
         modes = [m for m in ("mean", "cls", "max") if config.get(f"pooling_mode_{m}_tokens" if m != "cls" else
@@ -359,7 +359,7 @@ def _import_encoder(folder: Path, hf: dict[str, Any], importer: Importer, task: 
     source = f"{folder}"
     load_state(model, map_tensors(tensors, family, config, source), source)
     log.info("imported %s (%s) from %s for %s", architecture, family, folder, task)
-    pooling = (pooling or Pooling()) if task == "embed" else None
+    pooling = (pooling or EmbeddingPooling()) if task == "embed" else None
     return HFModel(model.eval(), architecture, task, labels, pooling, folder, _tokenizer(folder))
 
 

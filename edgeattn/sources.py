@@ -11,7 +11,7 @@ from typing import Any
 from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
 from edgeattn.model import TransformerModel, build_model
-from edgeattn.runtime.manifest import Pooling
+from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import load_model, read_config
 
@@ -30,7 +30,7 @@ class ModelSource:
     #: what an imported checkpoint was, its label names and its embedding pooling
     architecture: str | None = None
     labels: list[str] | None = None
-    pooling: Pooling | None = None
+    pooling: EmbeddingPooling | None = None
     #: the Hugging Face folder an imported checkpoint came from
     folder: Path | None = None
 

@@ -37,7 +37,7 @@ from edgeattn.runtime.layout import (
     previous_name,
     previous_prefix,
 )
-from edgeattn.runtime.manifest import FileEntry, GraphEntry, GreedyParity, Manifest, Parity, Pooling
+from edgeattn.runtime.manifest import EmbeddingPooling, FileEntry, GraphEntry, GreedyParity, Manifest, Parity
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
@@ -89,7 +89,7 @@ def export_model(
     task: str | None = None,
     architecture: str | None = None,
     labels: list[str] | None = None,
-    pooling: Pooling | None = None,
+    pooling: EmbeddingPooling | None = None,
     source_folder: str | Path | None = None,
     compact: bool = True,
 ) -> ExportResult:

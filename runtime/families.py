@@ -137,6 +137,15 @@ class Family:
         """Whether ``graphs`` hold everything generation runs through."""
         return bool(self.generation) and set(self.generation) <= set(graphs)
 
+    def generation_path(self, graphs: Any) -> list[str]:
+        """The graphs generation runs through in an export that holds ``graphs``: a decoding step
+        whose in-place form the export also holds runs as that form."""
+        path = []
+        for name in self.generation:
+            in_place = [r.name for r in self.roles if r.in_place and name in r.needs and r.name in graphs]
+            path.append(in_place[0] if in_place else name)
+        return path
+
     def task_graphs(self, task: str) -> tuple[str, ...]:
         """The graphs ``task`` runs, or a ConfigError naming the family's tasks."""
         if task not in self.tasks:

@@ -184,7 +184,7 @@ class GateRecord:
 
 
 @dataclass(kw_only=True)
-class Pooling:
+class EmbeddingPooling:
     """How an embedding model turns its token vectors into one vector per text."""
 
     #: "mean" over real tokens, "cls" (the first token) or "max" over real tokens
@@ -219,7 +219,7 @@ class Manifest:
     #: label names by output index, for models with a classification head
     labels: list[str] | None = None
     #: how ``embed`` pools, for embedding models
-    pooling: Pooling | None = None
+    pooling: EmbeddingPooling | None = None
     #: the absolute path of the folder an imported checkpoint came from (the benchmark's peers
     #: run on it when it is still there; the runtime never reads it)
     source_folder: str | None = None

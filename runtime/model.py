@@ -24,7 +24,7 @@ from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.engines import EngineChoice, choose_engine, engine_emulated, standard_only
 from edgeattn.runtime.families import FAMILIES, Family, family_of, get_family, resolve
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
-from edgeattn.runtime.manifest import Manifest, ManifestError, Pooling, check_file, read_manifest
+from edgeattn.runtime.manifest import EmbeddingPooling, Manifest, ManifestError, check_file, read_manifest
 from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, external_tensors
 from edgeattn.runtime.precisions import FP32, PRECISIONS
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
@@ -248,7 +248,7 @@ class ExportedModel:
         precision: str = FP32,
         tokenizer: WordTokenizer | TextTokenizer | None = None,
         labels: list[str] | None = None,
-        pooling: Pooling | None = None,
+        pooling: EmbeddingPooling | None = None,
     ) -> ExportedModel:
         """A model over objects that run its graphs as ONNX Runtime sessions do (``run(output_names,
         feeds)`` and ``get_providers()``), for example graphs served by another process."""
@@ -265,7 +265,7 @@ class ExportedModel:
     def _attach(
         self, config: ModelConfig, sessions: Mapping[str, Any], precision: str, io_binding: bool | None,
         tokenizer: WordTokenizer | TextTokenizer | None, labels: list[str] | None = None,
-        pooling: Pooling | None = None, specs: dict[str, GraphSpec] | None = None,
+        pooling: EmbeddingPooling | None = None, specs: dict[str, GraphSpec] | None = None,
     ) -> None:  # fmt: skip
         if not sessions:
             raise EdgeattnError("a model needs at least one graph")
@@ -298,7 +298,7 @@ class ExportedModel:
         #: label names by output index (classification heads), when the export has them
         self.labels = labels
         #: how an encoder's ``embed`` pools token vectors
-        self.pooling = pooling or Pooling()
+        self.pooling = pooling or EmbeddingPooling()
         self._attached()
 
     def _attached(self) -> None:

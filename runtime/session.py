@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -93,9 +94,26 @@ def spin_policy(spinning: bool | str) -> str:
     return policy
 
 
+#: The environment variable that sets the intra-op threads of sessions created without ``threads``
+#: (a process that shares the machine with others, such as a test worker, asks for fewer).
+THREADS_ENV = "EDGEATTN_THREADS"
+
+
+def default_threads() -> int | None:
+    """Intra-op threads for a session created without ``threads``: ``$EDGEATTN_THREADS`` when set,
+    else None (ONNX Runtime decides: one per physical core)."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise EdgeattnError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def session_options(threads: int | None = None, spinning: bool | Spinning = "run") -> ort.SessionOptions:
-    """Session options: all graph optimisations, ``threads`` intra-op threads (None: ORT decides),
-    intra-op spinning as :data:`Spinning` says."""
+    """Session options: all graph optimisations, ``threads`` intra-op threads (None:
+    :func:`default_threads`), intra-op spinning as :data:`Spinning` says."""
+    threads = default_threads() if threads is None else threads
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads is not None:
@@ -139,7 +157,9 @@ def create_session(
     names (each one the graph has) with values the caller keeps alive (weights shared between
     sessions). Without ``memory_arena`` the CPU provider allocates each
     intermediate tensor on its own instead of growing an arena (a lower peak, a little slower).
+    ``threads`` None is :func:`default_threads`.
     """
+    threads = default_threads() if threads is None else threads
     if require:
         for p in providers or []:
             reason = why_unavailable(p)

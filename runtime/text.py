@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from edgeattn.runtime.manifest import Pooling
+from edgeattn.runtime.manifest import EmbeddingPooling
 
 
 @dataclass
@@ -114,7 +114,7 @@ def entities(
     return found
 
 
-def pool(hidden: np.ndarray, mask: np.ndarray, pooling: Pooling) -> np.ndarray:
+def pool(hidden: np.ndarray, mask: np.ndarray, pooling: EmbeddingPooling) -> np.ndarray:
     """(B, S, d) token vectors -> (B, d) sentence vectors as ``pooling`` says."""
     m = mask.astype(hidden.dtype)[:, :, None]  # (B, S, 1)
     if pooling.mode == "cls":

@@ -22,7 +22,7 @@ import numpy as np
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.layout import TRITON_SETTINGS
-from edgeattn.runtime.manifest import Pooling
+from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.tokenizer import load_tokenizer
@@ -83,7 +83,7 @@ def served_model(version_dir: Path, graphs: str, max_batch: int) -> tuple[Export
             sessions[graph] = create_session(path, providers=[CPU])
     else:
         raise EdgeattnError(f"parameter graphs must be 'bls' or 'in-process', not {graphs!r}")
-    pooling = Pooling(**settings["pooling"]) if settings.get("pooling") else None
+    pooling = EmbeddingPooling(**settings["pooling"]) if settings.get("pooling") else None
     model = ExportedModel.from_sessions(config, sessions, settings["precision"],
                                         load_tokenizer(version_dir / "tokenizer.json"), settings.get("labels"),
                                         pooling)  # fmt: skip

@@ -1,11 +1,22 @@
-"""Shared fixtures: small configs and models built with fixed seeds."""
+"""Shared fixtures: small configs and models built with fixed seeds, and exports made once per
+test session for every module that reads the same one."""
 
 from __future__ import annotations
+
+import json
+import os
 
 import pytest
 import torch
 
 from edgeattn.config import ModelConfig
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n 2 on two cores: each worker (and every process it starts) computes on one thread, so
+    # that the workers' torch and ONNX Runtime threads do not spin against each other
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "EDGEATTN_THREADS"):
+        os.environ[name] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
@@ -30,3 +41,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_export(tmp_path_factory):
+    """``shared_export(preset, seed=0, **export_options)``: the export of a preset's model with
+    random weights (not verified), made the first time a test session asks for it and then handed
+    to every test that asks for the same one. Read it; never change it."""
+    from edgeattn.config import get_preset
+    from edgeattn.exporters.package import export_model
+    from edgeattn.model import build_model
+
+    made = {}
+
+    def make(preset: str, seed: int = 0, **options):
+        key = json.dumps([preset, seed, options], sort_keys=True)
+        if key not in made:
+            out = tmp_path_factory.mktemp("shared") / "out"
+            export_model(build_model(get_preset(preset), seed=seed), out, verify=False, **options)
+            made[key] = out
+        return made[key]
+
+    return make

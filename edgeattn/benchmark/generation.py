@@ -21,8 +21,7 @@ import numpy as np
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.timing import Timing, interleaved
 from edgeattn.runtime import load
-from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.seq2seq_runtime import SlotStepper
+from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER, Seq2SeqRuntime, SlotStepper
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import SLOT_CACHE
 
@@ -100,28 +99,29 @@ def _decoder_feeds(tokens: np.ndarray, past: dict[str, np.ndarray], fixed: dict[
     return {"input_ids": tokens, **fixed, **past}
 
 
-def _recompute_decode(rt: ExportedModel, fixed: dict[str, Any], batch: int, n: int) -> None:
+def _recompute_decode(rt: Seq2SeqRuntime, fixed: dict[str, Any], batch: int, n: int) -> None:
     """Greedy decoding that feeds the whole prefix with an empty cache at every step."""
     c = rt.config
     prefix = np.full((batch, 1), c.bos_id, dtype=np.int64)
     empty = rt.empty_cache(batch)
     for _ in range(n):
-        out = rt.sessions["decoder"].run(["logits"], _decoder_feeds(prefix, empty, fixed))[0]
+        out = rt.run(DECODER, _decoder_feeds(prefix, empty, fixed))["logits"]
         nxt = out[:, -1].argmax(-1)[:, None].astype(np.int64)
         prefix = np.concatenate([prefix, nxt], axis=1)
 
 
-def _slot_step(rt: ExportedModel, ids: np.ndarray, mask: np.ndarray, capacity: int, past: dict[str, np.ndarray],
+def _slot_step(rt: Seq2SeqRuntime, ids: np.ndarray, mask: np.ndarray, capacity: int, past: dict[str, np.ndarray],
                tokens: np.ndarray) -> Callable[[], Any]:  # fmt: skip
     """One decoder_fixed step at the position after ``past`` (whose keys and values fill the first
     slots), through the runtime's stepper: the same slot is written on every call."""
-    stepper = SlotStepper(rt, ids, mask, 1, capacity)
+    stepper = rt.stepper(ids, mask, 1, capacity)
+    assert isinstance(stepper, SlotStepper)
     filled = next(iter(past.values())).shape[2]
     for name, array in stepper.host.items():
         array[:, :, :filled] = past["past" + name[len(SLOT_CACHE) :]]
 
     def run() -> None:
-        stepper.position = filled
+        stepper.rewind(filled)
         stepper.step(tokens)
 
     return run
@@ -143,24 +143,22 @@ def bench_generation(
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, c.vocab_size, size=(batch, src_len), dtype=np.int64)
     mask = np.ones_like(ids)
-    hidden = rt.run("encoder", {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
-    fixed = {"encoder_attention_mask": mask, **rt.run("cross_kv", {"encoder_hidden_states": hidden})}
-    session = rt.sessions["decoder"]
-    names = rt.specs["decoder"].output_names
+    hidden = rt.encode(ids, mask)
+    fixed = {"encoder_attention_mask": mask, **rt.run(CROSS_KV, {"encoder_hidden_states": hidden})}
     n = decode_tokens if decode_tokens is not None else max(positions)
     result = GenerationBench(str(export_dir), batch, src_len, threads, machine=machine_info())
     if rt.cache_slots:
         result.capacity = max(n, max(positions) + 1)
     for p in positions:
         prefix = rng.integers(3, c.vocab_size, size=(batch, p), dtype=np.int64)
-        outs = dict(zip(names, session.run(names, _decoder_feeds(prefix, rt.empty_cache(batch), fixed)), strict=True))
+        outs = rt.run(DECODER, _decoder_feeds(prefix, rt.empty_cache(batch), fixed))
         past = {k: outs["present" + k[4:]] for k in rt.empty_cache(batch)}
         new = prefix[:, -1:]
         full = np.concatenate([prefix, new], axis=1)
         empty = rt.empty_cache(batch)
         runs = {
-            "cached": lambda new=new, past=past: session.run(["logits"], _decoder_feeds(new, past, fixed)),
-            "recompute": lambda full=full, empty=empty: session.run(["logits"], _decoder_feeds(full, empty, fixed)),
+            "cached": lambda new=new, past=past: rt.run(DECODER, _decoder_feeds(new, past, fixed)),
+            "recompute": lambda full=full, empty=empty: rt.run(DECODER, _decoder_feeds(full, empty, fixed)),
         }
         if result.capacity:
             runs["slots"] = _slot_step(rt, ids, mask, result.capacity, past, new[:, 0])

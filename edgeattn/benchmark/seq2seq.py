@@ -169,7 +169,7 @@ def prepare(folder: Path, work: Path, variants: tuple[str, ...]) -> tuple[dict[s
         out = work / "edgeattn"
         reduced = [v.split("-", 1)[1] for v in ours if v != "edgeattn-fp32"]
         made = out / "manifest.json"
-        if made.is_file() and not set(reduced) <= set(read_manifest(out).graphs["encoder"].precisions):
+        if made.is_file() and not set(reduced) <= set(_precisions_of(read_manifest(out))):
             shutil.rmtree(out)  # an earlier run's export without a precision asked for now
         if not (out / "manifest.json").is_file():
             source = resolve_model(from_hf=folder)
@@ -216,13 +216,14 @@ def _disk(variant: str, path: Path) -> float:
     weights in; int8 its own graphs and what they read from shared files (each region once: the
     int8 weights they hold alike, the few float32 tensors in the checkpoint)."""
     if variant.startswith("edgeattn"):
+        from edgeattn.runtime.families import get_family
         from edgeattn.runtime.manifest import read_manifest
         from edgeattn.runtime.safety import graph_bytes
 
         manifest = read_manifest(path)
         precision = variant.split("-", 1)[1]
-        decoder = "decoder_fixed" if "decoder_fixed" in manifest.graphs else "decoder"  # the one generation runs
-        graphs = [path / manifest.entry(g, precision).file for g in ("encoder", "cross_kv", decoder)]
+        runs = get_family(manifest.family_name).generation_path(manifest.graphs)  # what generation reads
+        graphs = [path / manifest.entry(g, precision).file for g in runs]
         if precision == "fp32":
             return (sum(g.stat().st_size for g in graphs) + (path / "weights.safetensors").stat().st_size) / 1e6
         return graph_bytes(*graphs) / 1e6
@@ -281,3 +282,9 @@ if __name__ == "__main__":  # the worker: one variant in this process
 
     warnings.simplefilter("ignore")
     print(json.dumps(worker(json.loads(sys.argv[1]))))
+
+
+def _precisions_of(manifest: Any) -> list[str]:
+    """The precisions every graph of an export holds besides fp32."""
+    held = [set(entry.precisions) for entry in manifest.graphs.values()]
+    return sorted(set.intersection(*held)) if held else []

@@ -10,15 +10,11 @@ import pytest
 from edgeattn.benchmark.generation import bench_generation
 from edgeattn.benchmark.report import write_json
 from edgeattn.config import get_preset
-from edgeattn.exporters.package import export_model
-from edgeattn.model import build_model
 
 
 @pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "out"
-    export_model(build_model(get_preset("tiny"), seed=0), out, verify=False)
-    return out
+def tiny_export(shared_export):
+    return shared_export("tiny")
 
 
 def test_generation_benchmark_reports_every_position(tiny_export, tmp_path):

@@ -107,53 +107,50 @@ def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here):
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
+def exports(shared_export):
     """The tiny model's encoder graphs alone (fp32 and int8), and all its graphs."""
-    root = tmp_path_factory.mktemp("engines")
-    model = build_model(get_preset("tiny"), seed=0)
-    export_model(model, root / "encoder", graphs=["attention", "encoder"], verify=False, precisions=["int8"])
-    export_model(model, root / "all", verify=False)
-    return root
+    return {"encoder": shared_export("tiny", graphs=["attention", "encoder"], precisions=["int8"]),
+            "all": shared_export("tiny")}  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
 def test_load_chooses_each_graph_and_logs_why(exports, openvino_here, caplog):
     with caplog.at_level(logging.INFO, logger="edgeattn.runtime.model"):
-        model = load(exports / "encoder")
+        model = load(exports["encoder"])
     assert {graph: engine.providers for graph, engine in model.engines.items()} == {
         "attention": (OPENVINO_AUTO, CPU), "encoder": (OPENVINO_AUTO, CPU)}  # fmt: skip
     assert sum("graph on" in r.getMessage() for r in caplog.records) == 2  # one line each, with its reason
-    int8 = load(exports / "encoder", precision="int8")
+    int8 = load(exports["encoder"], precision="int8")
     assert all(engine.providers == (CPU,) for engine in int8.engines.values())  # ONNX Runtime's QAttention inside
-    generating = load(exports / "all")
+    generating = load(exports["all"])
     assert {engine.providers for engine in generating.engines.values()} == {(CPU,)}
-    asked = load(exports / "encoder", providers=[CPU])
+    asked = load(exports["encoder"], providers=[CPU])
     assert all(engine.requested and engine.providers == (CPU,) for engine in asked.engines.values())
 
 
 @pytest.mark.skipif(openvino_usable() or CUDA in __import__("onnxruntime").get_available_providers(),
                     reason="OpenVINO or CUDA runs here")  # fmt: skip
 def test_without_openvino_or_cuda_every_graph_runs_on_the_cpu_provider(exports):
-    model = load(exports / "encoder")
+    model = load(exports["encoder"])
     assert model.providers == [CPU]
     assert {engine.providers for engine in model.engines.values()} == {(CPU,)}
     assert all("OpenVINO does not run here" in engine.reason for engine in model.engines.values())
 
 
 @pytest.mark.skipif(not openvino_usable(), reason="needs OpenVINO that runs on this CPU")
-def test_openvino_chosen_runs_the_encoder_in_float32(exports, tiny_config):
+def test_openvino_chosen_runs_the_encoder_in_float32(exports, tiny_config, tmp_path):
     """Where OpenVINO really runs, the graphs it is chosen for run on it, to within 1e-4 of ONNX
     Runtime's CPU provider; a cache of ONNX Runtime's optimised graphs is refused with OpenVINO."""
     ids = np.random.default_rng(0).integers(4, tiny_config.vocab_size, (2, 11)).astype(np.int64)
     mask = np.ones_like(ids)
     mask[1, 7:] = 0
-    model = load(exports / "encoder", threads=2)
+    model = load(exports["encoder"], threads=2)
     assert model.sessions["encoder"].get_providers()[0] == OPENVINO
-    reference = load(exports / "encoder", providers=[CPU]).encode(ids, mask)
+    reference = load(exports["encoder"], providers=[CPU]).encode(ids, mask)
     real = mask.astype(bool)
     np.testing.assert_allclose(model.encode(ids, mask)[real], reference[real], atol=1e-4)
     with pytest.raises(EdgeattnError, match="leave optimized_cache out"):
-        create_session(exports / "encoder" / "encoder.onnx", providers=[OPENVINO], optimized_cache=exports / "c")
+        create_session(exports["encoder"] / "encoder.onnx", providers=[OPENVINO], optimized_cache=tmp_path / "c")
 
 
 # ------------------------------------------------------------------ bf16: a precision OpenVINO brings

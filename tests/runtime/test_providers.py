@@ -35,10 +35,8 @@ OPENVINO_RUNS = openvino_usable()
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory):
-    out = tmp_path_factory.mktemp("providers") / "out"
-    export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False)
-    return out
+def export(shared_export):
+    return shared_export("tiny", graphs=["encoder"])
 
 
 def _inputs(vocab: int) -> tuple[np.ndarray, np.ndarray]:
