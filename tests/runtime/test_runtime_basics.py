@@ -83,3 +83,17 @@ def test_spinning_policies_set_onnx_runtime_options(export_dir):
     outputs = [ExportedModel(out, threads=2, spinning=s).encode(ids) for s in ("on", "run", "off")]
     np.testing.assert_array_equal(outputs[0], outputs[1])
     np.testing.assert_array_equal(outputs[0], outputs[2])
+
+
+def test_sessions_without_threads_take_them_from_the_environment(monkeypatch):
+    from edgeattn.errors import EdgeattnError
+    from edgeattn.runtime.session import THREADS_ENV, default_threads, session_options
+
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert default_threads() == 3 and session_options().intra_op_num_threads == 3
+    assert session_options(threads=2).intra_op_num_threads == 2  # asked for, it wins
+    monkeypatch.delenv(THREADS_ENV)
+    assert default_threads() is None and session_options().intra_op_num_threads == 0  # ONNX Runtime decides
+    monkeypatch.setenv(THREADS_ENV, "many")
+    with pytest.raises(EdgeattnError, match="EDGEATTN_THREADS must be a positive integer"):
+        default_threads()
