@@ -18,7 +18,7 @@ import click
 from edgeattn import __version__
 from edgeattn.errors import EdgeattnError
 from edgeattn.extras import require_extra
-from edgeattn.runtime.families import all_tasks
+from edgeattn.runtime.families import all_tasks, offered_graphs
 from edgeattn.runtime.precisions import (
     CALIBRATION_METHODS,
     FP32,
@@ -249,7 +249,7 @@ def _precision_options(
 @click.option(
     "--graphs",
     default=None,
-    help="Comma-separated graphs: attention,encoder,decoder,decoder_fixed (default: all the model has).",
+    help="Comma-separated graphs: " + ",".join(offered_graphs()) + " (default: all the model's family has).",
 )
 @click.option(
     "--opset", default=17, show_default=True, type=int, help="ONNX opset (above 20 uses the dynamo exporter)."

@@ -123,7 +123,9 @@ def choose_engine(
     cpu = (CPU,)
     if not openvino_usable():
         return EngineChoice(cpu, "OpenVINO does not run here (onnxruntime-openvino runs it on any x86-64 CPU)")
-    if generates or role is None or not role.openvino:
+    if role is None:
+        return EngineChoice(cpu, "a graph this edgeattn has no role for: it runs where every graph can")
+    if generates or not role.openvino:
         return EngineChoice(cpu, "generation spends its time in decoder steps, which OpenVINO runs no faster, "
                                  "and each graph OpenVINO compiles adds 0.5-1 s to loading")  # fmt: skip
     if ort_cache:

@@ -254,6 +254,11 @@ def graph_spec(name: str, config: ModelConfig) -> GraphSpec:
     return family.graphs[name].spec(config)
 
 
+def offered_graphs() -> list[str]:
+    """The graphs ``--graphs`` offers: every family's, less those only ever brought along."""
+    return [g for g in all_graph_names() if any(f.graphs[g].requestable for f in FAMILIES.values() if g in f.graphs)]
+
+
 def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelConfig) -> list[str]:
     """The graphs to export: ``requested`` (default: every graph of the config's family), each
     bringing the graphs it needs along; a graph of another family is refused."""
@@ -264,9 +269,7 @@ def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelC
     everything = all_graph_names()
     for n in names:
         if n not in everything:
-            offered = [g for g in everything if any(f.graphs[g].requestable for f in FAMILIES.values()
-                                                    if g in f.graphs)]  # fmt: skip
-            raise ConfigError(f"unknown graph {n!r}; choose from {', '.join(offered)}")
+            raise ConfigError(f"unknown graph {n!r}; choose from {', '.join(offered_graphs())}")
         if n not in family.graphs:
             owners = [f for f in FAMILIES.values() if n in f.graphs]
             raise ConfigError(

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / "build" / "api-src"
 
 
-def on_config(config: Any, **kwargs: Any) -> Any:
+def lay_out() -> None:
+    """Copy every mapped package's modules to where its import name puts them, under TREE."""
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     shutil.rmtree(TREE, ignore_errors=True)
     for package, folder in sorted(mapping.items()):
@@ -28,4 +30,14 @@ def on_config(config: Any, **kwargs: Any) -> Any:
                 shutil.copy2(entry, target / entry.name)
             elif (entry / "__init__.py").exists() and not (target / entry.name).exists():
                 shutil.copytree(entry, target / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+# mkdocstrings drops a search path that does not exist when it reads its options, before any hook
+# event: lay the tree out as this file is loaded, and again first thing at each build
+lay_out()
+
+
+@event_priority(100)
+def on_config(config: Any, **kwargs: Any) -> Any:
+    lay_out()
     return config
