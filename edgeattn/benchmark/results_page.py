@@ -1,13 +1,15 @@
 """The manual's results page (docs/results.md), generated from the JSON under benchmarks/results/.
 
 Each results file becomes a section: the machine it ran on and its figures as a table, so the
-figures on that page are the files' own, never retyped. Torch-free: it reads JSON alone.
+figures on that page are the files' own, never retyped; the tables other pages quote from a file
+sit between generated-block markers and are made the same way. Torch-free: it reads JSON alone.
 ``python -m edgeattn.benchmark.results_page`` rewrites the page; a test checks it is current.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +60,27 @@ def _pivot(rows: list[dict[str, Any]], column: Any, cell: Any, label: Any = lamb
 
 
 def latency_table(data: dict[str, Any]) -> str:
-    """Median ms (ratio) per variant and batch × sequence shape."""
-    return _pivot(
-        [r for r in data["rows"] if "timing" in r],
+    """Median ms (ratio) per variant and batch × sequence shape, and each variant's time against its
+    own floor at every shape where the run measured one."""
+    rows = [r for r in data["rows"] if "timing" in r]
+    table = _pivot(
+        rows,
         lambda r: f"{r['batch']} × {r['seq']}",
         lambda r: f"{_number(r['timing']['median'])} ({r['ratio']:.2f})" if r.get("ratio") is not None
         else _number(r["timing"]["median"]),
     )  # fmt: skip
+    if not any(r.get("floor_ratio") for r in rows):
+        return table
+    floors: dict[str, list[str]] = {}
+    for r in rows:
+        floors.setdefault(r["variant"], []).append(f"{r['floor_ratio']:.2f}" if r.get("floor_ratio") else "")
+    lines = table.splitlines()
+    lines[0] += " time / own floor |"
+    lines[1] += "---|"
+    for i, variant in enumerate(dict.fromkeys(r["variant"] for r in rows)):
+        cells = [c for c in floors[variant] if c]
+        lines[2 + i] += f" {' / '.join(cells)} |"
+    return "\n".join(lines)
 
 
 def generation_table(data: dict[str, Any]) -> str:
@@ -85,6 +101,11 @@ def load_table(data: dict[str, Any]) -> str:
         lambda r: f"{r['rps']:.0f} req/s, p50 {r['p50_ms']:.0f} / p99 {r['p99_ms']:.0f} ms, {r['errors']} errors",
         label=lambda r: f"{r['export']}: {r['path']}",
     )
+
+
+def table(path: Path) -> str:
+    """A results file's figures as a markdown table."""
+    return section(path).split("\n\n", 2)[2].rstrip("\n")
 
 
 def section(path: Path) -> str:
@@ -112,9 +133,24 @@ def render(results: Path = RESULTS) -> str:
     return HEADER + "".join("\n" + section(p) for p in sorted(results.glob("*.json")))
 
 
+#: A table the manual's pages take from a results file: the lines between these markers are
+#: generated (``<!-- generated from benchmarks/results/NAME.json -->`` ... ``<!-- end generated -->``).
+BLOCK = re.compile(r"(<!-- generated from benchmarks/results/([\w.-]+\.json) -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+
+def refresh_blocks(text: str, results: Path = RESULTS) -> str:
+    """``text`` (a page of the manual) with every generated block made again from its file."""
+    return BLOCK.sub(lambda m: m.group(1) + table(results / m.group(2)) + "\n" + m.group(4), text)
+
+
 def main() -> None:
     PAGE.write_text(render(), encoding="utf-8")
     print(f"wrote {PAGE}")  # noqa: T201 - a script's output
+    for page in sorted(PAGE.parent.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if (new := refresh_blocks(text)) != text:
+            page.write_text(new, encoding="utf-8")
+            print(f"refreshed {page}")  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -22,3 +22,14 @@ def test_every_results_file_names_its_machine():
     assert machine_line({"cpu": "X", "cores": 2, "instruction_sets": ["avx2"]}) == (
         "machine: X, 2 cores; instruction sets avx2"
     )
+
+
+def test_the_tables_the_manual_quotes_from_results_files_are_generated():
+    from edgeattn.benchmark.results_page import BLOCK, refresh_blocks
+
+    quoted = 0
+    for page in sorted(PAGE.parent.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        quoted += len(BLOCK.findall(text))
+        assert refresh_blocks(text) == text, f"{page.name}: run python -m edgeattn.benchmark.results_page"
+    assert quoted >= 2
