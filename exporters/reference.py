@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from edgeattn.attention import KeyValue
-from edgeattn.model import Seq2SeqTransformer
+from edgeattn.errors import EdgeattnError
+from edgeattn.model import Seq2SeqTransformer, TransformerModel
+from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate
 
 
@@ -44,7 +46,7 @@ class EagerStepper:
 
 
 def eager_generate(
-    model: Seq2SeqTransformer,
+    model: TransformerModel,
     ids: np.ndarray,
     mask: np.ndarray,
     max_new_tokens: int = 32,
@@ -52,8 +54,13 @@ def eager_generate(
     eos_id: int | None = None,
     **options: Any,
 ) -> GenerationOutput:
-    """What :meth:`ExportedModel.generate` does, with eager PyTorch in place of the graphs."""
+    """What the family runtime's ``generate`` does, with the family's eager stepper (eager PyTorch)
+    in place of the graphs."""
     c = model.config
+    family = family_of(c)
+    if family.stepper is None:
+        raise EdgeattnError(f"a {family.name} model does not generate")
+    stepper = resolve(family.stepper)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
     eos = c.eos_id if eos_id is None else eos_id
-    return generate(lambda n: EagerStepper(model, ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)
+    return generate(lambda n: stepper(model, ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)

@@ -77,8 +77,8 @@ class GraphRole:
     gate: str
     #: attention blocks a fused export of it holds: ``attention_blocks(config)``
     attention_blocks: Callable[[ModelConfig], int]
-    #: run once per source rather than once per token (no memory arena by default; int8-static
-    #: made from the plain graph)
+    #: run once per source rather than once per token (no memory arena by default: it would keep
+    #: the largest batch's activations for good)
     once_per_source: bool = False
     #: OpenVINO may run it when the runtime chooses, in an export that does not generate (its
     #: operators permitting)
@@ -87,7 +87,8 @@ class GraphRole:
     needs: tuple[str, ...] = ()
     #: whether ``--graphs`` offers it (a graph that is only ever brought along is not offered)
     requestable: bool = True
-    #: a decoding step (a failed generation counts against it)
+    #: a decoding step (a failed generation counts against it; a ``plain_form`` precision keeps its
+    #: fused form)
     decodes: bool = False
     #: its cache inputs are written in place (checked at export: nothing reads one after it is written)
     in_place: bool = False
@@ -110,6 +111,7 @@ class Family:
     #: the graphs generation runs through (empty: the family does not generate)
     generation: tuple[str, ...] = ()
     #: ``"module:class"`` of the eager PyTorch stepper generation is checked against
+    #: (``edgeattn.exporters.reference.eager_generate``)
     stepper: str | None = None
     #: what a family's exports are for, in a line
     summary: str = ""
