@@ -84,23 +84,59 @@ def latency_table(data: dict[str, Any]) -> str:
 
 
 def generation_table(data: dict[str, Any]) -> str:
-    """Tokens/s (ratio) and peak MB per variant and batch size."""
-    return _pivot(
-        data["rows"],
-        lambda r: f"batch {r['batch']}",
-        lambda r: f"{_number(r['tokens_per_s'])} ({r['ratio']:.2f}), {r['peak_mb']:.0f} MB"
-        if r.get("peak_mb") else f"{_number(r['tokens_per_s'])} ({r['ratio']:.2f})",
-    )  # fmt: skip
+    """Per variant: tokens/s (ratio) at each batch size, bytes on disk, and resident / peak MB at
+    the first batch size and the peak at the others, where the run measured them."""
+    rows = data["rows"]
+    batches = list(dict.fromkeys(r["batch"] for r in rows))
+    cells = {(r["variant"], r["batch"]): r for r in rows}
+    disk = data.get("disk_mb") or {}
+    header = ["variant", *(f"batch {b} tok/s (ratio)" for b in batches)]
+    if disk:
+        header.append("on disk MB")
+    if any(r.get("peak_mb") for r in rows):
+        header += [f"resident / peak MB (batch {batches[0]})", *(f"peak MB (batch {b})" for b in batches[1:])]
+    body = []
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        got = [cells.get((variant, b)) for b in batches]
+        line = [variant, *(f"{_number(r['tokens_per_s'])} ({r['ratio']:.2f})" if r else "" for r in got)]
+        if disk:
+            line.append(f"{disk[variant]:.0f}" if variant in disk else "")
+        if len(header) > len(line):
+            first = got[0]
+            line.append(f"{first['resident_mb']:.0f} / {first['peak_mb']:.0f}" if first and first.get("peak_mb")
+                        and first.get("resident_mb") else "")  # fmt: skip
+            line += [f"{r['peak_mb']:.0f}" if r and r.get("peak_mb") else "" for r in got[1:]]
+        body.append(line)
+    return _table(header, body)
+
+
+#: the load benchmark's path every other path of an export is compared with
+EMBEDDED = "embedded runtime"
 
 
 def load_table(data: dict[str, Any]) -> str:
-    """Requests/s, p50 / p99 ms and errors per export and path, by concurrency."""
-    return _pivot(
-        data["rows"],
-        lambda r: f"{r['concurrency']} clients",
-        lambda r: f"{r['rps']:.0f} req/s, p50 {r['p50_ms']:.0f} / p99 {r['p99_ms']:.0f} ms, {r['errors']} errors",
-        label=lambda r: f"{r['export']}: {r['path']}",
-    )
+    """Per export and path, at each concurrency (joined by /): requests/s, p50 and p99 ms, mean
+    server batch, errors, and the rate against the embedded runtime's at the same concurrency."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in data["rows"]:
+        groups.setdefault((r["export"], r["path"]), []).append(r)
+    base = {(r["export"], r["concurrency"]): r["rps"] for r in data["rows"] if r["path"] == EMBEDDED}
+
+    def joined(rows: list[dict[str, Any]], key: str) -> str:
+        return " / ".join(_number(float(r[key])) for r in rows)
+
+    body = []
+    for (export, path), rows in groups.items():
+        rows = sorted(rows, key=lambda r: r["concurrency"])
+        batch = joined(rows, "mean_batch") if rows[0].get("mean_batch") is not None else "-"
+        vs = " / ".join(f"{r['rps'] / base[(export, r['concurrency'])]:.2f}" if (export, r["concurrency"]) in base
+                        else "" for r in rows)  # fmt: skip
+        body.append([export, path, " / ".join(str(r["concurrency"]) for r in rows), joined(rows, "rps"),
+                     joined(rows, "p50_ms"), joined(rows, "p99_ms"), batch,
+                     " / ".join(str(r.get("errors", 0)) for r in rows), vs])  # fmt: skip
+    header = ["export", "path", "concurrency", "req/s", "p50 ms", "p99 ms", "mean server batch", "errors",
+              "vs embedded"]  # fmt: skip
+    return _table(header, body)
 
 
 def table(path: Path) -> str:
