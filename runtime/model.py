@@ -100,8 +100,6 @@ def runtime_class(family: Family) -> type[ExportedModel]:
     return resolve(family.runtime)
 
 
-
-
 class ExportedModel:
     """The graphs of one export directory as ONNX Runtime sessions (the core of every family's
     runtime; constructed directly, it builds the export's family runtime).
@@ -146,6 +144,9 @@ class ExportedModel:
         manifest = read_manifest(export_dir)
         config = manifest.config
         family = get_family(manifest.family_name)
+        if family is not family_of(config):
+            raise ManifestError(f"{export_dir}: the manifest says family {family.name!r} but its config's architecture "
+                                f"{config.architecture!r} is the {family_of(config).name!r} family's")  # fmt: skip
         checked: set[tuple[str, str]] = set()
         paths: dict[str, tuple[Path, str]] = {}
         for name in manifest.graphs:

@@ -134,3 +134,15 @@ def test_every_hugging_face_importer_names_a_family_and_a_task_of_it():
     for name, importer in IMPORTERS.items():
         assert importer.architecture == name and importer.family in FAMILIES, name
         assert importer.task in FAMILIES[importer.family].tasks or importer.task == "encode", name
+
+
+def test_a_manifest_whose_family_contradicts_its_config_is_refused(encoder_export, tmp_path):
+    from edgeattn.runtime import load
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(encoder_export, wrong)
+    data = json.loads((wrong / "manifest.json").read_text())
+    data["family"] = "seq2seq"
+    (wrong / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="says family 'seq2seq' but its config's architecture 'encoder'"):
+        load(wrong)
