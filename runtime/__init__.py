@@ -11,6 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "ChatTemplate": "chat",
+    "ChatTemplateError": "chat",
+    "load_chat_template": "chat",
     "GenerationConfig": "generate",
     "GenerationOutput": "generate",
     "Manifest": "manifest",
@@ -31,6 +34,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ChatTemplate",
+    "ChatTemplateError",
     "GRAPH_NAMES",
     "ExportedModel",
     "GenerationConfig",
@@ -47,10 +52,12 @@ __all__ = [
     "check_feeds",
     "graph_spec",
     "load",
+    "load_chat_template",
     "read_manifest",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError, load_chat_template
     from edgeattn.runtime.generate import GenerationConfig, GenerationOutput
     from edgeattn.runtime.manifest import Manifest, ManifestError, read_manifest
     from edgeattn.runtime.model import ExportedModel, InputError, check_feeds, load
