@@ -1,0 +1,246 @@
+"""Decoder-only language models (GPT-2, the Llama family, Qwen2 / Qwen3, Phi-3) in one readable file.
+
+One frozen config, :class:`CausalLMConfig` (the decoder-only family's own section of knobs, not
+new flat fields of ``ModelConfig``), drives one module, :class:`CausalLM`: token embeddings (and
+learned positions for GPT-2), pre-norm blocks of self-attention and a feed-forward, a final norm,
+and a language-model head (tied to the embedding or its own). Attention is grouped-query
+(``n_kv_heads`` key/value heads shared by ``n_heads // n_kv_heads`` query heads each), with rotary
+positions in either layout (``rotate-half`` as Llama writes it, ``interleaved`` pairs), Llama 3's
+frequency scaling, and Qwen3's RMS norm of queries and keys per head. Rows of a batch may be
+padded on either side: positions count each row's real tokens, so a row's logits equal its
+logits alone.
+
+The key/value cache and the exported graphs come with the family's registration
+(``edgeattn.runtime.families``); this module is the eager model they are checked against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from edgeattn.errors import ConfigError
+
+RopeLayout = Literal["rotate-half", "interleaved"]
+
+
+@dataclass(frozen=True)
+class CausalLMConfig:
+    """Every hyper-parameter of a decoder-only language model."""
+
+    vocab_size: int = 1000
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    #: key/value heads (grouped-query attention); n_heads for plain multi-head attention
+    n_kv_heads: int = 4
+    #: width of one head; 0: d_model // n_heads
+    head_dim: int = 0
+    d_ff: int = 256
+    max_len: int = 512
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-6
+    #: the feed-forward's activation; ``gated``: act(gate(x)) * up(x) (SwiGLU with silu)
+    activation: Literal["silu", "gelu_tanh", "gelu"] = "silu"
+    gated: bool = True
+    #: "rope" (rotary, no table) or "learned" (GPT-2's position embedding)
+    position: Literal["rope", "learned"] = "rope"
+    rope_theta: float = 10000.0
+    rope_layout: RopeLayout = "rotate-half"
+    #: the share of each head's dimensions that rotate (Phi's partial rotary; 1.0 for the rest)
+    rotary_fraction: float = 1.0
+    #: Llama 3's rotary scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+    rope_scaling: tuple[tuple[str, float], ...] = ()
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    #: RMS norm of each head's queries and keys before the rotation (Qwen3)
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"causal LM config {name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise ConfigError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; set head_dim")
+        rotary = int(self.dim * self.rotary_fraction)
+        if self.position == "rope" and (rotary < 2 or rotary % 2):
+            raise ConfigError(f"rotary dimensions must be even and at least 2, got {rotary}")
+        scaling = dict(self.rope_scaling)
+        if scaling and set(scaling) != {"factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings"}:  # fmt: skip
+            raise ConfigError(f"rope_scaling must give llama3's four parameters, got {sorted(scaling)}")
+
+    @property
+    def dim(self) -> int:
+        """The width of one head."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    def replace(self, **changes: Any) -> CausalLMConfig:
+        return dataclasses.replace(self, **changes)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _norm(config: CausalLMConfig, dim: int) -> nn.Module:
+    return RMSNorm(dim, config.norm_eps) if config.norm == "rmsnorm" else nn.LayerNorm(dim, eps=config.norm_eps)
+
+
+def inverse_frequencies(config: CausalLMConfig) -> Tensor:
+    """The rotary frequencies of each pair of rotating dimensions, Llama 3-scaled when asked."""
+    rotary = int(config.dim * config.rotary_fraction)
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, rotary, 2, dtype=torch.int64).float() / rotary))
+    if not config.rope_scaling:
+        return inv
+    s = dict(config.rope_scaling)
+    old = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / s["low_freq_factor"], old / s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / s["factor"], inv)
+    smooth = (old / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+    smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: RopeLayout) -> Tensor:
+    """Rotary positions on the first ``2 * cos.shape[-1]`` dimensions of ``x`` (B, H, T, D); cos and
+    sin are (B, 1, T, D_rot / 2)."""
+    rot = 2 * cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    if layout == "rotate-half":
+        a, b = x_rot[..., : rot // 2], x_rot[..., rot // 2 :]
+        out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    else:
+        a, b = x_rot[..., 0::2], x_rot[..., 1::2]
+        out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    return torch.cat([out, x_pass], dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Grouped-query causal self-attention with rotary positions."""
+
+    def __init__(self, config: CausalLMConfig) -> None:
+        super().__init__()
+        c, d = config, config.dim
+        self.config = config
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * d, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * d, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * d, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.n_heads * d, c.d_model, bias=c.out_bias)
+        if c.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(d, c.norm_eps), RMSNorm(d, c.norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        c = self.config
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, c.n_heads, c.dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(b, t, c.n_kv_heads, c.dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(x).view(b, t, c.n_kv_heads, c.dim).transpose(1, 2)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rotate(q, *rope, c.rope_layout), rotate(k, *rope, c.rope_layout)
+        group = c.n_heads // c.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T, D)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.dim) + mask  # (B, H, T, T)
+        out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.n_heads * c.dim))
+
+
+class FeedForward(nn.Module):
+    """act(gate(x)) * up(x) -> down when gated (SwiGLU), else act(up(x)) -> down (GPT-2)."""
+
+    def __init__(self, config: CausalLMConfig) -> None:
+        super().__init__()
+        c = config
+        if c.gated:
+            self.gate_proj = nn.Linear(c.d_model, c.d_ff, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=c.mlp_bias)
+        self.gated = c.gated
+        self.act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[c.activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        up = self.up_proj(x)
+        return self.down_proj(self.act(self.gate_proj(x)) * up if self.gated else self.act(up))
+
+
+class Block(nn.Module):
+    """x + attn(norm(x)), then x + ff(norm(x))."""
+
+    def __init__(self, config: CausalLMConfig) -> None:
+        super().__init__()
+        self.norm1, self.attn = _norm(config, config.d_model), CausalSelfAttention(config)
+        self.norm2, self.ff = _norm(config, config.d_model), FeedForward(config)
+
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        x = x + self.attn(self.norm1(x), mask, rope)
+        return x + self.ff(self.norm2(x))
+
+
+def positions_of(attention_mask: Tensor) -> Tensor:
+    """Each token's position among its row's real tokens (padding on either side): (B, T) int64."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class CausalLM(nn.Module):
+    """input_ids (B, T), attention_mask (B, T) -> next-token logits (B, T, vocab)."""
+
+    def __init__(self, config: CausalLMConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        if c.position == "learned":
+            self.pos_embed = nn.Embedding(c.max_len, c.d_model)
+        else:
+            self.register_buffer("inv_freq", inverse_frequencies(c), persistent=False)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.norm = _norm(c, c.d_model)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def tied_aliases(self) -> dict[str, str]:
+        """State-dict keys that are the same tensor as another key: {alias: source}."""
+        return {"lm_head.weight": "embed.weight"} if self.config.tie_embeddings else {}
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+                ) -> Tensor:  # fmt: skip
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = positions_of(attention_mask)
+        x = self.embed(input_ids)  # (B, T, d_model)
+        rope = None
+        if self.config.position == "learned":
+            x = x + self.pos_embed(position_ids)
+        else:
+            angles = position_ids[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D_rot / 2)
+            rope = angles.cos(), angles.sin()
+        allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None] & attention_mask.bool()[:, None, :]
+        mask = torch.zeros(b, 1, t, t, dtype=x.dtype).masked_fill(~allowed[:, None], torch.finfo(x.dtype).min)
+        for layer in self.layers:
+            x = layer(x, mask, rope)
+        return self.lm_head(self.norm(x))

@@ -1,0 +1,189 @@
+"""Decoder-only language models from local Hugging Face folders: GPT-2, Llama (2, 3, 3.1, 3.2,
+SmolLM2), Qwen2, Qwen3 and Phi-3, as a :class:`~edgeattn.causal_lm.CausalLM`.
+
+``config.json`` is mapped onto a :class:`~edgeattn.causal_lm.CausalLMConfig` and every tensor
+lands on exactly one parameter with its shape asserted (``edgeattn.weights.load_state``). Facts
+the mapping encodes: GPT-2 stores its projections as ``Conv1D`` (weights transposed), packs q, k
+and v in ``c_attn``, adds learned positions and uses ``gelu_new``; Llama and Qwen use RMS norm,
+SwiGLU and rotary positions (Qwen2 with q/k/v biases, Qwen3 with an RMS norm of each head's
+queries and keys); Phi-3 packs ``qkv_proj`` and ``gate_up_proj``; Llama 3.1 / 3.2 scale the rotary
+frequencies (``rope_scaling`` type ``llama3``). Nothing is downloaded; ``transformers`` is not needed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edgeattn.causal_lm import CausalLM, CausalLMConfig
+from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.weights import load_state
+
+#: architecture -> the model_type its config.json names
+ARCHITECTURES = {
+    "GPT2LMHeadModel": "gpt2",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+}
+_ACTIVATIONS = {"silu": "silu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def _need(hf: dict[str, Any], path: Path, *keys: str) -> Any:
+    for key in keys:
+        if hf.get(key) is not None:
+            return hf[key]
+    raise ConfigError(f"{path} lacks {keys[0]!r}")
+
+
+def _activation(name: Any, path: Path) -> str:
+    if name not in _ACTIVATIONS:
+        raise ConfigError(f"{path}: activation {name!r} is not one of {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+def _rope_scaling(hf: dict[str, Any], path: Path) -> tuple[tuple[str, float], ...]:
+    scaling = hf.get("rope_scaling")
+    if not scaling:
+        return ()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return ()
+    if kind != "llama3":
+        raise ConfigError(f"{path}: rope_scaling type {kind!r} is not supported (llama3 is)")
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    return tuple((k, float(_need(scaling, path, k))) for k in keys)
+
+
+def map_config(hf: dict[str, Any], architecture: str, path: Path) -> CausalLMConfig:
+    """The CausalLMConfig of a decoder-only config.json."""
+    if architecture == "GPT2LMHeadModel":
+        d = int(_need(hf, path, "n_embd"))
+        return CausalLMConfig(
+            vocab_size=int(_need(hf, path, "vocab_size")), d_model=d, n_layers=int(_need(hf, path, "n_layer")),
+            n_heads=int(_need(hf, path, "n_head")), n_kv_heads=int(_need(hf, path, "n_head")),
+            d_ff=int(hf.get("n_inner") or 4 * d), max_len=int(_need(hf, path, "n_positions")), norm="layernorm",
+            norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            activation=_activation(hf.get("activation_function", "gelu_new"), path), gated=False,
+            position="learned", qkv_bias=True, out_bias=True, mlp_bias=True,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        )  # fmt: skip
+    heads = int(_need(hf, path, "num_attention_heads"))
+    d = int(_need(hf, path, "hidden_size"))
+    head_dim = int(hf.get("head_dim") or d // heads)
+    return CausalLMConfig(
+        vocab_size=int(_need(hf, path, "vocab_size")), d_model=d, n_layers=int(_need(hf, path, "num_hidden_layers")),
+        n_heads=heads, n_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=head_dim if head_dim != d // heads else 0, d_ff=int(_need(hf, path, "intermediate_size")),
+        max_len=int(_need(hf, path, "max_position_embeddings")), norm="rmsnorm",
+        norm_eps=float(_need(hf, path, "rms_norm_eps")), activation=_activation(hf.get("hidden_act", "silu"), path),
+        rope_theta=float(hf.get("rope_theta", 10000.0)), rotary_fraction=float(hf.get("partial_rotary_factor", 1.0)),
+        rope_scaling=_rope_scaling(hf, path),
+        qkv_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
+        out_bias=bool(hf.get("attention_bias", False)),
+        mlp_bias=bool(hf.get("mlp_bias", False)), qk_norm=architecture == "Qwen3ForCausalLM",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    )  # fmt: skip
+
+
+_LLAMA_LAYER = {
+    "input_layernorm.weight": "norm1.weight", "post_attention_layernorm.weight": "norm2.weight",
+    **{f"self_attn.{p}_proj.{w}": f"attn.{p}_proj.{w}" for p in "qkvo" for w in ("weight", "bias")},
+    "self_attn.q_norm.weight": "attn.q_norm.weight", "self_attn.k_norm.weight": "attn.k_norm.weight",
+    **{f"mlp.{p}_proj.{w}": f"ff.{p}_proj.{w}" for p in ("gate", "up", "down") for w in ("weight", "bias")},
+}  # fmt: skip
+_GPT2_LAYER = {"ln_1": "norm1", "ln_2": "norm2", "attn.c_proj": "attn.o_proj", "mlp.c_fc": "ff.up_proj",
+               "mlp.c_proj": "ff.down_proj"}  # fmt: skip
+
+
+def _llama_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, source: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        if key in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+            out[{"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}.get(key, key)] = value
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", key)
+        if m is None:
+            raise CheckpointError(f"{source}: tensor {key} is not one edgeattn maps")
+        layer, rest = m.groups()
+        if rest in ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"):  # Phi-3 packs them
+            if rest.startswith("self_attn"):
+                d, q, kv = config.dim, config.n_heads, config.n_kv_heads
+                parts = dict(zip("qkv", value.split([q * d, kv * d, kv * d]), strict=True))
+                out.update({f"layers.{layer}.attn.{p}_proj.weight": t for p, t in parts.items()})
+            else:
+                gate, up = value.chunk(2, dim=0)
+                out[f"layers.{layer}.ff.gate_proj.weight"], out[f"layers.{layer}.ff.up_proj.weight"] = gate, up
+            continue
+        if rest not in _LLAMA_LAYER:
+            raise CheckpointError(f"{source}: tensor {key} is not one edgeattn maps")
+        out[f"layers.{layer}.{_LLAMA_LAYER[rest]}"] = value
+    return out
+
+
+def _gpt2_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, source: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith(".attn.bias") or key.endswith(".attn.masked_bias"):  # causal-mask buffers, not weights
+            continue
+        top = {"wte.weight": "embed.weight", "wpe.weight": "pos_embed.weight", "ln_f.weight": "norm.weight",
+               "ln_f.bias": "norm.bias", "lm_head.weight": "lm_head.weight"}  # fmt: skip
+        if key in top:
+            out[top[key]] = value
+            continue
+        m = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", key)
+        if m is None:
+            raise CheckpointError(f"{source}: tensor {key} is not one edgeattn maps")
+        layer, module, kind = m.groups()
+        if module == "attn.c_attn":  # Conv1D: (in, 3 * out) weight, q k v side by side
+            parts = value.split(config.d_model, dim=-1)
+            for p, t in zip("qkv", parts, strict=True):
+                out[f"layers.{layer}.attn.{p}_proj.{kind}"] = t.t() if kind == "weight" else t
+            continue
+        if module not in _GPT2_LAYER:
+            raise CheckpointError(f"{source}: tensor {key} is not one edgeattn maps")
+        conv = kind == "weight" and module != "ln_1" and module != "ln_2"  # Conv1D weights are stored transposed
+        out[f"layers.{layer}.{_GPT2_LAYER[module]}.{kind}"] = value.t() if conv else value
+    return out
+
+
+_TENSORS: dict[str, Callable[[dict[str, torch.Tensor], CausalLMConfig, str], dict[str, torch.Tensor]]] = {
+    "GPT2LMHeadModel": _gpt2_tensors, **dict.fromkeys(list(ARCHITECTURES)[1:], _llama_tensors),
+}
+
+
+def map_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, architecture: str, source: str
+                ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The folder's tensors under edgeattn's names (a tied head's copy dropped when it equals the embedding)."""
+    out = _TENSORS[architecture](tensors, config, source)
+    if config.tie_embeddings and "lm_head.weight" in out:
+        if not torch.equal(out.pop("lm_head.weight"), out["embed.weight"]):
+            raise CheckpointError(f"{source}: config.json ties the output layer but lm_head.weight differs")
+    return out
+
+
+def import_causal_folder(folder: str | Path) -> CausalLM:
+    """The decoder-only model of a local Hugging Face folder, every tensor mapped with its shape asserted."""
+    from edgeattn.hf import _read_json, read_tensors
+
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    hf = _read_json(path)
+    names = hf.get("architectures") or []
+    architecture = names[0] if isinstance(names, list) and len(names) == 1 else None
+    if architecture not in ARCHITECTURES or ARCHITECTURES[architecture] != hf.get("model_type"):
+        raise ConfigError(f"architecture {names!r} (model_type {hf.get('model_type')!r}) is not one edgeattn "
+                          f"imports as a language model: {', '.join(ARCHITECTURES)}")  # fmt: skip
+    config = map_config(hf, architecture, path)
+    model = CausalLM(config)
+    source = str(folder)
+    load_state(model, map_tensors(read_tensors(folder), config, architecture, source), source, model.tied_aliases())
+    return model.eval()

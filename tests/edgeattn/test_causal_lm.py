@@ -1,0 +1,110 @@
+"""Decoder-only language models from Hugging Face folders: every architecture's logits equal
+transformers' eager ones, on batches padded left and right, and a row's logits equal its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgeattn.causal_lm import CausalLMConfig, rotate
+from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.hf_causal import import_causal_folder
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.quick
+
+SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 64}  # fmt: skip
+MODELS = {
+    "llama-gqa-tied": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **SMALL, num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5)),
+    "llama3.2-scaled": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **SMALL, num_key_value_heads=1, rope_theta=500000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16})),
+    "qwen2-biases": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **SMALL, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3-qk-norm": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **SMALL, num_key_value_heads=2, head_dim=16)),
+    "phi3-packed": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SMALL, num_key_value_heads=4, pad_token_id=0)),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def folder(request, tmp_path_factory):
+    torch.manual_seed(0)
+    model = MODELS[request.param]()
+    with torch.no_grad():
+        for p in model.parameters():  # non-trivial norms and biases
+            p.add_(torch.randn_like(p) * 0.05)
+    out = tmp_path_factory.mktemp("causal") / request.param
+    model.eval().save_pretrained(out)
+    return out, model
+
+
+def _batch(side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(1)
+    lengths = [11, 6, 1]
+    ids = np.zeros((3, 11), np.int64)
+    mask = np.zeros((3, 11), np.int64)
+    for i, n in enumerate(lengths):
+        cols = slice(11 - n, 11) if side == "left" else slice(0, n)
+        ids[i, cols] = rng.integers(3, 97, n)
+        mask[i, cols] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_logits_equal_transformers_on_padded_batches(folder, side):
+    path, reference = folder
+    ours = import_causal_folder(path)
+    ids, mask = _batch(side)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        want = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        got = ours(ids, mask)
+        real = mask.bool()
+        assert (got[real] - want[real]).abs().max().item() <= 1e-4
+        for row in range(3):  # a row's logits alone equal its logits in the batch
+            alone = ours(ids[row : row + 1, real[row]], mask[row : row + 1, real[row]])
+            assert (alone[0] - got[row, real[row]]).abs().max().item() <= 1e-4
+
+
+def test_interleaved_rotation_is_rotate_half_on_interleaved_dimensions():
+    x = torch.randn(2, 3, 5, 8)
+    angles = torch.randn(2, 1, 5, 4)
+    cos, sin = angles.cos(), angles.sin()
+    order = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])  # rotate-half pairs (i, i + 4) side by side
+    want = rotate(x, cos, sin, "rotate-half")[..., order]
+    torch.testing.assert_close(rotate(x[..., order], cos, sin, "interleaved"), want)
+
+
+def test_bad_folders_and_configs_are_one_error(tmp_path, folder):
+    import json
+    import shutil
+
+    path, _ = folder
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["architectures"] = ["MambaForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="is not one edgeattn imports as a language model"):
+        import_causal_folder(bad)
+    with pytest.raises(ConfigError, match="not a multiple of n_kv_heads"):
+        CausalLMConfig(n_heads=4, n_kv_heads=3)
+    from safetensors.torch import load_file, save_file
+
+    shutil.rmtree(bad)
+    shutil.copytree(path, bad)
+    tensors = load_file(bad / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("weight") and tensors[k].dim() == 2 and "emb" not in k
+                and "wte" not in k and "wpe" not in k)  # fmt: skip
+    tensors[name] = tensors[name][:-1].contiguous()
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="has shape"):
+        import_causal_folder(bad)
