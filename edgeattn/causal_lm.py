@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edgeattn.attention import CacheSlots, KeyValue
 from edgeattn.errors import ConfigError
 
 RopeLayout = Literal["rotate-half", "interleaved"]
@@ -150,7 +151,10 @@ class CausalSelfAttention(nn.Module):
         if c.qk_norm:
             self.q_norm, self.k_norm = RMSNorm(d, c.norm_eps), RMSNorm(d, c.norm_eps)
 
-    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None,
+                cache: CacheSlots | None = None) -> tuple[Tensor, KeyValue]:  # fmt: skip
+        """(B, T, d_model) -> the output and the keys and values attended over: the T new ones, or
+        with ``cache`` every slot, the new ones written at the cache's position."""
         c = self.config
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, c.n_heads, c.dim).transpose(1, 2)  # (B, H, T, D)
@@ -160,11 +164,12 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rotate(q, *rope, c.rope_layout), rotate(k, *rope, c.rope_layout)
+        kept = (k, v) if cache is None else cache.write(k, v)  # (B, KV, S, D): S = T, or the C slots
         group = c.n_heads // c.n_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T, D)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.dim) + mask  # (B, H, T, T)
+        k, v = kept[0].repeat_interleave(group, dim=1), kept[1].repeat_interleave(group, dim=1)  # (B, H, S, D)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.dim) + mask  # (B, H, T, S)
         out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.n_heads * c.dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.n_heads * c.dim)), kept
 
 
 class FeedForward(nn.Module):
@@ -193,9 +198,11 @@ class Block(nn.Module):
         self.norm1, self.attn = _norm(config, config.d_model), CausalSelfAttention(config)
         self.norm2, self.ff = _norm(config, config.d_model), FeedForward(config)
 
-    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        x = x + self.attn(self.norm1(x), mask, rope)
-        return x + self.ff(self.norm2(x))
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None,
+                cache: CacheSlots | None = None) -> tuple[Tensor, KeyValue]:  # fmt: skip
+        attended, kept = self.attn(self.norm1(x), mask, rope, cache)
+        x = x + attended
+        return x + self.ff(self.norm2(x)), kept
 
 
 def positions_of(attention_mask: Tensor) -> Tensor:
@@ -225,12 +232,22 @@ class CausalLM(nn.Module):
         """State-dict keys that are the same tensor as another key: {alias: source}."""
         return {"lm_head.weight": "embed.weight"} if self.config.tie_embeddings else {}
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
-                ) -> Tensor:  # fmt: skip
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                cache: list[CacheSlots] | None = None) -> Tensor | tuple[Tensor, list[KeyValue]]:  # fmt: skip
+        """Next-token logits (B, T, vocab) of ``input_ids`` (B, T).
+
+        Without ``cache``, ``attention_mask`` (B, T) marks the real tokens. With ``cache`` (a
+        :class:`~edgeattn.attention.CacheSlots` per layer, (B, KV, C, D) slots, the new tokens
+        written at its position), ``attention_mask`` (B, C) marks the slots that hold real tokens,
+        the new ones included, and the updated caches are returned too. ``position_ids`` default to
+        each row's count of real tokens before each one (the mask's running sum without a cache).
+        """
         b, t = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if position_ids is None:
+            if cache is not None:
+                raise ConfigError("a call with a cache needs position_ids")
             position_ids = positions_of(attention_mask)
         x = self.embed(input_ids)  # (B, T, d_model)
         rope = None
@@ -239,8 +256,47 @@ class CausalLM(nn.Module):
         else:
             angles = position_ids[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D_rot / 2)
             rope = angles.cos(), angles.sin()
-        allowed = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None] & attention_mask.bool()[:, None, :]
-        mask = torch.zeros(b, 1, t, t, dtype=x.dtype).masked_fill(~allowed[:, None], torch.finfo(x.dtype).min)
-        for layer in self.layers:
-            x = layer(x, mask, rope)
-        return self.lm_head(self.norm(x))
+        start = cache[0].position if cache is not None else 0
+        slots = attention_mask.shape[1]
+        query_at = (start + torch.arange(t, device=x.device))[:, None]  # the slot each new token is written to
+        causal = torch.arange(slots, device=x.device)[None, :] <= query_at  # (T, S)
+        allowed = causal[None] & attention_mask.bool()[:, None, :]  # (B, T, S)
+        mask = torch.zeros(b, 1, t, slots, dtype=x.dtype).masked_fill(~allowed[:, None], torch.finfo(x.dtype).min)
+        kept = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, mask, rope, None if cache is None else cache[i])
+            kept.append(kv)
+        logits = self.lm_head(self.norm(x))
+        return logits if cache is None else (logits, kept)
+
+    def empty_cache(self, batch: int, capacity: int) -> list[CacheSlots]:
+        """Every layer's cache of ``capacity`` zeroed slots, to be written from slot 0."""
+        c = self.config
+        shape = (batch, c.n_kv_heads, capacity, c.dim)
+        position = torch.zeros(1, dtype=torch.int64)
+        return [CacheSlots(torch.zeros(shape), torch.zeros(shape), position) for _ in range(c.n_layers)]
+
+    @torch.no_grad()
+    def greedy(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> Tensor:
+        """Greedy continuations (B, max_new_tokens) of prompts padded on either side: the prompt in
+        one call, then a token a step, over one cache of prompt + max_new_tokens slots."""
+        b, s = input_ids.shape
+        cache = self.empty_cache(b, s + max_new_tokens)
+        slots = torch.cat([attention_mask.long(), torch.zeros(b, max_new_tokens, dtype=torch.int64)], dim=1)
+        positions = positions_of(attention_mask)
+        logits, kept = self(input_ids, slots, positions, cache)  # prefill: slots 0 .. s - 1
+        nxt = positions.max(dim=1, keepdim=True).values
+        last = (attention_mask.long() * torch.arange(s)).argmax(-1)  # each row's last real token
+        step_logits = logits[torch.arange(b), last]  # (B, vocab)
+        out = []
+        for step in range(max_new_tokens):
+            token = step_logits.argmax(-1, keepdim=True)  # (B, 1)
+            out.append(token)
+            if step == max_new_tokens - 1:
+                break
+            nxt = nxt + 1
+            slots[:, s + step] = 1
+            cache = [CacheSlots(k, v, torch.tensor([s + step])) for k, v in kept]
+            logits, kept = self(token, slots, nxt, cache)
+            step_logits = logits[:, -1]
+        return torch.cat(out, dim=1)

@@ -108,3 +108,19 @@ def test_bad_folders_and_configs_are_one_error(tmp_path, folder):
     save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="has shape"):
         import_causal_folder(bad)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_greedy_over_the_slot_cache_equals_transformers_generate(folder, side):
+    """32 new tokens for prompts of different lengths, one cache of prompt + 32 slots written in place."""
+    path, reference = folder
+    ours = import_causal_folder(path)
+    ids, mask = _batch(side)
+    got = ours.greedy(ids, mask, 32)
+    for row in range(3):  # transformers on each prompt alone (its own padding rules aside)
+        real = mask[row].bool()
+        prompt = ids[row : row + 1, real]
+        reference.generation_config.eos_token_id = None  # all 32 tokens, none suppressed (min_new_tokens would)
+        want = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+                                  pad_token_id=0)[0, prompt.shape[1] :]  # fmt: skip
+        assert got[row].tolist() == want.tolist(), (row, side)
