@@ -34,6 +34,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel, build_model
 from edgeattn.runtime.families import all_tasks
+from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
@@ -97,13 +98,7 @@ class HFModel:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object")
-    return data
+    return read_json_object(path, ConfigError)
 
 
 def _importer(hf: dict[str, Any], path: Path) -> Importer:

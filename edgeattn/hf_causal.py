@@ -21,6 +21,7 @@ import torch
 
 from edgeattn.causal_lm import CausalLM, CausalLMConfig
 from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.weights import load_state
 
 #: architecture -> the model_type its config.json names
@@ -170,13 +171,13 @@ def map_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, archit
 
 def import_causal_folder(folder: str | Path) -> CausalLM:
     """The decoder-only model of a local Hugging Face folder, every tensor mapped with its shape asserted."""
-    from edgeattn.hf import _read_json, read_tensors
+    from edgeattn.hf import read_tensors
 
     folder = Path(folder)
     path = folder / "config.json"
     if not path.is_file():
         raise ConfigError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-    hf = _read_json(path)
+    hf = read_json_object(path, ConfigError)
     names = hf.get("architectures") or []
     architecture = names[0] if isinstance(names, list) and len(names) == 1 else None
     if architecture not in ARCHITECTURES or ARCHITECTURES[architecture] != hf.get("model_type"):

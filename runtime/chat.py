@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.jsonfile import read_json_object
 
 #: Files a folder keeps its template in, in the order ``transformers`` looks.
 TEMPLATE_FILE, TEMPLATE_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS = (
@@ -48,13 +49,7 @@ def _token(value: Any) -> str | None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ChatTemplateError(f"{path} is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ChatTemplateError(f"{path} must hold a JSON object")
-    return data
+    return read_json_object(path, ChatTemplateError)
 
 
 def _named(value: Any, where: Path) -> str:

@@ -194,13 +194,6 @@ def graph_spec(name: str, config: ModelConfig) -> GraphSpec:
     return spec_of(name, config)
 
 
-def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelConfig) -> list[str]:
-    """The graphs to export (see :func:`edgeattn.runtime.families.resolve_graphs`)."""
-    from edgeattn.runtime.families import resolve_graphs as resolve
-
-    return resolve(requested, config)
-
-
 def __getattr__(name: str) -> Any:
     if name == "GRAPH_NAMES":  # every graph any family exports, from the family registry
         from edgeattn.runtime.families import all_graph_names
