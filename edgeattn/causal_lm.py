@@ -16,79 +16,19 @@ The key/value cache and the exported graphs come with the family's registration
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgeattn.attention import CacheSlots, KeyValue
+from edgeattn.causal_config import CausalLMConfig, RopeLayout
+from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
+from edgeattn.model import TransformerModel
 
-RopeLayout = Literal["rotate-half", "interleaved"]
-
-
-@dataclass(frozen=True)
-class CausalLMConfig:
-    """Every hyper-parameter of a decoder-only language model."""
-
-    vocab_size: int = 1000
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    #: key/value heads (grouped-query attention); n_heads for plain multi-head attention
-    n_kv_heads: int = 4
-    #: width of one head; 0: d_model // n_heads
-    head_dim: int = 0
-    d_ff: int = 256
-    max_len: int = 512
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    norm_eps: float = 1e-6
-    #: the feed-forward's activation; ``gated``: act(gate(x)) * up(x) (SwiGLU with silu)
-    activation: Literal["silu", "gelu_tanh", "gelu"] = "silu"
-    gated: bool = True
-    #: "rope" (rotary, no table) or "learned" (GPT-2's position embedding)
-    position: Literal["rope", "learned"] = "rope"
-    rope_theta: float = 10000.0
-    rope_layout: RopeLayout = "rotate-half"
-    #: the share of each head's dimensions that rotate (Phi's partial rotary; 1.0 for the rest)
-    rotary_fraction: float = 1.0
-    #: Llama 3's rotary scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
-    rope_scaling: tuple[tuple[str, float], ...] = ()
-    qkv_bias: bool = False
-    out_bias: bool = False
-    mlp_bias: bool = False
-    #: RMS norm of each head's queries and keys before the rotation (Qwen3)
-    qk_norm: bool = False
-    tie_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"causal LM config {name} must be positive, got {getattr(self, name)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if not self.head_dim and self.d_model % self.n_heads:
-            raise ConfigError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; set head_dim")
-        rotary = int(self.dim * self.rotary_fraction)
-        if self.position == "rope" and (rotary < 2 or rotary % 2):
-            raise ConfigError(f"rotary dimensions must be even and at least 2, got {rotary}")
-        scaling = dict(self.rope_scaling)
-        if scaling and set(scaling) != {"factor", "low_freq_factor", "high_freq_factor",
-                                        "original_max_position_embeddings"}:  # fmt: skip
-            raise ConfigError(f"rope_scaling must give llama3's four parameters, got {sorted(scaling)}")
-
-    @property
-    def dim(self) -> int:
-        """The width of one head."""
-        return self.head_dim or self.d_model // self.n_heads
-
-    def replace(self, **changes: Any) -> CausalLMConfig:
-        return dataclasses.replace(self, **changes)
-
+__all__ = ["CausalLM", "CausalLMConfig", "RopeLayout"]
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32."""
@@ -166,9 +106,12 @@ class CausalSelfAttention(nn.Module):
             q, k = rotate(q, *rope, c.rope_layout), rotate(k, *rope, c.rope_layout)
         kept = (k, v) if cache is None else cache.write(k, v)  # (B, KV, S, D): S = T, or the C slots
         group = c.n_heads // c.n_kv_heads
-        k, v = kept[0].repeat_interleave(group, dim=1), kept[1].repeat_interleave(group, dim=1)  # (B, H, S, D)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.dim) + mask  # (B, H, T, S)
-        out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+        # each key/value head's query heads side by side (B, KV, group * T, D): no copy of the cache per group
+        q = q.reshape(b, c.n_kv_heads, group * t, c.dim)
+        scores = (q @ kept[0].transpose(-1, -2)) / math.sqrt(c.dim)  # (B, KV, group * T, S)
+        scores = scores.view(b, c.n_kv_heads, group, t, -1) + mask[:, :, None]  # mask (B, 1, T, S)
+        weights = torch.softmax(scores, dim=-1).view(b, c.n_kv_heads, group * t, -1)
+        out = (weights @ kept[1]).view(b, c.n_heads, t, c.dim)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, c.n_heads * c.dim)), kept
 
 
@@ -210,14 +153,16 @@ def positions_of(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-class CausalLM(nn.Module):
+class CausalLM(TransformerModel):
     """input_ids (B, T), attention_mask (B, T) -> next-token logits (B, T, vocab)."""
 
-    def __init__(self, config: CausalLMConfig) -> None:
-        super().__init__()
-        c = config
-        self.config = config
-        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+    def __init__(self, config: ModelConfig | CausalLMConfig) -> None:
+        if isinstance(config, CausalLMConfig):
+            config = ModelConfig.decoder_only(config)
+        if config.causal is None:
+            raise ConfigError(f"a CausalLM needs a decoder-only config, got architecture={config.architecture!r}")
+        super().__init__(config)
+        c = self.lm = config.causal
         if c.position == "learned":
             self.pos_embed = nn.Embedding(c.max_len, c.d_model)
         else:
@@ -230,10 +175,11 @@ class CausalLM(nn.Module):
 
     def tied_aliases(self) -> dict[str, str]:
         """State-dict keys that are the same tensor as another key: {alias: source}."""
-        return {"lm_head.weight": "embed.weight"} if self.config.tie_embeddings else {}
+        return {"lm_head.weight": "embed.weight"} if self.lm.tie_embeddings else {}
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cache: list[CacheSlots] | None = None) -> Tensor | tuple[Tensor, list[KeyValue]]:  # fmt: skip
+                cache: list[CacheSlots] | None = None, logits_at: Tensor | None = None,
+                ) -> Tensor | tuple[Tensor, list[KeyValue]]:  # fmt: skip
         """Next-token logits (B, T, vocab) of ``input_ids`` (B, T).
 
         Without ``cache``, ``attention_mask`` (B, T) marks the real tokens. With ``cache`` (a
@@ -241,6 +187,8 @@ class CausalLM(nn.Module):
         written at its position), ``attention_mask`` (B, C) marks the slots that hold real tokens,
         the new ones included, and the updated caches are returned too. ``position_ids`` default to
         each row's count of real tokens before each one (the mask's running sum without a cache).
+        ``logits_at`` (B, N) picks the new tokens whose logits are computed (default: all T): a
+        prompt's last one, say, instead of the whole vocabulary at every prompt position.
         """
         b, t = input_ids.shape
         if attention_mask is None:
@@ -251,7 +199,7 @@ class CausalLM(nn.Module):
             position_ids = positions_of(attention_mask)
         x = self.embed(input_ids)  # (B, T, d_model)
         rope = None
-        if self.config.position == "learned":
+        if self.lm.position == "learned":
             x = x + self.pos_embed(position_ids)
         else:
             angles = position_ids[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D_rot / 2)
@@ -266,20 +214,24 @@ class CausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, mask, rope, None if cache is None else cache[i])
             kept.append(kv)
+        if logits_at is not None:  # (B, N, d_model): the picked tokens alone reach the head
+            x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x))
         return logits if cache is None else (logits, kept)
 
     def empty_cache(self, batch: int, capacity: int) -> list[CacheSlots]:
         """Every layer's cache of ``capacity`` zeroed slots, to be written from slot 0."""
-        c = self.config
+        c = self.lm
         shape = (batch, c.n_kv_heads, capacity, c.dim)
         position = torch.zeros(1, dtype=torch.int64)
         return [CacheSlots(torch.zeros(shape), torch.zeros(shape), position) for _ in range(c.n_layers)]
 
     @torch.no_grad()
-    def greedy(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> Tensor:
+    def greedy(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, stop_at_eos: bool = True
+               ) -> Tensor:  # fmt: skip
         """Greedy continuations (B, max_new_tokens) of prompts padded on either side: the prompt in
-        one call, then a token a step, over one cache of prompt + max_new_tokens slots."""
+        one call, then a token a step, over one cache of prompt + max_new_tokens slots; with
+        ``stop_at_eos``, ``pad_id`` after each row's first EOS."""
         b, s = input_ids.shape
         cache = self.empty_cache(b, s + max_new_tokens)
         slots = torch.cat([attention_mask.long(), torch.zeros(b, max_new_tokens, dtype=torch.int64)], dim=1)
@@ -299,4 +251,8 @@ class CausalLM(nn.Module):
             cache = [CacheSlots(k, v, torch.tensor([s + step])) for k, v in kept]
             logits, kept = self(token, slots, nxt, cache)
             step_logits = logits[:, -1]
-        return torch.cat(out, dim=1)
+        tokens = torch.cat(out, dim=1)
+        if stop_at_eos:
+            ended = (tokens == self.config.eos_id).long().cumsum(1) - (tokens == self.config.eos_id).long()
+            tokens = tokens.masked_fill(ended > 0, self.config.pad_id)
+        return tokens

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from edgeattn.causal_config import CausalLMConfig
 from edgeattn.errors import ConfigError
 
-Architecture = Literal["encoder-decoder", "encoder"]
+Architecture = Literal["encoder-decoder", "encoder", "decoder-only"]
 PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -25,7 +26,7 @@ HeadPooling = Literal["mean", "first"]
 Pooler = Literal["none", "tanh", "relu"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "architecture": ("encoder-decoder", "encoder"),
+    "architecture": ("encoder-decoder", "encoder", "decoder-only"),
     "position": ("sinusoidal", "learned", "relative", "t5", "none"),
     "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"),
     "norm": ("layernorm", "rmsnorm"),
@@ -53,6 +54,11 @@ class ModelConfig:
 
     ``gated-*`` activations multiply the activated projection by a second, linear one (T5 v1.1);
     ``gelu_tanh`` is GELU's tanh approximation.
+
+    ``decoder-only`` (GPT-2, the Llama family) keeps its own knobs in the ``causal`` section
+    (:class:`~edgeattn.causal_config.CausalLMConfig`); the fields every model has (sizes, layer
+    count as ``n_decoder_layers``, special token ids) mirror it, the others are not used.
+    Build one with :meth:`decoder_only`.
     """
 
     architecture: Architecture = "encoder-decoder"
@@ -102,6 +108,13 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    #: the decoder-only family's own section (architecture="decoder-only" only)
+    causal: CausalLMConfig | None = None
+
+    @classmethod
+    def decoder_only(cls, section: CausalLMConfig, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> ModelConfig:
+        """The config of a decoder-only model: ``section`` and the fields it mirrors."""
+        return cls(**_mirrored(section), dropout=0.0, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, causal=section)
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
@@ -120,7 +133,11 @@ class ModelConfig:
             raise ConfigError(f"config d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if self.n_encoder_layers < 1:
+        if self.architecture == "decoder-only":
+            self._check_causal()
+        elif self.causal is not None:
+            raise ConfigError("the causal section is for architecture='decoder-only' only")
+        elif self.n_encoder_layers < 1:
             raise ConfigError("config n_encoder_layers must be at least 1")
         if self.architecture == "encoder-decoder":
             if self.n_decoder_layers < 1:
@@ -165,9 +182,22 @@ class ModelConfig:
                 f"parameters ({4 * MAX_PARAMETERS / 1e9:.0f} GB)"
             )
 
+    def _check_causal(self) -> None:
+        if not isinstance(self.causal, CausalLMConfig):
+            raise ConfigError("a decoder-only config needs its causal section (ModelConfig.decoder_only builds one)")
+        if self.head != "none":
+            raise ConfigError("classification heads are for architecture='encoder' only")
+        wrong = {k: (getattr(self, k), v) for k, v in _mirrored(self.causal).items() if getattr(self, k) != v}
+        if wrong:
+            raise ConfigError("decoder-only config fields disagree with its causal section: "
+                              + ", ".join(f"{k}={mine!r} but the section says {theirs!r}"
+                                          for k, (mine, theirs) in wrong.items()))  # fmt: skip
+
     def parameter_count(self) -> int:
         """The model's parameter count from the config alone (weight matrices and tables; biases and
         norms, a few per cent, left out): what the sizes would allocate."""
+        if self.causal is not None:
+            return self.causal.parameter_count()
         d, f, inner = self.d_model, self.d_ff, self.n_heads * self.head_dim
         ff = (3 if self.gated else 2) * d * f
         layers = self.n_encoder_layers * (4 * d * inner + ff)
@@ -201,6 +231,7 @@ class ModelConfig:
         a model uses them, so that a config without them reads the same as before they existed
         (and an older edgeattn, which refuses unknown keys, still reads it)."""
         data = dataclasses.asdict(self)
+        data["causal"] = None if self.causal is None else self.causal.to_dict()
         for name in _OMITTED_AT_DEFAULT:
             if data[name] == _DEFAULTS[name]:
                 del data[name]
@@ -219,6 +250,8 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        if data.get("causal") is not None:
+            data = {**data, "causal": CausalLMConfig.from_dict(data["causal"])}
         try:
             return cls(**data)
         except TypeError as exc:
@@ -307,7 +340,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 #: Fields written only when set (see :meth:`ModelConfig.to_dict`).
-_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "relative_shared", "scale_decoder_output")
+_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "relative_shared", "scale_decoder_output",
+                       "causal")  # fmt: skip
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
@@ -317,3 +351,14 @@ def get_preset(name: str) -> ModelConfig:
         return PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None
+
+
+def _mirrored(section: CausalLMConfig) -> dict[str, Any]:
+    """The ModelConfig fields a decoder-only config mirrors from its causal section."""
+    return {
+        "architecture": "decoder-only", "vocab_size": section.vocab_size, "d_model": section.d_model,
+        "n_heads": section.n_heads, "d_ff": section.d_ff, "n_encoder_layers": 0, "n_decoder_layers": section.n_layers,
+        "max_len": section.max_len, "d_kv": section.head_dim, "norm": section.norm, "norm_eps": section.norm_eps,
+        "position": "learned" if section.position == "learned" else "none", "scale_embedding": False,
+        "tie_embeddings": section.tie_embeddings,
+    }  # fmt: skip

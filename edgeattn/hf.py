@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
-from edgeattn import hf_t5
+from edgeattn import hf_causal, hf_t5
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel, build_model
+from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.families import all_tasks
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import EmbeddingPooling
@@ -43,7 +44,8 @@ log = logging.getLogger(__name__)
 
 #: model_type -> the layout its weights use
 LAYOUTS = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta",
-           "distilbert": "distilbert", "t5": "t5", "mt5": "t5"}  # fmt: skip
+           "distilbert": "distilbert", "t5": "t5", "mt5": "t5", "gpt2": "gpt2", "llama": "llama", "qwen2": "qwen2",
+           "qwen3": "qwen3", "phi3": "phi3"}  # fmt: skip
 #: architecture suffix -> task
 HEADS = {"Model": "encode", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
 #: what an encoder-decoder is for: text in, text out
@@ -77,6 +79,8 @@ def _importers() -> dict[str, Importer]:
              for prefix, layout in _PREFIX.items() for suffix, task in HEADS.items()}  # fmt: skip
     for model_type, name in hf_t5.ARCHITECTURES.items():
         table[name] = Importer(name, "seq2seq", LAYOUTS[model_type], GENERATE, _import_t5)
+    for name, model_type in hf_causal.ARCHITECTURES.items():
+        table[name] = Importer(name, "causal", LAYOUTS[model_type], hf_causal.TASK, hf_causal.import_causal)
     return table
 
 
@@ -95,6 +99,9 @@ class HFModel:
     folder: Path
     #: the folder's tokenizer.json, when it has one
     tokenizer: TextTokenizer | None = None
+    #: a language model's chat template and the tokens that end its answers
+    chat_template: ChatTemplate | None = None
+    stop_ids: list[int] | None = None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -12,17 +12,28 @@ frequencies (``rope_scaling`` type ``llama3``). Nothing is downloaded; ``transfo
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from edgeattn.causal_lm import CausalLM, CausalLMConfig
+from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.runtime.chat import load_chat_template
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.weights import load_state
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from edgeattn.hf import HFModel, Importer
+
+#: what a decoder-only model's export is for (its family's task)
+TASK = "complete"
 
 #: architecture -> the model_type its config.json names
 ARCHITECTURES = {
@@ -169,22 +180,56 @@ def map_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, archit
     return out
 
 
+def special_ids(hf: dict[str, Any], folder: Path) -> tuple[int, int, int, list[int]]:
+    """(pad, bos, eos, stop ids) of a folder: ``generation_config.json``'s end-of-sequence ids (a chat
+    model may list several) before ``config.json``'s; the pad id is the first stop id when none is set."""
+    generation_path = folder / "generation_config.json"
+    generation = read_json_object(generation_path, ConfigError) if generation_path.is_file() else {}
+
+    def ids(key: str) -> list[int]:
+        for data in (generation, hf):
+            value = data.get(key)
+            if value is not None:
+                values = value if isinstance(value, list) else [value]
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                    raise ConfigError(f"{folder}: {key} {value!r} is not token ids")
+                inside = [v for v in values if 0 <= v < hf["vocab_size"]]
+                if len(inside) < len(values):  # a token the model cannot produce ends nothing
+                    log.warning("%s: %s %s lies outside the vocabulary of %d; left out", folder, key, value,
+                                hf["vocab_size"])  # fmt: skip
+                return inside
+        return []
+
+    stops = ids("eos_token_id")
+    bos = (ids("bos_token_id") or stops or [0])[0]
+    pad = (ids("pad_token_id") or stops or [0])[0]
+    return pad, bos, (stops or [0])[0], stops
+
+
+def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
+    """A decoder-only checkpoint as a :class:`CausalLM` with its tokenizer, chat template and stop ids
+    (one of :data:`edgeattn.hf.IMPORTERS`)."""
+    from edgeattn.hf import HFModel, _tokenizer, read_tensors
+
+    architecture = importer.architecture
+    if task not in ("", TASK):
+        raise ConfigError(f"{architecture} is a language model; its task is {TASK}, not {task}")
+    path = folder / "config.json"
+    section = map_config(hf, architecture, path)
+    pad, bos, eos, stops = special_ids(hf, folder)
+    model = CausalLM(ModelConfig.decoder_only(section, pad_id=pad, bos_id=bos, eos_id=eos))
+    source = str(folder)
+    load_state(model, map_tensors(read_tensors(folder), section, architecture, source), source, model.tied_aliases())
+    return HFModel(model.eval(), architecture, TASK, None, None, folder, _tokenizer(folder),
+                   load_chat_template(folder), stops or [eos])  # fmt: skip
+
+
 def import_causal_folder(folder: str | Path) -> CausalLM:
     """The decoder-only model of a local Hugging Face folder, every tensor mapped with its shape asserted."""
-    from edgeattn.hf import read_tensors
+    from edgeattn.hf import import_folder
 
-    folder = Path(folder)
-    path = folder / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-    hf = read_json_object(path, ConfigError)
-    names = hf.get("architectures") or []
-    architecture = names[0] if isinstance(names, list) and len(names) == 1 else None
-    if architecture not in ARCHITECTURES or ARCHITECTURES[architecture] != hf.get("model_type"):
-        raise ConfigError(f"architecture {names!r} (model_type {hf.get('model_type')!r}) is not one edgeattn "
-                          f"imports as a language model: {', '.join(ARCHITECTURES)}")  # fmt: skip
-    config = map_config(hf, architecture, path)
-    model = CausalLM(config)
-    source = str(folder)
-    load_state(model, map_tensors(read_tensors(folder), config, architecture, source), source, model.tied_aliases())
-    return model.eval()
+    hf = import_folder(folder)
+    if not isinstance(hf.model, CausalLM):
+        raise ConfigError(f"{folder} holds a {hf.architecture}, not a language model: "
+                          f"edgeattn's are {', '.join(ARCHITECTURES)}")  # fmt: skip
+    return hf.model

@@ -11,6 +11,7 @@ from typing import Any
 from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
 from edgeattn.model import TransformerModel, build_model
+from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import load_model, read_config
@@ -33,6 +34,9 @@ class ModelSource:
     pooling: EmbeddingPooling | None = None
     #: the Hugging Face folder an imported checkpoint came from
     folder: Path | None = None
+    #: a language model's chat template and the tokens that end its answers
+    chat_template: ChatTemplate | None = None
+    stop_ids: list[int] | None = None
 
     def export_fields(self) -> dict[str, Any]:
         """What ``export_model`` records of this source besides the model: its description,
@@ -40,7 +44,8 @@ class ModelSource:
         labels, pooling and folder."""
         return {"source": self.description, "tokenizer": self.tokenizer, "heldout_texts": self.heldout,
                 "task": self.task, "architecture": self.architecture, "labels": self.labels,
-                "pooling": self.pooling, "source_folder": self.folder}  # fmt: skip
+                "pooling": self.pooling, "source_folder": self.folder, "chat_template": self.chat_template,
+                "stop_ids": self.stop_ids}  # fmt: skip
 
     @property
     def heldout(self) -> list[list[int]] | None:
@@ -81,7 +86,8 @@ def resolve_model(
 
         hf = import_folder(from_hf, task)
         return ModelSource(hf.model, f"Hugging Face {hf.architecture} from {Path(from_hf).name}", hf.tokenizer,
-                           hf.task, hf.architecture, hf.labels, hf.pooling, hf.folder)  # fmt: skip
+                           hf.task, hf.architecture, hf.labels, hf.pooling, hf.folder, hf.chat_template,
+                           hf.stop_ids)  # fmt: skip
     if task is not None:
         raise ConfigError("a task is for Hugging Face folders (--from-hf)")
     if preset and config_file:

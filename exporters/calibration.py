@@ -128,6 +128,14 @@ def decoder_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarra
     return slot_feeds(forced, model.config) if POSITION in spec.input_names else forced
 
 
+def causal_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
+                       rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """The prompts themselves, every token's logits, into an empty cache as wide as they are."""
+    from edgeattn.runtime.causal_runtime import forced_feeds
+
+    return forced_feeds(model.config, ids, mask)
+
+
 def describe_calibration(sequences: list[list[int]] | None, source: str = "") -> str:
     """Where static int8 calibration data came from, as the manifest records it."""
     if not sequences:

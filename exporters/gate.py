@@ -17,10 +17,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
 
+from edgeattn.causal_lm import CausalLM
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
@@ -185,8 +187,20 @@ class Reference:
         return teacher_forced(self.model, self.ids, self.mask, self.new_tokens, self.hidden)
 
     @cached_property
+    def next_tokens(self) -> NextTokens:
+        """A decoder-only model's answers after every held-out token (teacher forcing)."""
+        return next_tokens(lambda ids, mask: _eager_logits(self.model, ids, mask), self.ids, self.mask)
+
+    @cached_property
+    def long_greedy(self) -> np.ndarray:
+        """Greedy continuations twice as long as the generation check's (where loops show)."""
+        with torch.no_grad():
+            return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask),
+                                     2 * self.new_tokens).numpy()  # fmt: skip
+
+    @cached_property
     def greedy(self) -> np.ndarray:
-        assert isinstance(self.model, Seq2SeqTransformer)
+        assert isinstance(self.model, Seq2SeqTransformer | CausalLM)
         with torch.no_grad():
             return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask), self.new_tokens).numpy()
 
@@ -272,6 +286,70 @@ def generation_metrics(ref: Reference, runtime: ExportedModel) -> dict[str, floa
     eager = np.pad(eager, ((0, 0), (0, width - eager.shape[1])), constant_values=pad)
     got = np.pad(got, ((0, 0), (0, width - got.shape[1])), constant_values=pad)
     return {"exact_match": float((eager == got).all(axis=1).mean())}
+
+
+#: rows scored per call when every position's logits are measured (a vocabulary of 150k at 48
+#: positions is 29 MB a row)
+_ROWS_PER_CALL = 8
+
+
+@dataclass
+class NextTokens:
+    """Per held-out position (B, T - 1), the argmax next token and the log-probability of the true
+    next token, valid only where both tokens are real."""
+
+    top1: np.ndarray
+    logp: np.ndarray
+    valid: np.ndarray
+
+
+def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray) -> NextTokens:
+    """``logits_of(ids, mask) -> (b, T, vocab)`` reduced to what the gate compares, a few rows a call."""
+    from edgeattn.runtime.generate import log_softmax
+
+    top1, logp = [], []
+    for start in range(0, ids.shape[0], _ROWS_PER_CALL):
+        rows = slice(start, start + _ROWS_PER_CALL)
+        logits = logits_of(ids[rows], mask[rows])[:, :-1]
+        top1.append(logits.argmax(-1))
+        lp = log_softmax(logits)
+        logp.append(np.take_along_axis(lp, ids[rows, 1:, None], axis=-1)[..., 0])
+    valid = (mask[:, :-1] * mask[:, 1:]).astype(bool)
+    return NextTokens(np.concatenate(top1), np.concatenate(logp), valid)
+
+
+def _eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+
+def looped(row: np.ndarray, pad_id: int, longest: int = 8) -> bool:
+    """Whether a generated row ends in a loop: its second half repeats with a period of at most
+    ``longest`` tokens (a row that stopped early, padded after its end, is judged on what it has)."""
+    ends = np.flatnonzero(row == pad_id)
+    row = row[: ends[0]] if ends.size else row
+    half = len(row) // 2
+    if half < 4:
+        return False
+    tail = row[len(row) - half :]
+    return any(np.array_equal(tail[p:], tail[:-p]) for p in range(1, min(longest, half // 2) + 1))
+
+
+def causal_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
+    """A decoder-only graph on the held-out text: teacher-forced next-token agreement with eager
+    float32, the share of its perplexity kept (float32's perplexity / the graph's: 1 is none lost),
+    and the share of greedy continuations that do not fall into a loop float32's does not."""
+    want = ref.next_tokens
+    got = next_tokens(runtime.next_token_logits, ref.ids, ref.mask)
+    valid = want.valid
+    agree = float((got.top1 == want.top1)[valid].mean())
+    kept = float(np.exp(got.logp[valid].mean() - want.logp[valid].mean()))
+    pad = ref.model.config.pad_id
+    eager = ref.long_greedy
+    tokens = runtime.generate(ref.ids, ref.mask, eager.shape[1]).tokens
+    new_loops = [looped(t, pad) and not looped(e, pad) for t, e in zip(tokens, eager, strict=True)]
+    return {"teacher_top1": agree, "perplexity_kept": min(kept, 1.0), "loop_free": 1.0 - float(np.mean(new_loops)),
+            "perplexity_ratio": 1.0 / kept}  # fmt: skip
 
 
 @dataclass

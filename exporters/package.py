@@ -26,8 +26,10 @@ from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_
 from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import TransformerModel
+from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.families import family_of, resolve_graphs
 from edgeattn.runtime.layout import (
+    CHAT_TEMPLATE,
     CHECKPOINT_CONFIG,
     TOKENIZER,
     WEIGHTS,
@@ -92,13 +94,16 @@ def export_model(
     pooling: EmbeddingPooling | None = None,
     source_folder: str | Path | None = None,
     compact: bool = True,
+    chat_template: ChatTemplate | None = None,
+    stop_ids: list[int] | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
     ``precisions`` adds optimised and reduced-precision files (see ``edgeattn.runtime.precisions``)
     beside the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``,
     token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``,
-    ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest. ``compact``
+    ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest, and for a
+    language model ``chat_template`` and ``stop_ids`` (the tokens that end its answers). ``compact``
     (the default) keeps the graphs' float32 weights in the export's checkpoint, each stored once
     (see :mod:`edgeattn.exporters.compact`); without it each graph holds its own.
 
@@ -134,10 +139,14 @@ def export_model(
                 labels=labels,
                 pooling=pooling,
                 source_folder=None if source_folder is None else str(Path(source_folder).resolve()),
+                stop_ids=stop_ids,
             )
             if tokenizer is not None:
                 tokenizer.save(tmp / TOKENIZER)
                 manifest.tokenizer = FileEntry.describe(tmp / TOKENIZER)
+            if chat_template is not None:
+                chat_template.save(tmp / CHAT_TEMPLATE)
+                manifest.chat_template = FileEntry.describe(tmp / CHAT_TEMPLATE)
             weights = save_weights(model, tmp / WEIGHTS)
             (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
             manifest.weights = FileEntry.describe(weights)

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgeattn.attention import KeyValue
+from edgeattn.attention import CacheSlots, KeyValue
+from edgeattn.causal_lm import CausalLM, positions_of
 from edgeattn.errors import EdgeattnError
 from edgeattn.model import Seq2SeqTransformer, TransformerModel
 from edgeattn.runtime.families import family_of, resolve
@@ -45,6 +46,48 @@ class EagerStepper:
             self.past = [(k[idx], v[idx]) for k, v in self.past]
 
 
+class CausalEagerStepper:
+    """The :class:`~edgeattn.runtime.generate.Stepper` of an eager decoder-only model: the prompt
+    runs at construction into a cache of prompt + ``capacity`` slots, the first step answers from it
+    (as :class:`edgeattn.runtime.causal_runtime.CausalState` does)."""
+
+    def __init__(self, model: CausalLM, ids: np.ndarray, mask: np.ndarray, repeat: int = 1,
+                 capacity: int = 64) -> None:  # fmt: skip
+        self.model = model.eval()
+        t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+        if repeat > 1:
+            t_ids, t_mask = t_ids.repeat_interleave(repeat, dim=0), t_mask.repeat_interleave(repeat, dim=0)
+        rows, width = t_ids.shape
+        self.slots = torch.cat([t_mask, torch.zeros(rows, capacity, dtype=torch.int64)], dim=1)
+        self.cache = model.empty_cache(rows, width + capacity)
+        self.position = width
+        self.next_position = t_mask.sum(1, keepdim=True)
+        positions = positions_of(t_mask)
+        with torch.no_grad():
+            logits, kept = model(t_ids, self.slots, positions, self.cache,
+                                 (t_mask * torch.arange(width)).argmax(-1, keepdim=True))  # fmt: skip
+        self.kept = kept
+        self.pending: np.ndarray | None = logits[:, 0].numpy()
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        if self.pending is not None:
+            logits, self.pending = self.pending, None
+            return logits
+        self.slots[:, self.position] = 1
+        cache = [CacheSlots(k, v, torch.tensor([self.position])) for k, v in self.kept]
+        with torch.no_grad():
+            logits, self.kept = self.model(torch.from_numpy(tokens.astype(np.int64))[:, None], self.slots,
+                                           self.next_position, cache)  # fmt: skip
+        self.position += 1
+        self.next_position = self.next_position + 1
+        return logits[:, -1].numpy()
+
+    def reorder(self, index: np.ndarray) -> None:
+        idx = torch.from_numpy(index)
+        self.kept = [(k[idx], v[idx]) for k, v in self.kept]
+        self.slots, self.next_position = self.slots[idx], self.next_position[idx]
+
+
 def eager_generate(
     model: TransformerModel,
     ids: np.ndarray,
@@ -63,4 +106,5 @@ def eager_generate(
     stepper = resolve(family.stepper)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
     eos = c.eos_id if eos_id is None else eos_id
-    return generate(lambda n: stepper(model, ids, mask, n), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)
+    extra = {"capacity": cfg.max_new_tokens} if isinstance(model, CausalLM) else {}
+    return generate(lambda n: stepper(model, ids, mask, n, **extra), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeattn.config import ModelConfig
-from edgeattn.runtime.specs import PAST_LEN, POSITION, TOKEN_TYPE_IDS, GraphSpec
+from edgeattn.runtime.specs import LOGITS_AT, PAST_LEN, POSITION, POSITION_IDS, TGT_LEN, TOKEN_TYPE_IDS, GraphSpec
 
 MASK_INPUTS = ("attention_mask", "key_padding_mask", "encoder_attention_mask")
 
@@ -31,7 +31,8 @@ def sample_inputs(
 
     Token ids are uniform over the vocabulary, token types over the model's types, masks pad the
     rows differently, floats are N(0, 1); a fixed-capacity cache's position is ``past_len`` (its
-    unwritten slots hold noise too, which must not matter).
+    unwritten slots hold noise too, which must not matter); positions are below max_len, picked
+    logits index the new tokens.
     """
     feeds: dict[str, np.ndarray] = {}
     for t in spec.inputs:
@@ -40,6 +41,10 @@ def sample_inputs(
             feeds[t.name] = padding(*shape)
         elif t.name == POSITION:
             feeds[t.name] = np.array([sizes[PAST_LEN]], dtype=np.int64)
+        elif t.name == POSITION_IDS:
+            feeds[t.name] = rng.integers(0, config.max_len, size=shape, dtype=np.int64)
+        elif t.name == LOGITS_AT:
+            feeds[t.name] = rng.integers(0, sizes[TGT_LEN], size=shape, dtype=np.int64)
         elif t.name == TOKEN_TYPE_IDS:
             feeds[t.name] = rng.integers(0, config.token_types, size=shape, dtype=np.int64)
         elif t.dtype == "int64":

@@ -72,6 +72,21 @@ class ChatTemplate:
     #: where it came from, for messages
     origin: str = "the chat template"
 
+    def save(self, path: str | Path) -> None:
+        """Write the template and its special tokens as one JSON file (an export's copy)."""
+        data = {"chat_template": self.source, "special_tokens": self.special_tokens}
+        Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ChatTemplate:
+        """A template :meth:`save` wrote."""
+        path = Path(path)
+        data = _read_json(path)
+        tokens = data.get("special_tokens", {})
+        if not isinstance(data.get("chat_template"), str) or not isinstance(tokens, dict):
+            raise ChatTemplateError(f"{path} holds no chat template (a 'chat_template' string and 'special_tokens')")
+        return cls(data["chat_template"], tokens, origin=f"the chat template in {path}")
+
     @cached_property
     def _compiled(self) -> Any:
         import jinja2

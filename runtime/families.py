@@ -61,6 +61,17 @@ def slot_sizes(max_len: int) -> list[dict[str, int]]:
     return [{**z, "capacity": z["past_len"] + z["tgt_len"] + (0 if i % 2 else 7)} for i, z in enumerate(sizes)]
 
 
+def causal_sizes(max_len: int) -> list[dict[str, int]]:
+    """A decoder-only model's prompt (all its logits, or the last token's) and its steps, over
+    caches with slots to spare and filled to the last one."""
+    mid, long = min(_MID, max_len - 8), _long(max_len) - 8
+    many = max(0, min(60, max_len - 8))
+    shapes = [(1, mid, 0, 1, 5), (3, mid, 0, mid, 7), (3, 1, 1, 1, 0), (3, 1, many, 1, 3), (1, 6, many, 2, 0),
+              (3, long, 0, 1, 2)]  # fmt: skip
+    return [{"batch": b, "tgt_len": t, "past_len": p, "picked": k, "capacity": p + t + spare}
+            for b, t, p, k, spare in shapes]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GraphRole:
     """One graph a family exports."""
@@ -208,8 +219,24 @@ SEQ2SEQ_FAMILY = Family(
     summary="an encoder-decoder (T5 family): text in, text out, generated token by token",
 )  # fmt: skip
 
+CAUSAL_FAMILY = Family(
+    "causal",
+    "decoder-only",
+    (
+        GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
+                  f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
+                  decodes=True, in_place=True),
+    ),
+    tasks={"complete": ("causal_decoder",)},
+    model="edgeattn.causal_lm:CausalLM",
+    runtime="edgeattn.runtime.causal_runtime:CausalRuntime",
+    generation=("causal_decoder",),
+    stepper="edgeattn.exporters.reference:CausalEagerStepper",
+    summary="a decoder-only language model (GPT-2, Llama, Qwen, Phi-3): prompts and chats in, text out",
+)  # fmt: skip
+
 #: Every family, by name.
-FAMILIES: dict[str, Family] = {f.name: f for f in (ENCODER_FAMILY, SEQ2SEQ_FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (ENCODER_FAMILY, SEQ2SEQ_FAMILY, CAUSAL_FAMILY)}
 
 
 def family_of(config: ModelConfig) -> Family:

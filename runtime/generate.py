@@ -8,7 +8,7 @@ provide one, so the same search runs over both and their outputs can be compared
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -33,6 +33,46 @@ class Stepper(Protocol):
 
 #: Builds a stepper for a source batch, each row repeated ``repeat`` times (row-major).
 StepperFactory = Callable[[int], Stepper]
+#: The token (or tokens: a chat model may end a turn with any of several) that ends a row.
+EosIds = int | Sequence[int]
+
+
+def eos_array(eos_id: EosIds) -> np.ndarray:
+    """The ids that end a row, as an int64 array."""
+    return np.atleast_1d(np.asarray(eos_id, dtype=np.int64))
+
+
+class RepetitionPenalty:
+    """A stepper whose logits of tokens seen before are made less likely: divided by ``penalty``
+    where positive, multiplied where negative (as ``transformers``' repetition penalty). What was
+    seen starts from the inner stepper's ``seen()`` (a decoder-only prompt's tokens) when it has
+    one, and grows with every token fed after the first step (whose tokens start the decoding)."""
+
+    def __init__(self, inner: Stepper, penalty: float) -> None:
+        self.inner, self.penalty = inner, penalty
+        self.seen: np.ndarray | None = inner.seen() if hasattr(inner, "seen") else None
+        self.started = False
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        logits = self.inner.step(tokens)
+        if self.seen is None:
+            self.seen = np.zeros(logits.shape, dtype=bool)
+        if self.started:
+            self.seen[np.arange(len(tokens)), tokens] = True
+        self.started = True
+        penalised = np.where(logits > 0, logits / self.penalty, logits * self.penalty)
+        return np.where(self.seen, penalised, logits).astype(logits.dtype, copy=False)
+
+    def reorder(self, index: np.ndarray) -> None:
+        self.inner.reorder(index)
+        if self.seen is not None:
+            self.seen = self.seen[index]
+
+
+def _factory(make: StepperFactory, cfg: GenerationConfig) -> StepperFactory:
+    if cfg.repetition_penalty == 1.0:
+        return make
+    return lambda n: RepetitionPenalty(make(n), cfg.repetition_penalty)
 
 
 @dataclass(frozen=True)
@@ -47,13 +87,15 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    #: > 1 makes tokens seen before less likely (1: off)
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "num_beams", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise EdgeattnError(f"{name} must be an integer, got {value!r}")
-        for name in ("length_penalty", "temperature", "top_p"):
+        for name in ("length_penalty", "temperature", "top_p", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float | np.number) or not np.isfinite(value):
                 raise EdgeattnError(f"{name} must be a finite number, got {value!r}")
@@ -71,6 +113,8 @@ class GenerationConfig:
             raise EdgeattnError(f"top_k must be 0 (off) or positive, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise EdgeattnError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise EdgeattnError(f"repetition_penalty must be positive (1: off), got {self.repetition_penalty}")
 
 
 @dataclass
@@ -129,40 +173,44 @@ def filter_logits(logits: np.ndarray, temperature: float, top_k: int, top_p: flo
     return x
 
 
+def choose(logits: np.ndarray, cfg: GenerationConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's next token (greedy, or sampled from the filtered distribution) and its log-prob."""
+    if cfg.strategy == "greedy":
+        nxt = logits.argmax(-1).astype(np.int64)
+        return nxt, chosen_log_probs(logits, nxt)
+    filtered = filter_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+    logp = log_softmax(filtered)
+    cdf = np.cumsum(np.exp(logp), axis=-1)
+    u = rng.random(len(logits))[:, None] * cdf[:, -1:]
+    nxt = np.minimum((cdf < u).sum(-1), logits.shape[-1] - 1).astype(np.int64)
+    return nxt, logp[np.arange(len(logits)), nxt]
+
+
 def stream_tokens(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Greedy or sampled decoding, one step at a time: yields (tokens (B,), their log-probs (B,)),
     ``pad_id`` for rows that already ended, until every row ended or ``max_new_tokens``."""
     if cfg.strategy == "beam":
         raise EdgeattnError("beam search has no one token per step and row to stream: stream_positions streams it")
-    stepper = make(1)
+    stepper = _factory(make, cfg)(1)
+    eos = eos_array(eos_id)
     rng = np.random.default_rng(cfg.seed)
     tokens = np.full(batch, bos_id, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
     for _ in range(cfg.max_new_tokens):
-        logits = stepper.step(tokens)
-        if cfg.strategy == "greedy":
-            nxt = logits.argmax(-1).astype(np.int64)
-            chosen = chosen_log_probs(logits, nxt)
-        else:
-            filtered = filter_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-            logp = log_softmax(filtered)
-            cdf = np.cumsum(np.exp(logp), axis=-1)
-            u = rng.random(batch)[:, None] * cdf[:, -1:]
-            nxt = np.minimum((cdf < u).sum(-1), logits.shape[-1] - 1).astype(np.int64)
-            chosen = logp[np.arange(batch), nxt]
+        nxt, chosen = choose(stepper.step(tokens), cfg, rng)
         nxt = np.where(done, pad_id, nxt)
         chosen = np.where(done, 0.0, chosen)
         yield nxt, chosen
-        done |= nxt == eos_id
+        done |= np.isin(nxt, eos)
         tokens = nxt
         if done.all():
             return
 
 
 def generate(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
 ) -> GenerationOutput:
     """Decode with the configured strategy; see :class:`GenerationOutput`."""
     if cfg.strategy == "beam":
@@ -207,7 +255,7 @@ class BeamState:
 
 
 def beam_steps(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
 ) -> Generator[BeamState, None, GenerationOutput]:
     """Beam search of width ``num_beams`` per row with a length penalty, yielding its state after
     every step and returning the output (what :func:`beam_search` runs to the end).
@@ -218,7 +266,8 @@ def beam_steps(
     once it holds ``width`` finished hypotheses and no live beam can beat the worst of them.
     """
     n, lp = cfg.num_beams, cfg.length_penalty
-    stepper = make(n)
+    stepper = _factory(make, cfg)(n)
+    eos = set(eos_array(eos_id).tolist())
     beam_scores = np.zeros((batch, n))
     beam_scores[:, 1:] = -np.inf  # the first step expands beam 0 alone
     seqs = np.zeros((batch, n, 0), dtype=np.int64)
@@ -242,9 +291,9 @@ def beam_steps(
             for rank, idx in enumerate(order[b]):
                 beam, tok = divmod(int(idx), vocab)
                 score = float(flat[b, idx])
-                if tok == eos_id:
+                if tok in eos:
                     if rank < n:
-                        hyp = [*seqs[b, beam].tolist(), eos_id]
+                        hyp = [*seqs[b, beam].tolist(), tok]
                         _add(finished[b], score / (len(hyp) ** lp), hyp, n)
                     continue
                 new_beam[b, live], new_tok[b, live], new_score[b, live] = beam, tok, score
@@ -276,7 +325,7 @@ def beam_steps(
 
 
 def beam_search(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
 ) -> GenerationOutput:
     """Beam search to the end; see :func:`beam_steps`."""
     steps = beam_steps(make, batch, bos_id, eos_id, pad_id, cfg)
@@ -288,7 +337,7 @@ def beam_search(
 
 
 def stream_beam(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
 ) -> Iterator[np.ndarray]:
     """Beam search that yields its answer's tokens (B,) position by position as soon as every row's
     token there is settled (every beam and finished hypothesis that could still win has it; ``pad_id``
@@ -311,7 +360,7 @@ def stream_beam(
 
 
 def stream_positions(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: int, pad_id: int, cfg: GenerationConfig
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
 ) -> Iterator[np.ndarray]:
     """Any strategy's tokens (B,) position by position as they are settled: every step's for greedy
     and sampling, for beam search as :func:`stream_beam` settles them."""

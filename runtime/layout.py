@@ -8,6 +8,7 @@
   <file>.onnx.data              external weights of a graph over protobuf's 2 GiB
   weights.safetensors           float32 weights, the verifier's and quantize's reference
   tokenizer.json                the tokenizer, when the model has one
+  chat_template.json            a language model's chat template, when its folder has one
 .<export>.partial-XXXX/         an export or quantize under construction (renamed into place)
 .<export>.old-PID/              the previous export while it is being replaced
 ```
@@ -21,6 +22,7 @@ from edgeattn.runtime.precisions import FP32, get_precision
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 TOKENIZER = "tokenizer.json"
+CHAT_TEMPLATE = "chat_template.json"
 #: Written beside a safetensors checkpoint by ``save_weights``; an export keeps its config in the manifest.
 CHECKPOINT_CONFIG = "config.json"
 #: A Triton repository's end-to-end model keeps its settings here, beside its model.py.

@@ -223,8 +223,13 @@ class Manifest:
     #: the absolute path of the folder an imported checkpoint came from (the benchmark's peers
     #: run on it when it is still there; the runtime never reads it)
     source_folder: str | None = None
+    #: a language model's chat template (``chat_template.json``: the template and its special tokens)
+    chat_template: FileEntry | None = None
+    #: the tokens that end a language model's answer (end of text, end of turn)
+    stop_ids: list[int] | None = None
 
-    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"family", "architecture", "labels", "pooling", "source_folder"})
+    OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"family", "architecture", "labels", "pooling", "source_folder",
+                                                      "chat_template", "stop_ids"})  # fmt: skip
     #: keys a version-1 manifest may lack (older writers left them out until they had a value)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gates", "greedy_parity"})
 

@@ -210,10 +210,10 @@ class ExportedModel:
         if manifest.tokenizer is not None:
             tokenizer = load_tokenizer(check_file(export_dir, manifest.tokenizer))
         specs = {name: manifest.graphs[name].spec for name in paths}
-        self._attach(config, sessions, precision, io_binding, tokenizer, manifest.labels, manifest.pooling, specs)
-        self.engines = engines
         self.export_dir: Path | None = export_dir
         self.manifest: Manifest | None = manifest
+        self._attach(config, sessions, precision, io_binding, tokenizer, manifest.labels, manifest.pooling, specs)
+        self.engines = engines
 
     @classmethod
     def from_graphs(
@@ -237,8 +237,8 @@ class ExportedModel:
             name: create_session(graph, providers=providers, threads=threads, spinning=spinning)
             for name, graph in graphs.items()
         }
-        self._attach(config, sessions, precision, None, None)
         self.export_dir, self.manifest = None, None
+        self._attach(config, sessions, precision, None, None)
         return self
 
     @classmethod
@@ -254,8 +254,8 @@ class ExportedModel:
         """A model over objects that run its graphs as ONNX Runtime sessions do (``run(output_names,
         feeds)`` and ``get_providers()``), for example graphs served by another process."""
         self = object.__new__(cls._for_config(config))
-        self._attach(config, sessions, precision, False, tokenizer, labels, pooling)
         self.export_dir, self.manifest = None, None
+        self._attach(config, sessions, precision, False, tokenizer, labels, pooling)
         return self
 
     @classmethod

@@ -22,13 +22,17 @@ BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "p
 CAPACITY, POSITION = "capacity", "position"
 
 #: Sizes of the example inputs traced at export; verification uses other sizes on purpose.
-EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11}
+EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11, "picked": 4}
 
 #: The encoder input of models with token types (segments).
 TOKEN_TYPE_IDS = "token_type_ids"
 
 #: The decoder_fixed graph's cache inputs, and the outputs a runtime binds to the same buffers.
 SLOT_CACHE, SLOT_UPDATED = "cache", "updated"
+
+#: The causal_decoder graph's inputs besides ids, mask and cache: each new token's position, and
+#: which new tokens' logits it returns (``picked`` of them per row).
+POSITION_IDS, LOGITS_AT, PICKED = "position_ids", "logits_at", "picked"
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,33 @@ def decoder_fixed_spec(config: ModelConfig) -> GraphSpec:
         (
             TensorSpec("logits", "float32", (BATCH, TGT_LEN, config.vocab_size)),
             *_kv(SLOT_UPDATED, config, CAPACITY),
+        ),
+    )
+
+
+def causal_decoder_spec(config: ModelConfig) -> GraphSpec:
+    assert config.causal is not None, "a decoder-only config has its causal section"
+    c = config.causal
+    shape = (BATCH, c.n_kv_heads, CAPACITY, c.dim)
+    names = cache_names(SLOT_CACHE, c.n_layers), cache_names(SLOT_UPDATED, c.n_layers)
+    return GraphSpec(
+        "causal_decoder",
+        "a decoder-only language model's prompt or next tokens over a cache of fixed capacity: the new "
+        "tokens' keys and values written at slots position .. position + tgt_len - 1, attention_mask marking "
+        "the slots that hold real tokens (the new ones included), position_ids each new token's position "
+        "among its row's real tokens; logits of the new tokens logits_at picks (bind each updated_* output to "
+        "its cache_* input's buffer and the cache is written in place)",
+        (
+            TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)),
+            TensorSpec("attention_mask", "int64", (BATCH, CAPACITY)),
+            TensorSpec(POSITION_IDS, "int64", (BATCH, TGT_LEN)),
+            TensorSpec(POSITION, "int64", (1,)),
+            TensorSpec(LOGITS_AT, "int64", (BATCH, PICKED)),
+            *(TensorSpec(n, "float32", shape) for n in names[0]),
+        ),
+        (
+            TensorSpec("logits", "float32", (BATCH, PICKED, c.vocab_size)),
+            *(TensorSpec(n, "float32", shape) for n in names[1]),
         ),
     )
 

@@ -126,9 +126,10 @@ class TextTokenizer:
     def save(self, path: str | Path) -> None:
         self._tok.save(str(path))
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, special tokens included."""
-        return list(self._tok.encode(text).ids)
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, with the special tokens the tokenizer adds around a text (a BOS,
+        [CLS] ... [SEP]) unless ``special_tokens`` is False (a rendered chat carries its own)."""
+        return list(self._tok.encode(text, add_special_tokens=special_tokens).ids)
 
     def decode(self, ids: Iterable[int]) -> str:
         return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=True))

@@ -1,0 +1,116 @@
+"""The decoder-only family's own section of a model config (torch-free).
+
+:class:`CausalLMConfig` holds what a decoder-only language model needs beyond what every model
+has: grouped-query heads, rotary positions and their scaling, the norm and feed-forward kinds,
+biases. A :class:`~edgeattn.config.ModelConfig` of architecture ``decoder-only`` carries one as
+its ``causal`` section, the shared fields (sizes, special token ids) mirrored from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from edgeattn.errors import ConfigError
+
+RopeLayout = Literal["rotate-half", "interleaved"]
+_CHOICES = {"norm": ("rmsnorm", "layernorm"), "activation": ("silu", "gelu_tanh", "gelu"),
+            "position": ("rope", "learned"), "rope_layout": ("rotate-half", "interleaved")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CausalLMConfig:
+    """Every hyper-parameter of a decoder-only language model."""
+
+    vocab_size: int = 1000
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    #: key/value heads (grouped-query attention); n_heads for plain multi-head attention
+    n_kv_heads: int = 4
+    #: width of one head; 0: d_model // n_heads
+    head_dim: int = 0
+    d_ff: int = 256
+    max_len: int = 512
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_eps: float = 1e-6
+    #: the feed-forward's activation; ``gated``: act(gate(x)) * up(x) (SwiGLU with silu)
+    activation: Literal["silu", "gelu_tanh", "gelu"] = "silu"
+    gated: bool = True
+    #: "rope" (rotary, no table) or "learned" (GPT-2's position embedding)
+    position: Literal["rope", "learned"] = "rope"
+    rope_theta: float = 10000.0
+    rope_layout: RopeLayout = "rotate-half"
+    #: the share of each head's dimensions that rotate (Phi's partial rotary; 1.0 for the rest)
+    rotary_fraction: float = 1.0
+    #: Llama 3's rotary scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+    rope_scaling: tuple[tuple[str, float], ...] = ()
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    #: RMS norm of each head's queries and keys before the rotation (Qwen3)
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"causal config {name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"causal LM config {name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise ConfigError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; set head_dim")
+        rotary = int(self.dim * self.rotary_fraction)
+        if self.position == "rope" and (rotary < 2 or rotary % 2):
+            raise ConfigError(f"rotary dimensions must be even and at least 2, got {rotary}")
+        scaling = dict(self.rope_scaling)
+        if scaling and set(scaling) != {"factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings"}:  # fmt: skip
+            raise ConfigError(f"rope_scaling must give llama3's four parameters, got {sorted(scaling)}")
+
+    @property
+    def dim(self) -> int:
+        """The width of one head."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    def replace(self, **changes: Any) -> CausalLMConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary (rope_scaling as an object)."""
+        data = dataclasses.asdict(self)
+        data["rope_scaling"] = dict(self.rope_scaling)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CausalLMConfig:
+        """The section from a dictionary, refusing unknown keys by name."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"the causal config section must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown causal config keys: {', '.join(unknown)}")
+        data = dict(data)
+        scaling = data.get("rope_scaling") or {}
+        if not isinstance(scaling, dict | list | tuple):
+            raise ConfigError(f"causal rope_scaling must be an object, got {scaling!r}")
+        items = scaling.items() if isinstance(scaling, dict) else scaling
+        data["rope_scaling"] = tuple((str(k), float(v)) for k, v in items)
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"invalid causal config: {exc}") from exc
+
+    def parameter_count(self) -> int:
+        """Weight matrices and tables (norms and biases left out)."""
+        d, h = self.d_model, self.dim
+        attention = d * h * (2 * self.n_heads + 2 * self.n_kv_heads)
+        ff = (3 if self.gated else 2) * d * self.d_ff
+        tables = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        tables += self.max_len * d if self.position == "learned" else 0
+        return self.n_layers * (attention + ff) + tables

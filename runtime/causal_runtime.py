@@ -1,0 +1,465 @@
+"""The decoder-only family's runtime: prompts and chats in, tokens and text out, over the exported
+``causal_decoder`` graph.
+
+A prompt batch (rows of different lengths, padded on either side) runs through the graph in one
+call, then one token a row a step, over a cache of fixed capacity: one buffer per layer of prompt
++ ``max_new_tokens`` slots, allocated once and bound as both the graph's cache input and its
+updated-cache output, so each call writes its keys and values in place (:class:`CausalState`).
+Greedy, sampling (temperature, top-k, top-p, seed), beam search and a repetition penalty come from
+:mod:`edgeattn.runtime.generate`; generation stops at any of the model's stop ids and, for text,
+at stop strings. :meth:`CausalRuntime.chat` renders a conversation with the export's chat
+template (sandboxed, :mod:`edgeattn.runtime.chat`); a :class:`Conversation` keeps its cache
+between turns and feeds only what a turn adds. Torch-free: numpy and onnxruntime (and
+``tokenizers`` / ``jinja2`` for text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from edgeattn.config import ModelConfig
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError
+from edgeattn.runtime.generate import (
+    GenerationConfig,
+    GenerationOutput,
+    eos_array,
+    generate,
+    stream_positions,
+    stream_tokens,
+)
+from edgeattn.runtime.layout import TOKENIZER
+from edgeattn.runtime.model import ExportedModel, InputError, batch_texts
+from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, SLOT_UPDATED, cache_names
+from edgeattn.runtime.tokenizer import TextTokenizer
+
+#: the family's one graph (see the family record in edgeattn.runtime.families)
+CAUSAL_DECODER = "causal_decoder"
+
+#: Widest beam search a decoder-only export runs: each beam is a row of the graph's batch.
+MAX_BEAMS = 64
+
+
+class CausalState:
+    """Decoding state of a prompt batch over the ``causal_decoder`` graph (a
+    :class:`~edgeattn.runtime.generate.Stepper`).
+
+    The prompt runs at construction; the first :meth:`step` returns its next-token logits (the
+    tokens it is given, the search's start tokens, stand for the prompt), each later one feeds one
+    token a row. Every layer's cache is one buffer of ``capacity`` slots bound as the graph's cache
+    input and its updated output: the graph writes each call's keys and values into it in place.
+    ``attention_mask`` marks which slots hold real tokens, so a row padded on either side answers
+    as it would alone. On the CPU the buffers are numpy arrays the session writes into; on a device
+    they stay there and only ids, masks and logits cross.
+    """
+
+    def __init__(self, model: CausalRuntime, ids: np.ndarray, mask: np.ndarray, repeat: int = 1,
+                 capacity: int | None = None) -> None:  # fmt: skip
+        if repeat > 1:
+            ids, mask = np.repeat(ids, repeat, axis=0), np.repeat(mask, repeat, axis=0)
+        self.model = model
+        self.session = model.sessions[CAUSAL_DECODER]
+        self.rows = ids.shape[0]
+        self.capacity = capacity or ids.shape[1]
+        if self.capacity < ids.shape[1]:
+            raise InputError(f"a cache of {self.capacity} slots cannot hold a prompt of {ids.shape[1]} tokens")
+        self.on_host = model.device == "cpu"
+        #: the next slot written, and each row's next token position (its real tokens so far)
+        self.position = 0
+        self.next_position = np.zeros(self.rows, dtype=np.int64)
+        self._allocate(self.capacity)
+        self.prompt_ids, self.prompt_mask = ids, mask
+        self._pending: np.ndarray | None = self.feed(ids, mask)
+
+    # ------------------------------------------------------------------ cache
+    def _allocate(self, capacity: int, keep: int = 0) -> None:
+        """Buffers of ``capacity`` slots (the first ``keep`` copied from the current ones), bound."""
+        c = self.model.config.causal
+        assert c is not None
+        shape = (self.rows, c.n_kv_heads, capacity, c.dim)
+        old = getattr(self, "host", None) if self.on_host else self._device_arrays() if keep else None
+        # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
+        host = {n: np.zeros(shape, np.float32) for n in cache_names(SLOT_CACHE, c.n_layers)}
+        slots = np.zeros((self.rows, capacity), dtype=np.int64)
+        if keep and old is not None:
+            for name, array in host.items():
+                array[:, :, :keep] = old[name][:, :, :keep]
+            slots[:, :keep] = self.slots[:, :keep]
+        self.capacity, self.slots = capacity, slots
+        self.buffers = {n: self._to_device(a) for n, a in host.items()}
+        #: the caches as numpy arrays over the same memory (on the CPU; empty on a device)
+        self.host = host if self.on_host else {}
+        self.binding = self.session.io_binding()
+        for name, value in self.buffers.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.binding.bind_output("logits", "cpu")  # the first output bound, the first get_outputs() gives
+        for name, value in self.buffers.items():
+            self.binding.bind_ortvalue_output(SLOT_UPDATED + name[len(SLOT_CACHE) :], value)
+
+    def _device_arrays(self) -> dict[str, np.ndarray]:
+        return {n: v.numpy() for n, v in self.buffers.items()}
+
+    def _to_device(self, array: np.ndarray) -> Any:
+        import onnxruntime as ort
+
+        if self.on_host:  # an OrtValue over the array's own memory (a contiguous array is not copied)
+            return ort.OrtValue.ortvalue_from_numpy(array)
+        return ort.OrtValue.ortvalue_from_numpy(array, self.model.device, 0)
+
+    def reserve(self, slots: int) -> None:
+        """Room for ``slots`` more tokens: the cache grows (its filled slots copied) when it lacks
+        them, up to the model's ``max_len``."""
+        needed = self.position + slots
+        if needed <= self.capacity:
+            return
+        limit = self.model.config.max_len
+        if needed > limit:
+            raise InputError(f"{needed} tokens would not fit: this model attends over at most {limit} (max_len)")
+        self._allocate(min(limit, max(needed, 2 * self.capacity)), keep=self.position)
+
+    # --------------------------------------------------------------- decoding
+    def feed(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """Run ``ids`` (rows, T) after what the cache holds (``mask`` marks padding in them; every
+        row needs a real token); returns each row's next-token logits after its last real token."""
+        rows, t = ids.shape
+        if rows != self.rows:
+            raise InputError(f"this state has {self.rows} rows, got {rows}")
+        mask = np.ones_like(ids) if mask is None else mask
+        self.reserve(t)
+        start = self.position
+        self.slots[:, start : start + t] = mask
+        positions = self.next_position[:, None] + np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        last = (mask * np.arange(t)).argmax(axis=1)[:, None]  # each row's last real token
+        feeds = {"input_ids": ids, "attention_mask": self.slots, POSITION_IDS: positions,
+                 POSITION: np.array([start], dtype=np.int64), LOGITS_AT: last}  # fmt: skip
+        for name, value in feeds.items():
+            self.binding.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
+        self.session.run_with_iobinding(self.binding)
+        self.position += t
+        self.next_position += mask.sum(axis=1)
+        return self.binding.get_outputs()[0].numpy()[:, 0]
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        if self._pending is not None:  # the prompt's logits stand for the start tokens'
+            logits, self._pending = self._pending, None
+            return logits
+        return self.feed(np.asarray(tokens, dtype=np.int64).reshape(self.rows, 1))
+
+    def reorder(self, index: np.ndarray) -> None:
+        if np.array_equal(index, np.arange(self.rows)):
+            return
+        self.slots[:] = self.slots[index]
+        self.next_position = self.next_position[index]
+        for name, value in self.buffers.items():
+            if self.on_host:
+                self.host[name][:] = self.host[name][index]
+            else:  # beam reordering gathers on the host; greedy and sampling never reorder
+                value.update_inplace(np.ascontiguousarray(value.numpy()[index]))
+
+    def rewind(self, position: int) -> None:
+        """Forget every slot from ``position`` on (a batch of one: its positions count from the start)."""
+        if not 0 <= position <= self.position:
+            raise InputError(f"position {position} is outside the {self.position} slots written")
+        self.slots[:, position:] = 0
+        self.position = position
+        self.next_position = self.slots[:, :position].sum(axis=1)
+        self._pending = None
+
+    def seen(self) -> np.ndarray:
+        """(rows, vocab) True for every token of each row's prompt (where a repetition penalty starts)."""
+        seen = np.zeros((self.rows, self.model.config.vocab_size), dtype=bool)
+        rows = np.repeat(np.arange(self.rows), self.prompt_ids.shape[1])
+        real = self.prompt_mask.reshape(-1).astype(bool)
+        seen[rows[real], self.prompt_ids.reshape(-1)[real]] = True
+        return seen
+
+
+class CausalRuntime(ExportedModel):
+    """A decoder-only language model's export (GPT-2, Llama, Qwen, Phi-3): generate and stream
+    tokens or text for prompts, chat with the export's chat template."""
+
+    def _attached(self) -> None:
+        manifest = self.manifest
+        ids = manifest.stop_ids if manifest is not None and manifest.stop_ids else [self.config.eos_id]
+        #: the tokens that end a row (a chat model may have several: end of text, end of turn)
+        self.stop_ids: list[int] = list(ids)
+        self.chat_template: ChatTemplate | None = None
+        if manifest is not None and manifest.chat_template is not None and self.export_dir is not None:
+            from edgeattn.runtime.manifest import check_file
+
+            self.chat_template = ChatTemplate.load(check_file(self.export_dir, manifest.chat_template))
+
+    # ------------------------------------------------------------- generation
+    def state(self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1,
+              capacity: int | None = None) -> CausalState:  # fmt: skip
+        """A decoding state for checked prompts: the prompt runs here, into a cache of ``capacity``
+        slots (default: the prompt's width)."""
+        return CausalState(self, input_ids, attention_mask, repeat, capacity)
+
+    #: what benchmarks and the seq2seq-shaped helpers call a decoding state
+    stepper = state
+
+    def _decoding(self, input_ids: Any, attention_mask: Any, max_new_tokens: int, strategy: str,
+                  eos_id: int | Sequence[int] | None, options: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """Checked settings and prompts as the keyword arguments of the search functions."""
+        if CAUSAL_DECODER not in self.sessions:
+            raise EdgeattnError(f"generation needs the {CAUSAL_DECODER} graph, which this export lacks")
+        unknown = sorted(set(options) - set(GenerationConfig.__dataclass_fields__))
+        if unknown:
+            raise InputError(f"unknown generation option(s) {', '.join(unknown)}")
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
+        if cfg.strategy == "beam" and cfg.num_beams > MAX_BEAMS:
+            raise InputError(f"num_beams={cfg.num_beams} is over {MAX_BEAMS}: each beam is a batch row")
+        ids, mask = self.check_source(input_ids, attention_mask)
+        capacity = ids.shape[1] + cfg.max_new_tokens
+        if capacity > self.config.max_len:
+            raise InputError(f"a prompt of {ids.shape[1]} tokens and {cfg.max_new_tokens} new ones exceed the "
+                             f"model's max_len {self.config.max_len}")  # fmt: skip
+        c = self.config
+        return {
+            "make": lambda n: self.state(ids, mask, n, capacity=capacity),
+            "batch": ids.shape[0],
+            "bos_id": c.bos_id,  # stands for the prompt: the state answers the first step from it
+            "eos_id": self.stop_ids if eos_id is None else eos_id,
+            "pad_id": c.pad_id,
+            "cfg": cfg,
+        }
+
+    def generate(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 32,
+                 strategy: str = "greedy", eos_id: int | Sequence[int] | None = None,
+                 **options: Any) -> GenerationOutput:  # fmt: skip
+        """Continue a batch of prompts of different lengths (padding, on either side, marked by the
+        mask). ``strategy``: ``greedy``, ``beam`` (``num_beams``, ``length_penalty``) or ``sample``
+        (``temperature``, ``top_k``, ``top_p``, ``seed``); ``repetition_penalty`` with any. Each row
+        stops at ``eos_id`` (default: the model's stop ids). Returns the new tokens (B, N), padded
+        with ``pad_id`` after a row's stop token, and per-row scores."""
+        return generate(**self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options))
+
+    def stream(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 32,
+               strategy: str = "greedy", eos_id: int | Sequence[int] | None = None,
+               **options: Any) -> Iterator[np.ndarray]:  # fmt: skip
+        """:meth:`generate`'s tokens (B,) position by position as they are settled."""
+        yield from stream_positions(
+            **self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options)
+        )
+
+    def greedy(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 20,
+               stop_at_eos: bool = True) -> np.ndarray:  # fmt: skip
+        """Greedy tokens (B, N); with ``stop_at_eos=False`` every row runs all steps."""
+        return self.generate(input_ids, attention_mask, max_new_tokens, eos_id=None if stop_at_eos else -1).tokens
+
+    def next_token_logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
+        """(B, T, vocab) logits after every token of each prompt (teacher forcing; the gate's and
+        perplexity's measure), in one call."""
+        ids, mask = self.check_source(input_ids, attention_mask)
+        return self.run(CAUSAL_DECODER, forced_feeds(self.config, ids, mask))["logits"]
+
+    # ------------------------------------------------------------------- text
+    def _tokenizer(self) -> TextTokenizer:
+        if not isinstance(self.tokenizer, TextTokenizer):
+            where = self.export_dir or "this model"
+            raise EdgeattnError(f"{where} has no Hugging Face {TOKENIZER}; pass token ids to generate() instead")
+        return self.tokenizer
+
+    def encode_prompts(self, prompts: Any, special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask) of prompts through the export's tokenizer, padded on the left."""
+        tokenizer = self._tokenizer()
+        encoded = [tokenizer.encode(p, special_tokens) for p in batch_texts(prompts)]
+        if any(not e for e in encoded):
+            raise InputError("a prompt encodes to no tokens; give it some text")
+        width = max(len(e) for e in encoded)
+        if width > self.config.max_len:
+            raise InputError(f"a prompt is {width} tokens long; this model takes at most {self.config.max_len}")
+        ids = np.full((len(encoded), width), self.config.pad_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, e in enumerate(encoded):
+            ids[i, width - len(e) :] = e
+            mask[i, width - len(e) :] = 1
+        return ids, mask
+
+    def generate_text(self, prompts: Any, max_new_tokens: int = 64, *, stop: Sequence[str] = (),
+                      **options: Any) -> list[str]:  # fmt: skip
+        """The continuation of each prompt (one string or a list), as text: up to a stop token, or
+        up to (not including) the first of the ``stop`` strings."""
+        ids, mask = self.encode_prompts(prompts)
+        return self._complete(ids, mask, max_new_tokens, list(stop), options)
+
+    def stream_text(self, prompt: str, max_new_tokens: int = 64, *, stop: Sequence[str] = (),
+                    **options: Any) -> Iterator[str]:  # fmt: skip
+        """The continuation of one prompt as it grows: each piece is what the tokens so far add to
+        the decoded text (a piece that could be the start of a stop string waits), so the pieces
+        join to :meth:`generate_text`'s answer."""
+        ids, mask = self.encode_prompts([prompt])
+        yield from self._stream_pieces(self.stream(ids, mask, max_new_tokens, **options), list(stop))
+
+    def _complete(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, stop: list[str],
+                  options: dict[str, Any]) -> list[str]:  # fmt: skip
+        tokenizer = self._tokenizer()
+        if not stop:
+            out = self.generate(ids, mask, max_new_tokens, **options).tokens
+            return [tokenizer.decode(self._until_stop(row)) for row in out]
+        rows: list[list[int]] = [[] for _ in range(ids.shape[0])]
+        answers: list[str | None] = [None] * ids.shape[0]
+        for step in self.stream(ids, mask, max_new_tokens, **options):
+            for i, token in enumerate(step.tolist()):
+                if answers[i] is not None:
+                    continue
+                if token in self.stop_ids:
+                    answers[i] = tokenizer.decode(rows[i])
+                    continue
+                rows[i].append(token)
+                cut = _cut_at_stop(tokenizer.decode(rows[i]), stop)
+                if cut is not None:
+                    answers[i] = cut
+            if all(a is not None for a in answers):
+                break  # every row is done: the rest of the search is not run
+        return [a if a is not None else _cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
+                for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+
+    def _until_stop(self, row: np.ndarray) -> np.ndarray:
+        ends = np.flatnonzero(np.isin(row, eos_array(self.stop_ids)))
+        return row[: ends[0]] if ends.size else row
+
+    def _stream_pieces(self, steps: Iterator[np.ndarray], stop: list[str]) -> Iterator[str]:
+        tokenizer = self._tokenizer()
+        tokens: list[int] = []
+        shown = ""
+        for step in steps:
+            token = int(step[0])
+            if token in self.stop_ids:
+                break
+            tokens.append(token)
+            text = tokenizer.decode(tokens)
+            cut = _cut_at_stop(text, stop)
+            if cut is not None:
+                if len(cut) > len(shown):
+                    yield cut[len(shown) :]
+                return
+            safe = len(text) - _held_back(text, stop)
+            if text.startswith(shown) and safe > len(shown):
+                yield text[len(shown) : safe]
+                shown = text[:safe]
+        text = tokenizer.decode(tokens)
+        if text.startswith(shown) and len(text) > len(shown):
+            yield text[len(shown) :]
+
+    # ------------------------------------------------------------------- chat
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The conversation as the model's prompt text, by the export's chat template."""
+        if self.chat_template is None:
+            raise ChatTemplateError(f"{self.export_dir or 'this model'} has no chat template; use generate_text")
+        return self.chat_template.render(messages, add_generation_prompt, **kwargs)
+
+    def chat(self, messages: list[dict[str, Any]], max_new_tokens: int = 256, *, stop: Sequence[str] = (),
+             **options: Any) -> str:  # fmt: skip
+        """The assistant's answer to a conversation (``[{"role": ..., "content": ...}, ...]``)."""
+        ids, mask = self.encode_prompts([self.render_chat(messages)], special_tokens=False)
+        return self._complete(ids, mask, max_new_tokens, list(stop), options)[0]
+
+    def conversation(self, system: str | None = None) -> Conversation:
+        """A conversation that keeps its messages and its cache between turns."""
+        return Conversation(self, system)
+
+
+class Conversation:
+    """A chat that keeps its messages and its decoding state: each turn renders the whole
+    conversation by the chat template, keeps the cached tokens it still begins with, and runs only
+    what the turn adds (the new message, the template's markup) before answering."""
+
+    def __init__(self, model: CausalRuntime, system: str | None = None) -> None:
+        self.model = model
+        self.messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
+        self.state: CausalState | None = None
+        #: the tokens the cache holds, slot by slot
+        self.cached: list[int] = []
+        #: tokens the last turn ran through the graph (the rest came from the cache)
+        self.fed = 0
+
+    def say(self, text: str, max_new_tokens: int = 256, **options: Any) -> Iterator[str]:
+        """Add the user's message and stream the assistant's answer (greedy or sampled); the answer
+        joins the conversation once it is complete."""
+        model = self.model
+        messages = [*self.messages, {"role": "user", "content": text}]
+        ids = model.encode_prompts([model.render_chat(messages)], special_tokens=False)[0][0].tolist()
+        keep = 0
+        while keep < min(len(ids), len(self.cached)) and ids[keep] == self.cached[keep]:
+            keep += 1
+        keep = min(keep, len(ids) - 1)  # at least one token runs, to give the next token's logits
+        if self.state is None:
+            first = np.array([ids], dtype=np.int64)
+            self.state = model.state(first, np.ones_like(first), capacity=len(ids) + max_new_tokens)
+            logits = self.state.step(first[:, -1])
+        else:
+            self.state.rewind(keep)
+            self.state.reserve(len(ids) - keep + max_new_tokens)
+            logits = self.state.feed(np.array([ids[keep:]], dtype=np.int64))
+        self.fed = len(ids) - keep
+        self.cached = list(ids)
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, **options)
+        if cfg.strategy == "beam":
+            raise InputError("a conversation streams greedy or sampled answers; beam search is for generate()")
+        answer: list[int] = []
+        turn = _Turn(self, logits, answer)
+        steps = stream_tokens(lambda n: turn, 1, model.config.bos_id, model.stop_ids, model.config.pad_id, cfg)
+        yield from model._stream_pieces((tokens for tokens, _ in steps), [])
+        self.messages = [*messages, {"role": "assistant", "content": model._tokenizer().decode(answer)}]
+
+
+class _Turn:
+    """A conversation's state as a stepper for one answer: the first step's logits are the turn's
+    (already run), each later token is fed and joins the cached tokens and the answer."""
+
+    def __init__(self, conversation: Conversation, logits: np.ndarray, answer: list[int]) -> None:
+        self.conversation, self.logits, self.answer = conversation, logits, answer
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        if self.logits is not None:
+            logits, self.logits = self.logits, None
+            return logits
+        state = self.conversation.state
+        assert state is not None
+        token = int(tokens[0])
+        self.answer.append(token)
+        self.conversation.cached.append(token)
+        return state.feed(np.array([[token]], dtype=np.int64))
+
+    def reorder(self, index: np.ndarray) -> None:  # one row: nothing to reorder
+        pass
+
+    def seen(self) -> np.ndarray:
+        """Every token of the conversation so far (where a repetition penalty starts)."""
+        seen = np.zeros((1, self.conversation.model.config.vocab_size), dtype=bool)
+        seen[0, self.conversation.cached] = True
+        return seen
+
+
+def forced_feeds(config: ModelConfig, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``causal_decoder`` feeds of whole prompts (B, T) into an empty cache as wide as they are,
+    every token's logits picked: teacher forcing."""
+    c = config.causal
+    assert c is not None, "a decoder-only config has its causal section"
+    b, t = ids.shape
+    zeros = np.zeros((b, c.n_kv_heads, t, c.dim), np.float32)
+    return {"input_ids": ids, "attention_mask": mask, POSITION_IDS: np.maximum(np.cumsum(mask, 1) - 1, 0),
+            POSITION: np.zeros(1, np.int64), LOGITS_AT: np.tile(np.arange(t), (b, 1)),
+            **{n: zeros for n in cache_names(SLOT_CACHE, c.n_layers)}}  # fmt: skip
+
+
+def _cut_at_stop(text: str, stop: list[str]) -> str | None:
+    """``text`` up to the first stop string in it, or None when it holds none."""
+    found = [text.index(s) for s in stop if s and s in text]
+    return text[: min(found)] if found else None
+
+
+def _held_back(text: str, stop: list[str]) -> int:
+    """How many characters at the end of ``text`` could begin a stop string (not shown yet)."""
+    held = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                held = max(held, k)
+                break
+    return held
