@@ -31,7 +31,7 @@ from edgeattn.exporters.cache_writes import check_cache_writes
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import TransformerModel
-from edgeattn.runtime.families import family_of
+from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import external_data_file
 from edgeattn.runtime.manifest import (
     FORMAT_VERSION,
@@ -206,6 +206,13 @@ def export_graph(
     """
     check_opset(opset)
     path = Path(path)
+    role = family_of(model.config).role(name)
+    if role.builder is not None and not fused:  # written from the weights, not traced
+        spec = role.spec(model.config)
+        proto = resolve(role.builder)(model, spec)
+        finalize(proto, model.config, spec, "fp32")
+        save_checked(proto, path, external_threshold)
+        return spec
     module, spec = graph_module(name, model)
     feeds = sample_inputs(spec, model.config, {**EXPORT_SIZES, "total_len": 0}, np.random.default_rng(seed))
     args = tuple(torch.from_numpy(feeds[n]) for n in spec.input_names)

@@ -86,6 +86,8 @@ class ConversionJob:
     calibration_method: str = "minmax"
     #: where the calibration data came from, in words (recorded in the manifest)
     calibration_source: str = ""
+    #: the graph is a decoding step (its family role's ``decodes``): one token a row a call
+    decodes: bool = False
 
 
 Converter = Callable[[Path, Path, ConversionJob], dict[str, Any]]
@@ -232,40 +234,111 @@ def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
             "overflow_limit": FP16_MAX / FP16_HEADROOM, "range_data": job.calibration_source}  # fmt: skip
 
 
+#: MatMulNBits' accuracy_level for graphs that decode (int8 activations; see :func:`quantize_int4`)
+DECODING_ACCURACY_LEVEL = 4
+
+
 def quantize_int4(
-    src: Path, dst: Path, job: ConversionJob, block_size: int = 32, accuracy_level: int = 0
+    src: Path, dst: Path, job: ConversionJob, block_size: int = 32, accuracy_level: int | None = None
 ) -> dict[str, Any]:
     """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)
-    and for large embedding tables (GatherBlockQuantized).
+    and for large embedding tables (GatherBlockQuantized); a table tied to an output layer reads
+    that layer's 4-bit weights instead of a copy of its own.
 
-    ``accuracy_level`` 0 dequantises the weights and multiplies in float32; 4 quantises the
-    activations to int8 instead, which measured slower on this project's CPU (34 against 27 ms
-    for the reference encoder at 1 x 128): int4 is here for the smallest footprint.
+    ``accuracy_level`` (default: 4 for a graph that decodes, else 0): 0 dequantises the weights and
+    multiplies in float32; 4 quantises the activations to int8 on the fly. Measured here (2 cores
+    of an AMD EPYC, AVX-512 VNNI, onnxruntime 1.32): a SmolLM2-135M-shaped decoder decoded 83-95
+    tokens/s at level 4 against 59-64 at level 0, its 128-token prompt 0.17-0.24 s against
+    0.26-0.31 s; the reference encoder at 1 x 128 ran 34 ms at level 4 against 27 ms at 0.
     """
     with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    level = (DECODING_ACCURACY_LEVEL if job.decodes else 0) if accuracy_level is None else accuracy_level
     model = onnx.load(str(src))
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    tied = tied_tables(model)
     small_tables = [  # embeddings too small to matter for the footprint keep their precision
         n.name for n in model.graph.node
-        if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING
+        if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING and n.name not in tied
     ]  # fmt: skip
     quantizer = MatMulNBitsQuantizer(
-        model, block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
+        model, block_size=block_size, is_symmetric=True, accuracy_level=level,
         op_types_to_quantize=("MatMul", "Gather"), quant_axes=(("MatMul", 0), ("Gather", 1)),
-        nodes_to_exclude=small_tables,
+        nodes_to_exclude=small_tables + list(tied),
     )  # fmt: skip
     with quiet_quantization():
         quantizer.process()
-    reduce_axes_as_inputs(quantizer.model.model)
+    proto = quantizer.model.model
+    shared = [name for name, output in tied.items() if share_tied_table(proto, name, output, block_size)]
+    reduce_axes_as_inputs(proto)
     quantizer.model.save_model_to_file(str(dst))
     return {
         "block_size": block_size,
         "symmetric": True,
         "operators": ["MatMulNBits", "GatherBlockQuantized"],
-        "accuracy_level": accuracy_level,
+        "accuracy_level": level,
+        **({"tied_tables": shared} if shared else {}),
     }
+
+
+def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
+    """{Gather node: the output of the MatMul whose constant weight is that Gather's table transposed}
+    (an embedding tied to the output layer)."""
+    from onnx import numpy_helper
+
+    init = {t.name: t for t in model.graph.initializer}
+    tables = {n.name: n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in init
+              and len(init[n.input[0]].dims) == 2}  # fmt: skip
+    if not tables:
+        return {}
+    shapes = {tuple(init[n.input[0]].dims): name for name, n in tables.items()}
+    out: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in init:
+            continue
+        weight = init[node.input[1]]
+        gather = shapes.get(tuple(reversed(weight.dims)))
+        if gather is None or gather in out:
+            continue
+        table = numpy_helper.to_array(init[tables[gather].input[0]])
+        if np.array_equal(table.T, numpy_helper.to_array(weight)):
+            out[gather] = node.output[0]
+    return out
+
+
+def share_tied_table(model: onnx.ModelProto, gather: str, output: str, block_size: int) -> bool:
+    """Replace float Gather ``gather`` by a GatherBlockQuantized over the 4-bit weights of the
+    MatMulNBits that computes ``output`` (uint8 data follow MatMulNBits' layout, zero point 8);
+    False, and the graph unchanged, where that product was not quantised or its blocks are padded."""
+    from onnx import helper, numpy_helper
+
+    nodes = {n.name: n for n in model.graph.node}
+    product = next((n for n in model.graph.node if n.op_type == "MatMulNBits" and output in n.output), None)
+    if product is None or len(product.input) > 3 and product.input[3]:
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in product.attribute}
+    k, n = attrs["K"], attrs["N"]
+    if k % block_size:
+        return False
+    node = nodes[gather]
+    table = node.input[0]
+    shape = f"{product.input[1]}_as_table_shape"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([n, k // 2], np.int64), shape))
+    reshaped = f"{product.input[1]}_as_table"
+    replacement = [
+        helper.make_node("Reshape", [product.input[1], shape], [reshaped], name=f"{gather}_table"),
+        helper.make_node("GatherBlockQuantized", [reshaped, node.input[1], product.input[2]], list(node.output),
+                         name=gather, domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block_size,
+                         bits=4),  # fmt: skip
+    ]
+    index = list(model.graph.node).index(node)
+    model.graph.node.remove(node)
+    for offset, new in enumerate(replacement):
+        model.graph.node.insert(index + offset, new)
+    if not any(table in n.input for n in model.graph.node):
+        model.graph.initializer.remove(next(t for t in model.graph.initializer if t.name == table))
+    return True
 
 
 #: Reduce operators whose ``axes`` moved from an attribute to an input in opset 18.

@@ -103,6 +103,9 @@ class GraphRole:
     decodes: bool = False
     #: its cache inputs are written in place (checked at export: nothing reads one after it is written)
     in_place: bool = False
+    #: ``"module:function"`` writing its ONNX graph from the model, ``(model, spec) -> ModelProto``,
+    #: instead of tracing ``module`` (which stays the eager reference it is verified against)
+    builder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ CAUSAL_FAMILY = Family(
     (
         GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
-                  decodes=True, in_place=True),
+                  decodes=True, in_place=True, builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),
     tasks={"complete": ("causal_decoder",)},
     model="edgeattn.causal_lm:CausalLM",

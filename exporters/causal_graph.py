@@ -1,0 +1,217 @@
+"""The decoder-only family's ``causal_decoder`` graph, written operator by operator from the model's
+weights (as onnxruntime-genai's builder writes its graphs) instead of traced.
+
+Why not trace: torch.onnx turns every dynamic ``view`` and every ``index_put`` of the eager model
+into its own chain of Shape / Gather / Unsqueeze / Concat / Expand nodes, some 75 per layer, which
+ONNX Runtime runs at every decoding step (on a SmolLM2-135M shape they took as long as the
+layers' matrix products at int4). Written here, each layer is its projections, one Reshape per
+head split (``0`` copies a dimension, so no shape is computed), the rotary positions as a product
+with a constant rotation matrix (no slices), one ScatterND per cache, and the attention; the
+shapes, the mask, the rotary angles and the cache's write indices are made once for all layers.
+Standard ONNX operators only (opset 17), which ONNX Runtime's own fusions then reach (RMS norm,
+SiLU). The graph is checked like a traced one and verified against the eager
+:class:`~edgeattn.causal_lm.CausalLM` (``edgeattn.exporters.graphs.CausalDecoderGraph``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeattn.causal_lm import CausalLM, inverse_frequencies
+from edgeattn.runtime.specs import GraphSpec
+
+_ONNX_TYPE = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
+OPSET = 17
+
+
+class _Builder:
+    """Nodes and initializers, with unique names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), name))  # 0-d stays 0-d
+        return name
+
+    def scalar(self, value: float | int) -> str:
+        """A scalar constant (float32, or int64 for an int), one initializer per value."""
+        array = np.array(value, np.int64 if isinstance(value, int) else np.float32)
+        name = f"scalar_{array.dtype}_{value!r}"
+        if not any(t.name == name for t in self.initializers):
+            self.const(name, array)
+        return name
+
+    def op(self, op_type: str, inputs: list[str], name: str | None = None, outputs: int = 1, **attrs: object
+           ) -> str | list[str]:  # fmt: skip
+        self._count += 1
+        base = name or f"{op_type.lower()}_{self._count}"
+        outs = [base] if outputs == 1 else [f"{base}_{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"n{self._count}_{op_type}", **attrs))
+        return outs[0] if outputs == 1 else outs
+
+    def __call__(self, op_type: str, *inputs: str, name: str | None = None, **attrs: object) -> str:
+        out = self.op(op_type, list(inputs), name=name, **attrs)
+        assert isinstance(out, str)
+        return out
+
+
+def _weight(module: object, name: str) -> np.ndarray:
+    return getattr(module, name).detach().float().numpy()
+
+
+def rotation_matrix(dim: int, rotary: int, layout: str) -> np.ndarray:
+    """R (dim, dim) with ``x @ R`` the rotary partner of every rotating dimension (``-x2, x1`` of each
+    pair) and 0 for the dimensions that do not rotate."""
+    r = np.zeros((dim, dim), np.float32)
+    half = rotary // 2
+    for j in range(half):
+        if layout == "rotate-half":  # pairs (j, j + half)
+            r[j + half, j], r[j, j + half] = -1.0, 1.0
+        else:  # pairs (2j, 2j + 1)
+            r[2 * j + 1, 2 * j], r[2 * j, 2 * j + 1] = -1.0, 1.0
+    return r
+
+
+def build_causal_decoder(model: CausalLM, spec: GraphSpec) -> onnx.ModelProto:
+    """The ``causal_decoder`` graph of ``model`` with ``spec``'s inputs and outputs."""
+    c = model.lm
+    d, heads, kv, dim = c.d_model, c.n_heads, c.n_kv_heads, c.dim
+    group = heads // kv
+    g = _Builder()
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    one, zero = g.const("axes_1", i64(1)), g.const("axes_0", i64(0))  # 1-D: axes of Unsqueeze / Squeeze
+    s0, s1 = g.scalar(0), g.scalar(1)
+
+    # ------------------------------------------------------------- once for all layers
+    batch = g("Gather", g("Shape", "input_ids"), s0, axis=0)  # scalars
+    new = g("Gather", g("Shape", "input_ids"), s1, axis=0)
+    slots = g("Gather", g("Shape", "attention_mask"), s1, axis=0)
+    position = g("Squeeze", "position", zero)
+    query_slot = g("Add", g("Range", s0, new, s1), position)  # (T,): the slot each new token is written to
+    causal = g("LessOrEqual", g("Unsqueeze", g("Range", s0, slots, s1), zero),
+               g("Unsqueeze", query_slot, one))  # (T, C)  # fmt: skip
+    allowed = g("And", g("Unsqueeze", causal, zero),
+                g("Cast", g("Unsqueeze", "attention_mask", one), to=TensorProto.BOOL))  # (B, T, C)  # fmt: skip
+    low = float(np.finfo(np.float32).min)
+    mask = g("Unsqueeze", g("Where", allowed, g.scalar(0.0), g.scalar(low)), one)  # (B, 1, T, C)
+    if group > 1:  # rows of a key/value head's queries: group-major, then tokens
+        mask = g("Tile", mask, g.const("mask_tile", i64(1, 1, group, 1)))
+    # the cache write's (row, head, slot) indices (B, KV, T, 3)
+    target = g("Concat", g("Unsqueeze", batch, zero), g.const("kv_heads", i64(kv)), g("Unsqueeze", new, zero),
+               g.const("last1", i64(1)), axis=0)  # fmt: skip
+    rows = g("Expand", g("Reshape", g("Range", s0, batch, s1), g.const("rows_shape", i64(-1, 1, 1, 1))), target)
+    head_index = g("Expand", g.const("head_index", np.arange(kv, dtype=np.int64).reshape(1, kv, 1, 1)), target)
+    slot_index = g("Expand", g("Reshape", query_slot, g.const("slots_shape", i64(1, 1, -1, 1))), target)
+    write_at = g("Concat", rows, head_index, slot_index, axis=3)
+
+    x = g("Gather", g.const("embed.weight", _weight(model.embed, "weight")), "input_ids", axis=0)  # (B, T, d)
+    if c.position == "learned":
+        x = g("Add", x, g("Gather", g.const("pos_embed.weight", _weight(model.pos_embed, "weight")), "position_ids"))
+    rope = None
+    if c.position == "rope":
+        rotary = 2 * len(model.inv_freq)
+        inv = model.inv_freq.float().numpy()
+        per_dim = np.concatenate([inv, inv]) if c.rope_layout == "rotate-half" else np.repeat(inv, 2)
+        per_dim = np.concatenate([per_dim, np.zeros(dim - rotary, np.float32)]).astype(np.float32)  # 0: cos 1, sin 0
+        angles = g("Mul", g("Unsqueeze", g("Cast", "position_ids", to=TensorProto.FLOAT), g.const("axis2", i64(2))),
+                   g.const("rope_frequencies", per_dim))  # (B, T, D)  # fmt: skip
+        # through an Identity: a computed input, which the quantisers leave alone (its values are 0 and +-1)
+        rotation = g("Identity", g.const("rope_rotation", rotation_matrix(dim, rotary, c.rope_layout)))
+        rope = (g("Unsqueeze", g("Cos", angles), one), g("Unsqueeze", g("Sin", angles), one), rotation)  # (B, 1, T, D)
+    scale = g.scalar(1.0 / math.sqrt(dim))
+
+    def linear(x: str, module: object, prefix: str) -> str:
+        return packed(x, [module], prefix)
+
+    def packed(x: str, modules: list[object], prefix: str) -> str:
+        """One product for several projections of the same input (their weights side by side):
+        fewer, wider matrix products, which the CPU runs nearer its memory bandwidth."""
+        weight = np.concatenate([_weight(m, "weight") for m in modules], axis=0).T
+        out = g("MatMul", x, g.const(f"{prefix}.weight.T", weight))
+        if getattr(modules[0], "bias", None) is not None:
+            out = g("Add", out, g.const(f"{prefix}.bias", np.concatenate([_weight(m, "bias") for m in modules])))
+        return out
+
+    def norm(x: str, module: object, prefix: str) -> str:
+        w = g.const(f"{prefix}.weight", _weight(module, "weight"))
+        if c.norm == "layernorm":
+            return g("LayerNormalization", x, w, g.const(f"{prefix}.bias", _weight(module, "bias")), axis=-1,
+                     epsilon=c.norm_eps)  # fmt: skip
+        return rms(x, w)
+
+    def rms(x: str, w: str) -> str:
+        var = g("ReduceMean", g("Pow", x, g.scalar(2.0)), axes=[-1], keepdims=1)
+        root = g("Sqrt", g("Add", var, g.scalar(c.norm_eps)))
+        return g("Mul", g("Div", x, root), w)
+
+    def rotate(x: str) -> str:
+        assert rope is not None
+        cos, sin, rotation = rope
+        return g("Add", g("Mul", x, cos), g("Mul", g("MatMul", x, rotation), sin))
+
+    def activation(x: str) -> str:
+        if c.activation == "silu":
+            return g("Mul", x, g("Sigmoid", x))
+        if c.activation == "gelu":
+            inner = g("Erf", g("Div", x, g.scalar(math.sqrt(2.0))))
+            return g("Mul", g("Mul", x, g.scalar(0.5)), g("Add", inner, g.scalar(1.0)))
+        cube = g("Mul", g("Mul", x, x), x)  # gelu_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        inner = g("Mul", g("Add", x, g("Mul", cube, g.scalar(0.044715))), g.scalar(math.sqrt(2.0 / math.pi)))
+        return g("Mul", g("Mul", x, g.scalar(0.5)), g("Add", g("Tanh", inner), g.scalar(1.0)))
+
+    split_q, split_kv = g.const("split_q", i64(0, 0, heads, dim)), g.const("split_kv", i64(0, 0, kv, dim))
+    by_kv_head = g.const("by_kv_head", i64(0, kv, -1, dim))
+    by_head = g.const("by_head", i64(0, heads, -1, dim))
+    merge = g.const("merge_heads", i64(0, 0, heads * dim))
+    qkv_sizes = g.const("qkv_sizes", i64(heads * dim, kv * dim, kv * dim))
+    ff_sizes = g.const("ff_sizes", i64(c.d_ff, c.d_ff))
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}"
+        attn = layer.attn
+        h = norm(x, layer.norm1, f"{p}.norm1")
+        qkv = packed(h, [attn.q_proj, attn.k_proj, attn.v_proj], f"{p}.attn.qkv_proj")
+        q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)
+        q = g("Reshape", q, split_q)  # (B, T, H, D)
+        k, v = g("Reshape", k, split_kv), g("Reshape", v, split_kv)
+        if c.qk_norm:
+            q = rms(q, g.const(f"{p}.attn.q_norm.weight", _weight(attn.q_norm, "weight")))
+            k = rms(k, g.const(f"{p}.attn.k_norm.weight", _weight(attn.k_norm, "weight")))
+        q, k, v = (g("Transpose", t, perm=[0, 2, 1, 3]) for t in (q, k, v))  # (B, heads, T, D)
+        if rope is not None:
+            q, k = rotate(q), rotate(k)
+        keys = g("ScatterND", f"cache_key_{i}", write_at, k, name=f"updated_key_{i}")  # (B, KV, C, D)
+        values = g("ScatterND", f"cache_value_{i}", write_at, v, name=f"updated_value_{i}")
+        q = g("Reshape", g("Mul", q, scale), by_kv_head)  # (B, KV, group * T, D)
+        scores = g("Add", g("MatMul", q, g("Transpose", keys, perm=[0, 1, 3, 2])), mask)  # (B, KV, group * T, C)
+        out = g("Reshape", g("MatMul", g("Softmax", scores, axis=-1), values), by_head)  # (B, H, T, D)
+        out = g("Reshape", g("Transpose", out, perm=[0, 2, 1, 3]), merge)
+        x = g("Add", x, linear(out, attn.o_proj, f"{p}.attn.o_proj"))
+        h = norm(x, layer.norm2, f"{p}.norm2")
+        ff = layer.ff
+        if c.gated:
+            gate, up = g.op("Split", [packed(h, [ff.gate_proj, ff.up_proj], f"{p}.ff.gate_up_proj"), ff_sizes],
+                            outputs=2, axis=-1)  # fmt: skip
+            inner = g("Mul", activation(gate), up)
+        else:
+            inner = activation(linear(h, ff.up_proj, f"{p}.ff.up_proj"))
+        x = g("Add", x, linear(inner, ff.down_proj, f"{p}.ff.down_proj"))
+
+    picked = g("Expand", g("Unsqueeze", "logits_at", g.const("axis_last", i64(2))),
+               g("Concat", g("Shape", "logits_at"), g.const("width", i64(d)), axis=0))  # (B, N, d)  # fmt: skip
+    x = norm(g("GatherElements", x, picked, axis=1), model.norm, "norm")
+    head = model.lm_head.weight.detach().float().numpy().T
+    g.op("MatMul", [x, g.const("lm_head.weight.T", head)], name="logits")
+
+    def value(t: object) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(t.name, _ONNX_TYPE[t.dtype], list(t.axes))  # type: ignore[attr-defined]
+
+    graph = helper.make_graph(g.nodes, spec.name, [value(t) for t in spec.inputs], [value(t) for t in spec.outputs],
+                              g.initializers)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)
