@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeattn.causal_lm import CausalLM, inverse_frequencies
+from edgeattn.causal_lm import CausalLM
 from edgeattn.runtime.specs import GraphSpec
 
 _ONNX_TYPE = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
