@@ -459,6 +459,14 @@ def inspect(path: Path, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
+@click.option("--repetition-penalty", default=1.0, show_default=True, help="> 1 makes repeated tokens less likely.")
+@click.option("--stop", "stops", multiple=True, help="Language models: end the answer before this text; repeatable.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Language models: continue TEXT as it is (default: as a user's message through the chat template, "
+    "where the export has one).",
+)
 @click.option(
     "--aggregation",
     type=click.Choice(["simple", "first"]),
@@ -485,11 +493,15 @@ def run(
     stream: bool,
     as_json: bool,
     truncate: bool,
+    repetition_penalty: float,
+    stops: tuple[str, ...],
+    raw: bool,
     aggregation: str,
 ) -> None:
     """Run an export on TEXT (or --file) and print its answers. Needs no torch.
 
-    An encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
+    A language model continues each text (an instruct model answers it as a chat message); an
+    encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
     """
     from edgeattn.runtime import load
     from edgeattn.runtime.providers import OPENVINO, provider_name
@@ -521,6 +533,20 @@ def run(
         options["num_beams"] = beams
     if strategy == "sample":
         options.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if repetition_penalty != 1.0:
+        options["repetition_penalty"] = repetition_penalty
+    if stops:
+        options["stop"] = list(stops)
+    if getattr(model, "chat_template", None) is not None and not raw:  # an instruct model: each text is a message
+        for t in texts:
+            messages = [{"role": "user", "content": t}]
+            if stream:
+                for piece in model.stream_chat(messages, max_new_tokens=max_new_tokens, **options):
+                    click.echo(piece, nl=False)
+                click.echo()
+            else:
+                click.echo(model.chat(messages, max_new_tokens=max_new_tokens, **options))
+        return
     if stream:
         if len(texts) != 1:
             raise click.UsageError("--stream takes one input")
@@ -530,6 +556,51 @@ def run(
         return
     for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, truncate=truncate, **options):
         click.echo(answer)
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--system", default=None, help="The system message the conversation starts with.")
+@click.option("--max-new-tokens", type=int, default=None, help="The longest answer (default: 256 tokens).")
+@click.option("--strategy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True)
+@click.option("--temperature", default=0.7, show_default=True)
+@click.option("--top-k", default=0, show_default=True)
+@click.option("--top-p", default=0.9, show_default=True)
+@click.option("--repetition-penalty", default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
+@click.option("--threads", type=int, default=None)
+def chat(export_dir: Path, system: str | None, max_new_tokens: int | None, strategy: str, temperature: float, top_k: int,
+         top_p: float, repetition_penalty: float, seed: int | None, precision: str, threads: int | None) -> None:  # fmt: skip
+    """A conversation with a language model's export in the terminal (its chat template), one message
+    a line; the conversation and its cache are kept between turns. /reset starts again, /exit (or
+    end of input) ends. Needs no torch."""
+    from edgeattn.runtime import load
+
+    model = load(export_dir, threads=threads, precision=precision)
+    if not callable(getattr(model, "conversation", None)):
+        raise click.UsageError(f"{export_dir} is a {model.family.name} export; edgeattn chat talks to language models")
+    if model.chat_template is None:
+        raise click.UsageError(f"{export_dir} has no chat template; use edgeattn run {export_dir} TEXT --raw")
+    options: dict[str, Any] = {"strategy": strategy, "repetition_penalty": repetition_penalty}
+    if strategy == "sample":
+        options.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    conversation = model.conversation(system)
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            click.echo("> ", nl=False)
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            break
+        if not line.strip():
+            continue
+        if line.strip() == "/reset":
+            conversation = model.conversation(system)
+            continue
+        for piece in conversation.say(line.rstrip("\n"), max_new_tokens=max_new_tokens, **options):
+            click.echo(piece, nl=False)
+        click.echo()
 
 
 def _providers(cpu: bool, providers: str | None, specs: tuple[str, ...]) -> list[Any] | None:

@@ -254,7 +254,7 @@ class PrecisionBuilder:
             exclude=list(exclude or []), calibration=lambda: self._calibration_feeds(graph),
             calibration_method=self.options.calibration_method,
             calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
-            decodes=self.family.role(graph).decodes,
+            int8_activations=self.family.role(graph).int8_activations,
         )  # fmt: skip
         info = CONVERTERS[precision.name](src, dst, job)
         candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)

@@ -68,6 +68,7 @@ class CausalEagerStepper:
                                  (t_mask * torch.arange(width)).argmax(-1, keepdim=True))  # fmt: skip
         self.kept = kept
         self.pending: np.ndarray | None = logits[:, 0].numpy()
+        self.prompt = t_ids.numpy(), t_mask.numpy()
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         if self.pending is not None:
@@ -86,6 +87,14 @@ class CausalEagerStepper:
         idx = torch.from_numpy(index)
         self.kept = [(k[idx], v[idx]) for k, v in self.kept]
         self.slots, self.next_position = self.slots[idx], self.next_position[idx]
+
+    def seen(self) -> np.ndarray:
+        """(rows, vocab) True for each row's prompt tokens (where a repetition penalty starts)."""
+        ids, mask = self.prompt
+        seen = np.zeros((ids.shape[0], self.model.config.vocab_size), dtype=bool)
+        for row in range(ids.shape[0]):
+            seen[row, ids[row, mask[row].astype(bool)]] = True
+        return seen
 
 
 def eager_generate(

@@ -41,6 +41,8 @@ CAUSAL_DECODER = "causal_decoder"
 
 #: Widest beam search a decoder-only export runs: each beam is a row of the graph's batch.
 MAX_BEAMS = 64
+#: New tokens when none are asked for: a completion's, a chat answer's
+DEFAULT_NEW_TOKENS, DEFAULT_CHAT_TOKENS = 64, 256
 
 
 class CausalState:
@@ -140,7 +142,8 @@ class CausalState:
         self.session.run_with_iobinding(self.binding)
         self.position += t
         self.next_position += mask.sum(axis=1)
-        return self.binding.get_outputs()[0].numpy()[:, 0]
+        # a copy: the bound output's memory is the session's to reuse at the next call
+        return np.array(self.binding.get_outputs()[0].numpy()[:, 0])
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         if self._pending is not None:  # the prompt's logits stand for the start tokens'
@@ -264,15 +267,27 @@ class CausalRuntime(ExportedModel):
             raise EdgeattnError(f"{where} has no Hugging Face {TOKENIZER}; pass token ids to generate() instead")
         return self.tokenizer
 
-    def encode_prompts(self, prompts: Any, special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, mask) of prompts through the export's tokenizer, padded on the left."""
+    def encode_prompts(self, prompts: Any, special_tokens: bool = True, room: int = 0, truncate: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(ids, mask) of prompts through the export's tokenizer, padded on the left, each with
+        ``room`` for new tokens within the model's max_len (else an error, or with ``truncate``
+        the prompt's last tokens)."""
         tokenizer = self._tokenizer()
+        if isinstance(prompts, list | tuple) and not prompts:
+            raise InputError("give at least one prompt")
         encoded = [tokenizer.encode(p, special_tokens) for p in batch_texts(prompts)]
         if any(not e for e in encoded):
             raise InputError("a prompt encodes to no tokens; give it some text")
+        limit = self.config.max_len - room
+        if limit < 1:
+            raise InputError(f"{room} new tokens leave no room for a prompt: this model takes {self.config.max_len} "
+                             "tokens in all (max_len)")
+        if truncate:
+            encoded = [e[-limit:] for e in encoded]
         width = max(len(e) for e in encoded)
-        if width > self.config.max_len:
-            raise InputError(f"a prompt is {width} tokens long; this model takes at most {self.config.max_len}")
+        if width > limit:
+            raise InputError(f"a prompt is {width} tokens long; with {room} new ones this model takes at most "
+                             f"{limit} (max_len {self.config.max_len}); shorten it or truncate")  # fmt: skip
         ids = np.full((len(encoded), width), self.config.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
         for i, e in enumerate(encoded):
@@ -280,20 +295,24 @@ class CausalRuntime(ExportedModel):
             mask[i, width - len(e) :] = 1
         return ids, mask
 
-    def generate_text(self, prompts: Any, max_new_tokens: int = 64, *, stop: Sequence[str] = (),
-                      **options: Any) -> list[str]:  # fmt: skip
+    def generate_text(self, prompts: Any, max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
+                      truncate: bool = False, **options: Any) -> list[str]:  # fmt: skip
         """The continuation of each prompt (one string or a list), as text: up to a stop token, or
-        up to (not including) the first of the ``stop`` strings."""
-        ids, mask = self.encode_prompts(prompts)
-        return self._complete(ids, mask, max_new_tokens, list(stop), options)
+        up to (not including) the first of the ``stop`` strings; ``max_new_tokens`` defaults to
+        64. A prompt longer than the model takes is an error unless ``truncate`` (its last
+        tokens are kept)."""
+        steps = max_new_tokens or self._default_steps(DEFAULT_NEW_TOKENS)
+        ids, mask = self.encode_prompts(prompts, room=steps, truncate=truncate)
+        return self._complete(ids, mask, steps, list(stop), options)
 
-    def stream_text(self, prompt: str, max_new_tokens: int = 64, *, stop: Sequence[str] = (),
-                    **options: Any) -> Iterator[str]:  # fmt: skip
+    def stream_text(self, prompt: str, max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
+                    truncate: bool = False, **options: Any) -> Iterator[str]:  # fmt: skip
         """The continuation of one prompt as it grows: each piece is what the tokens so far add to
         the decoded text (a piece that could be the start of a stop string waits), so the pieces
         join to :meth:`generate_text`'s answer."""
-        ids, mask = self.encode_prompts([prompt])
-        yield from self._stream_pieces(self.stream(ids, mask, max_new_tokens, **options), list(stop))
+        steps = max_new_tokens or self._default_steps(DEFAULT_NEW_TOKENS)
+        ids, mask = self.encode_prompts([prompt], room=steps, truncate=truncate)
+        yield from self._stream_pieces(self.stream(ids, mask, steps, **options), list(stop))
 
     def _complete(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, stop: list[str],
                   options: dict[str, Any]) -> list[str]:  # fmt: skip
@@ -318,6 +337,10 @@ class CausalRuntime(ExportedModel):
                 break  # every row is done: the rest of the search is not run
         return [a if a is not None else _cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
                 for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+
+    def _default_steps(self, wanted: int) -> int:
+        """New tokens when none are asked for: ``wanted``, within half the model's max_len."""
+        return max(1, min(wanted, self.config.max_len // 2))
 
     def _until_stop(self, row: np.ndarray) -> np.ndarray:
         ends = np.flatnonzero(np.isin(row, eos_array(self.stop_ids)))
@@ -353,11 +376,20 @@ class CausalRuntime(ExportedModel):
             raise ChatTemplateError(f"{self.export_dir or 'this model'} has no chat template; use generate_text")
         return self.chat_template.render(messages, add_generation_prompt, **kwargs)
 
-    def chat(self, messages: list[dict[str, Any]], max_new_tokens: int = 256, *, stop: Sequence[str] = (),
+    def chat(self, messages: list[dict[str, Any]], max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
              **options: Any) -> str:  # fmt: skip
-        """The assistant's answer to a conversation (``[{"role": ..., "content": ...}, ...]``)."""
-        ids, mask = self.encode_prompts([self.render_chat(messages)], special_tokens=False)
-        return self._complete(ids, mask, max_new_tokens, list(stop), options)[0]
+        """The assistant's answer to a conversation (``[{"role": ..., "content": ...}, ...]``), at
+        most ``max_new_tokens`` (default 256) tokens."""
+        steps = max_new_tokens or self._default_steps(DEFAULT_CHAT_TOKENS)
+        ids, mask = self.encode_prompts([self.render_chat(messages)], special_tokens=False, room=steps)
+        return self._complete(ids, mask, steps, list(stop), options)[0]
+
+    def stream_chat(self, messages: list[dict[str, Any]], max_new_tokens: int | None = None, *,
+                    stop: Sequence[str] = (), **options: Any) -> Iterator[str]:  # fmt: skip
+        """:meth:`chat`'s answer as it grows (see :meth:`stream_text`)."""
+        steps = max_new_tokens or self._default_steps(DEFAULT_CHAT_TOKENS)
+        ids, mask = self.encode_prompts([self.render_chat(messages)], special_tokens=False, room=steps)
+        yield from self._stream_pieces(self.stream(ids, mask, steps, **options), list(stop))
 
     def conversation(self, system: str | None = None) -> Conversation:
         """A conversation that keeps its messages and its cache between turns."""
@@ -378,12 +410,16 @@ class Conversation:
         #: tokens the last turn ran through the graph (the rest came from the cache)
         self.fed = 0
 
-    def say(self, text: str, max_new_tokens: int = 256, **options: Any) -> Iterator[str]:
-        """Add the user's message and stream the assistant's answer (greedy or sampled); the answer
-        joins the conversation once it is complete."""
+    def say(self, text: str, max_new_tokens: int | None = None, **options: Any) -> Iterator[str]:
+        """Add the user's message and stream the assistant's answer (greedy or sampled, at most
+        ``max_new_tokens``, default 256); the answer joins the conversation once it is complete."""
         model = self.model
+        max_new_tokens = max_new_tokens or model._default_steps(DEFAULT_CHAT_TOKENS)
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, **options)
+        if cfg.strategy == "beam":
+            raise InputError("a conversation streams greedy or sampled answers; beam search is for generate()")
         messages = [*self.messages, {"role": "user", "content": text}]
-        ids = model.encode_prompts([model.render_chat(messages)], special_tokens=False)[0][0].tolist()
+        ids = model.encode_prompts([model.render_chat(messages)], special_tokens=False, room=max_new_tokens)[0][0].tolist()
         keep = 0
         while keep < min(len(ids), len(self.cached)) and ids[keep] == self.cached[keep]:
             keep += 1
@@ -398,9 +434,6 @@ class Conversation:
             logits = self.state.feed(np.array([ids[keep:]], dtype=np.int64))
         self.fed = len(ids) - keep
         self.cached = list(ids)
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, **options)
-        if cfg.strategy == "beam":
-            raise InputError("a conversation streams greedy or sampled answers; beam search is for generate()")
         answer: list[int] = []
         turn = _Turn(self, logits, answer)
         steps = stream_tokens(lambda n: turn, 1, model.config.bos_id, model.stop_ids, model.config.pad_id, cfg)

@@ -103,6 +103,9 @@ class GraphRole:
     decodes: bool = False
     #: its cache inputs are written in place (checked at export: nothing reads one after it is written)
     in_place: bool = False
+    #: its int4 products quantise their activations to int8 on the fly (MatMulNBits accuracy_level 4):
+    #: on this project's CPUs faster for a language model's decoding steps, with the gate to judge it
+    int8_activations: bool = False
     #: ``"module:function"`` writing its ONNX graph from the model, ``(model, spec) -> ModelProto``,
     #: instead of tracing ``module`` (which stays the eager reference it is verified against)
     builder: str | None = None
@@ -228,7 +231,7 @@ CAUSAL_FAMILY = Family(
     (
         GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
-                  decodes=True, in_place=True, builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
+                  decodes=True, in_place=True, int8_activations=True, builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),
     tasks={"complete": ("causal_decoder",)},
     model="edgeattn.causal_lm:CausalLM",

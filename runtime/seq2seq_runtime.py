@@ -321,7 +321,8 @@ class SlotStepper(OnnxStepper):
         self.binding.bind_cpu_input(POSITION, np.array([self.position], dtype=np.int64))
         self.session.run_with_iobinding(self.binding)
         self.position += 1
-        return self.binding.get_outputs()[0].numpy()[:, -1]
+        # a copy: the bound output's memory is the session's to reuse at the next call
+        return np.array(self.binding.get_outputs()[0].numpy()[:, -1])
 
     def rewind(self, position: int) -> None:
         """Make slot ``position`` the next one written (what later slots hold is masked until

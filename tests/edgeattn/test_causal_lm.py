@@ -12,38 +12,16 @@ from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.hf_causal import import_causal_folder
 
 transformers = pytest.importorskip("transformers")
+import causal_folders  # noqa: E402
+
 pytestmark = pytest.mark.quick
 
-SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "max_position_embeddings": 64}  # fmt: skip
-MODELS = {
-    "llama-gqa-tied": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **SMALL, num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5)),
-    "llama3.2-scaled": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        **SMALL, num_key_value_heads=1, rope_theta=500000.0, rope_scaling={
-            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16})),
-    "qwen2-biases": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
-        **SMALL, num_key_value_heads=2, tie_word_embeddings=True)),
-    "qwen3-qk-norm": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-        **SMALL, num_key_value_heads=2, head_dim=16)),
-    "phi3-packed": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
-        **SMALL, num_key_value_heads=4, pad_token_id=0)),
-    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=64)),
-}  # fmt: skip
+MODELS = causal_folders.MODELS
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=MODELS)
 def folder(request, tmp_path_factory):
-    torch.manual_seed(0)
-    model = MODELS[request.param]()
-    with torch.no_grad():
-        for p in model.parameters():  # non-trivial norms and biases
-            p.add_(torch.randn_like(p) * 0.05)
-    out = tmp_path_factory.mktemp("causal") / request.param
-    model.eval().save_pretrained(out)
-    return out, model
+    return causal_folders.save_folder(request.param, tmp_path_factory.mktemp("causal") / request.param)
 
 
 def _batch(side: str) -> tuple[torch.Tensor, torch.Tensor]:

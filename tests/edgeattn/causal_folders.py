@@ -1,0 +1,80 @@
+"""Small random decoder-only checkpoints of every architecture edgeattn imports, built with
+``transformers`` and saved with ``save_pretrained``, and a tokenizer and chat template trained and
+written here (shared by the eager, export and runtime tests)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 128}  # fmt: skip
+#: pad, BOS, end of text, and the chat markup
+SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+END_OF_TURN = SPECIALS.index("<|im_end|>")
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CORPUS = ["the sea is calm tonight", "write a haiku about the sea", "waves fold over the sand under the moon",
+          "a small model runs at the edge of the network", "hello how are you today", "stop here and rest"] * 10
+
+
+def models() -> dict[str, Any]:
+    import transformers as t
+
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    return {
+        "llama-gqa-tied": lambda: t.LlamaForCausalLM(t.LlamaConfig(
+            **SMALL, **ids, num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5)),
+        "llama3.2-scaled": lambda: t.LlamaForCausalLM(t.LlamaConfig(
+            **SMALL, **ids, num_key_value_heads=1, rope_theta=500000.0, rope_scaling={
+                "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16})),
+        "qwen2-biases": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(
+            **SMALL, **ids, num_key_value_heads=2, tie_word_embeddings=True)),
+        "qwen3-qk-norm": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**SMALL, **ids, num_key_value_heads=2, head_dim=16)),
+        "phi3-packed": lambda: t.Phi3ForCausalLM(t.Phi3Config(**SMALL, **ids, num_key_value_heads=4)),
+        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                                       bos_token_id=1, eos_token_id=2)),
+    }  # fmt: skip
+
+
+MODELS = list(models())
+
+
+def build(name: str, seed: int = 0) -> Any:
+    """The random transformers model ``name``, with non-trivial norms and biases."""
+    torch.manual_seed(seed)
+    model = models()[name]()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 97) -> None:
+    """A BPE tokenizer trained on :data:`CORPUS` (SentencePiece-style spaces, the specials first), a
+    ChatML template in tokenizer_config.json, and <|im_end|> among the end-of-sequence ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": CHATML, "bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "<pad>"}))  # fmt: skip
+    generation = json.loads((folder / "generation_config.json").read_text())
+    generation["eos_token_id"] = [2, END_OF_TURN]
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+
+
+def save_folder(name: str, out: Path, tokenizer: bool = False, seed: int = 0) -> tuple[Path, Any]:
+    """Model ``name`` saved in ``out`` (with a trained tokenizer when asked); returns (out, model)."""
+    model = build(name, seed)
+    model.save_pretrained(out)
+    if tokenizer:
+        write_tokenizer(out)
+    return out, model

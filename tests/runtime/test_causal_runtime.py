@@ -1,0 +1,217 @@
+"""Decoder-only exports against transformers: every architecture's exported graph equals its eager
+logits on left- and right-padded prompts of lengths never traced, through the prompt and steps at
+several cache lengths; greedy and beam tokens equal transformers.generate; sampling with a seed is
+reproducible and equals eager PyTorch's; text, stop strings, streaming, chat and conversations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import causal_folders  # noqa: E402
+
+from edgeattn.errors import EdgeattnError  # noqa: E402
+from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.reference import eager_generate  # noqa: E402
+from edgeattn.hf import import_folder  # noqa: E402
+from edgeattn.runtime import load  # noqa: E402
+from edgeattn.runtime.causal_runtime import CausalRuntime  # noqa: E402
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=causal_folders.MODELS)
+def exported(request, tmp_path_factory):
+    """(transformers model, edgeattn's eager model, the export loaded) of one architecture."""
+    root = tmp_path_factory.mktemp("causal-export")
+    folder, reference = causal_folders.save_folder(request.param, root / request.param)
+    hf = import_folder(folder)
+    result = export_model(hf.model, root / "out", **_fields(hf))
+    assert result.report is not None and result.report.passed  # verified: unseen sizes, in-place cache, greedy
+    return reference, hf.model, load(root / "out")
+
+
+def _fields(hf):
+    return {"tokenizer": hf.tokenizer, "chat_template": hf.chat_template, "stop_ids": hf.stop_ids,
+            "task": hf.task, "architecture": hf.architecture}  # fmt: skip
+
+
+def _prompts(side: str, lengths=(13, 8, 1), vocab: int = 97, seed: int = 3):
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    ids = np.zeros((len(lengths), width), np.int64)
+    mask = np.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        ids[i, cols] = rng.integers(5, vocab, n)
+        mask[i, cols] = 1
+    return ids, mask
+
+
+def _alone(ids, mask, row):
+    return torch.from_numpy(ids[row : row + 1, mask[row].astype(bool)])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_prompt_and_steps_equal_transformers_logits(exported, side):
+    """The prompt in one call, then 9 steps (the cache growing once on the way), against transformers'
+    logits for each row alone over its prompt and the tokens fed."""
+    reference, _, model = exported
+    ids, mask = _prompts(side)
+    steps = np.random.default_rng(4).integers(5, 97, size=(3, 9))
+    state = model.state(ids, mask, capacity=ids.shape[1] + 4)  # too small: grows at the fifth step
+    got = [state.step(np.zeros(3, np.int64))]
+    for k in range(9):
+        got.append(state.step(steps[:, k]))
+    assert state.capacity > ids.shape[1] + 4
+    for row in range(3):
+        full = torch.cat([_alone(ids, mask, row), torch.from_numpy(steps[row : row + 1])], dim=1)
+        with torch.no_grad():
+            want = reference(input_ids=full).logits[0, -10:].numpy()
+        mine = np.stack([g[row] for g in got])
+        assert np.abs(mine - want).max() <= ATOL, (row, side)
+
+
+def test_teacher_forced_logits_equal_transformers(exported):
+    reference, _, model = exported
+    ids, mask = _prompts("right", lengths=(29, 17, 5))
+    got = model.next_token_logits(ids, mask)
+    for row in range(3):
+        with torch.no_grad():
+            want = reference(input_ids=_alone(ids, mask, row)).logits[0].numpy()
+        assert np.abs(got[row, mask[row].astype(bool)] - want).max() <= ATOL
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_greedy_tokens_equal_transformers_generate(exported, side):
+    reference, _, model = exported
+    ids, mask = _prompts(side)
+    got = model.greedy(ids, mask, 32, stop_at_eos=False)
+    reference.generation_config.eos_token_id = None
+    for row in range(3):
+        prompt = _alone(ids, mask, row)
+        want = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
+                                  pad_token_id=0)[0, prompt.shape[1] :]  # fmt: skip
+        assert got[row].tolist() == want.tolist(), (row, side)
+
+
+def test_beam_tokens_equal_transformers_generate(exported):
+    reference, _, model = exported
+    ids, mask = _prompts("left", lengths=(9, 4))
+    got = model.generate(ids, mask, 12, strategy="beam", num_beams=3, eos_id=-1).tokens
+    reference.generation_config.eos_token_id = None
+    for row in range(2):
+        prompt = _alone(ids, mask, row)
+        want = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, num_beams=3,
+                                  do_sample=False, pad_token_id=0, early_stopping=True)[0, prompt.shape[1] :]  # fmt: skip
+        assert got[row].tolist() == want.tolist(), row
+
+
+def test_sampling_with_a_seed_is_reproducible_and_equals_eager(exported):
+    _, eager, model = exported
+    ids, mask = _prompts("left")
+    options = {"strategy": "sample", "seed": 11, "temperature": 0.9, "top_k": 20, "top_p": 0.95,
+               "repetition_penalty": 1.3}  # fmt: skip
+    first = model.generate(ids, mask, 16, **options).tokens
+    assert np.array_equal(first, model.generate(ids, mask, 16, **options).tokens)
+    assert not np.array_equal(first, model.generate(ids, mask, 16, **{**options, "seed": 12}).tokens)
+    assert np.array_equal(first, eager_generate(eager, ids, mask, 16, eos_id=model.stop_ids, **options).tokens)
+
+
+def test_repetition_penalty_equals_transformers(exported):
+    reference, _, model = exported
+    ids, mask = _prompts("left", lengths=(6,))
+    got = model.generate(ids, mask, 16, repetition_penalty=1.5, eos_id=-1).tokens[0]
+    reference.generation_config.eos_token_id = None
+    prompt = torch.from_numpy(ids)
+    want = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False,
+                              repetition_penalty=1.5, pad_token_id=0)[0, 6:]  # fmt: skip
+    assert got.tolist() == want.tolist()
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    """A Llama with a trained tokenizer and a ChatML template, exported."""
+    root = tmp_path_factory.mktemp("causal-text")
+    folder, reference = causal_folders.save_folder("llama-gqa-tied", root / "hf", tokenizer=True)
+    hf = import_folder(folder)
+    export_model(hf.model, root / "out", **_fields(hf))
+    return reference, folder, load(root / "out")
+
+
+def test_text_answers_are_the_tokens_decoded_and_stop_where_asked(text_model):
+    _, _, model = text_model
+    assert isinstance(model, CausalRuntime) and model.stop_ids == [2, causal_folders.END_OF_TURN]
+    prompts = ["the sea is", "write a haiku about the sea"]
+    ids, mask = model.encode_prompts(prompts)
+    assert (mask[:, -1] == 1).all() and (mask[0, 0] == 0)  # padded on the left
+    tokens = model.generate(ids, mask, 20).tokens
+    answers = model.generate_text(prompts, 20)
+    assert answers == [model.tokenizer.decode(model._until_stop(row)) for row in tokens]
+    assert "".join(model.stream_text(prompts[1], 20)) == answers[1]
+    words = answers[1].split()
+    if len(words) >= 2:  # a stop string ends the answer before it, streamed or not
+        stop = " " + words[1]
+        cut = answers[1][: answers[1].index(stop)]
+        assert model.generate_text(prompts, 20, stop=[stop])[1] == cut
+        assert "".join(model.stream_text(prompts[1], 20, stop=[stop])) == cut
+
+
+def test_chat_renders_like_transformers_and_answers_the_rendered_prompt(text_model):
+    _, folder, model = text_model
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello how are you"}]
+    rendered = model.render_chat(messages)
+    assert rendered == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = np.array([tokenizer(rendered, add_special_tokens=False)["input_ids"]])
+    want = model.generate(ids, None, 24).tokens[0]
+    assert model.chat(messages, 24) == model.tokenizer.decode(model._until_stop(want))
+    assert "".join(model.stream_chat(messages, 24)) == model.chat(messages, 24)
+
+
+def test_a_conversation_keeps_its_cache_between_turns(text_model):
+    _, _, model = text_model
+    conversation = model.conversation("be brief")
+    first = "".join(conversation.say("hello how are you", max_new_tokens=12))
+    whole = len(conversation.cached)
+    second = "".join(conversation.say("write a haiku about the sea", max_new_tokens=12))
+    assert first == model.chat([{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": "hello how are you"}], 12)  # fmt: skip
+    assert second == model.chat(conversation.messages[:-1], 12)  # what a fresh start answers
+    assert 0 < conversation.fed < len(model.encode_prompts([model.render_chat(conversation.messages[:-1])],
+                                                           special_tokens=False)[0][0]) - whole + 2  # fmt: skip
+    assert [m["role"] for m in conversation.messages] == ["system", "user", "assistant", "user", "assistant"]
+
+
+def test_bad_inputs_are_one_error(text_model):
+    _, _, model = text_model
+    with pytest.raises(EdgeattnError, match="unknown generation option"):
+        model.generate_text("the sea", 4, beams=2)
+    with pytest.raises(EdgeattnError, match="max_len"):
+        model.generate_text("the sea", 200)
+    with pytest.raises(EdgeattnError, match="beam search is for generate"):
+        list(model.conversation().say("hello", strategy="beam"))
+    assert len(model.generate_text("the sea " * 60, 8, truncate=True)) == 1
+    with pytest.raises(AttributeError, match="classify\\(\\) is for encoder exports"):
+        model.classify("the sea")
+
+
+def test_the_command_line_runs_and_chats(text_model, tmp_path):
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    _, _, model = text_model
+    out = str(model.export_dir)
+    runner = CliRunner()
+    raw = runner.invoke(cli, ["run", out, "the sea is", "--raw", "--max-new-tokens", "12"])
+    assert raw.exit_code == 0, raw.output
+    assert raw.output.rstrip("\n") == model.generate_text("the sea is", 12)[0]
+    chatted = runner.invoke(cli, ["run", out, "hello how are you", "--max-new-tokens", "12", "--stream"])
+    assert chatted.output.rstrip("\n") == model.chat([{"role": "user", "content": "hello how are you"}], 12)
+    talk = runner.invoke(cli, ["chat", out, "--max-new-tokens", "8"], input="hello\n/reset\nthe sea\n/exit\n")
+    assert talk.exit_code == 0, talk.output
+    assert talk.output.splitlines() == [model.chat([{"role": "user", "content": "hello"}], 8),
+                                        model.chat([{"role": "user", "content": "the sea"}], 8)]  # fmt: skip
