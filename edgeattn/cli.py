@@ -570,8 +570,9 @@ def run(
 @click.option("--seed", type=int, default=None)
 @click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
 @click.option("--threads", type=int, default=None)
-def chat(export_dir: Path, system: str | None, max_new_tokens: int | None, strategy: str, temperature: float, top_k: int,
-         top_p: float, repetition_penalty: float, seed: int | None, precision: str, threads: int | None) -> None:  # fmt: skip
+def chat(export_dir: Path, system: str | None, max_new_tokens: int | None, strategy: str, temperature: float,
+         top_k: int, top_p: float, repetition_penalty: float, seed: int | None, precision: str,
+         threads: int | None) -> None:  # fmt: skip
     """A conversation with a language model's export in the terminal (its chat template), one message
     a line; the conversation and its cache are kept between turns. /reset starts again, /exit (or
     end of input) ends. Needs no torch."""

@@ -254,7 +254,7 @@ def quantize_int4(
     with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    level = (INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0) if accuracy_level is None else accuracy_level
+    level = accuracy_level if accuracy_level is not None else INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0
     model = onnx.load(str(src))
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     small_tables = [  # embeddings too small to matter for the footprint keep their precision

@@ -419,7 +419,8 @@ class Conversation:
         if cfg.strategy == "beam":
             raise InputError("a conversation streams greedy or sampled answers; beam search is for generate()")
         messages = [*self.messages, {"role": "user", "content": text}]
-        ids = model.encode_prompts([model.render_chat(messages)], special_tokens=False, room=max_new_tokens)[0][0].tolist()
+        prompt = model.render_chat(messages)
+        ids = model.encode_prompts([prompt], special_tokens=False, room=max_new_tokens)[0][0].tolist()
         keep = 0
         while keep < min(len(ids), len(self.cached)) and ids[keep] == self.cached[keep]:
             keep += 1

@@ -231,7 +231,8 @@ CAUSAL_FAMILY = Family(
     (
         GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
-                  decodes=True, in_place=True, int8_activations=True, builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
+                  decodes=True, in_place=True, int8_activations=True,
+                  builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),
     tasks={"complete": ("causal_decoder",)},
     model="edgeattn.causal_lm:CausalLM",
