@@ -249,7 +249,8 @@ def quantize_int4(
     dequantises the weights and multiplies in float32; 4 quantises the activations to int8 on the
     fly. Measured here (2 cores of an AMD EPYC, AVX-512 VNNI, onnxruntime 1.32): a
     SmolLM2-135M-shaped decoder decoded 83-95 tokens/s at level 4 against 59-64 at level 0, its
-    128-token prompt 0.17-0.24 s against 0.26-0.31 s; the reference encoder at 1 x 128 ran 34 ms at level 4 against 27 ms at 0.
+    128-token prompt 0.17-0.24 s against 0.26-0.31 s; the reference encoder at 1 x 128 ran 34 ms
+    at level 4 against 27 ms at 0.
     """
     with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
