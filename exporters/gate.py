@@ -193,10 +193,11 @@ class Reference:
 
     @cached_property
     def long_greedy(self) -> np.ndarray:
-        """Greedy continuations twice as long as the generation check's (where loops show)."""
+        """Greedy continuations twice as long as the generation check's (where loops show), within
+        the model's max_len."""
+        steps = max(1, min(2 * self.new_tokens, self.model.config.max_len - self.ids.shape[1]))
         with torch.no_grad():
-            return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask),
-                                     2 * self.new_tokens).numpy()  # fmt: skip
+            return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask), steps).numpy()
 
     @cached_property
     def greedy(self) -> np.ndarray:

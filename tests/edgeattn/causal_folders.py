@@ -71,10 +71,38 @@ def write_tokenizer(folder: Path, vocab_size: int = 97) -> None:
     (folder / "generation_config.json").write_text(json.dumps(generation))
 
 
-def save_folder(name: str, out: Path, tokenizer: bool = False, seed: int = 0) -> tuple[Path, Any]:
-    """Model ``name`` saved in ``out`` (with a trained tokenizer when asked); returns (out, model)."""
+def train(model: Any, folder: Path, steps: int = 120) -> Any:
+    """``model`` trained a little on :data:`CORPUS` through ``folder``'s tokenizer: confident next-token
+    predictions, as a real model's are (random weights give flat logits whose top token is noise)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    rows = [[1, *tok.encode(line).ids, 2] for line in sorted(set(CORPUS))]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
+    labels = ids.masked_fill(mask == 0, -100)
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def save_folder(name: str, out: Path, tokenizer: bool = False, seed: int = 0, trained: bool = False
+                ) -> tuple[Path, Any]:  # fmt: skip
+    """Model ``name`` saved in ``out`` (with a trained tokenizer when asked, and trained on the corpus
+    through it when asked); returns (out, model)."""
     model = build(name, seed)
-    model.save_pretrained(out)
-    if tokenizer:
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer or trained:
+        model.save_pretrained(out)
         write_tokenizer(out)
+    if trained:
+        train(model, out)
+    model.save_pretrained(out)
     return out, model

@@ -1,0 +1,101 @@
+"""Decoder-only exports through the gate: int8 and int4 of a small Llama pass it on held-out text,
+a model built to break int4 (an outlier input channel, the same function in float32) is caught,
+and a large tied embedding reads the output layer's 4-bit weights instead of a copy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import causal_folders  # noqa: E402
+
+from edgeattn.errors import ExportError  # noqa: E402
+from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.hf import import_folder  # noqa: E402
+from edgeattn.runtime import load  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return causal_folders.save_folder("llama-gqa-tied", tmp_path_factory.mktemp("gate") / "hf", trained=True)[0]
+
+
+def test_int8_and_int4_pass_the_gate_on_held_out_text(folder, tmp_path):
+    """The command line a user runs, held-out text in a file; the gate's figures in the manifest."""
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    notes = tmp_path / "notes.txt"
+    lines = sorted(set(causal_folders.CORPUS))
+    notes.write_text("\n".join(f"{a} {b}" for a in lines for b in lines if a != b) + "\n")  # 30 unseen pairs
+    out = tmp_path / "lm"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", "int8,int4",
+                                      "--heldout", str(notes)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    for precision in ("int8", "int4"):
+        gate = manifest["gates"][precision]
+        assert gate["passed"] and "file notes.txt (30 sequences)" in gate["heldout"], gate
+        metrics = gate["metrics"]["causal_decoder"]
+        assert metrics["teacher_top1"] >= 0.85 and metrics["perplexity_kept"] >= 0.85 and metrics["loop_free"] >= 0.95
+        assert gate["metrics"]["generation"]["exact_match"] >= 0.7
+    variant = manifest["graphs"]["causal_decoder"]["precisions"]["int4"]
+    assert variant["quantization"]["accuracy_level"] == 4  # the role's int8 activations
+    model = load(out, precision="int4")
+    assert len(model.generate_text(["the sea is", "hello"], 8)) == 2
+
+
+def test_an_outlier_channel_that_breaks_int4_is_caught(tmp_path):
+    """Input channel 0 of every product after a norm scaled up 300x, its norm weight down as much:
+    float32 computes the same function, but each 4-bit block holding that channel loses the rest."""
+    out, reference = causal_folders.save_folder("llama-gqa-tied", tmp_path / "hf", trained=True)
+    with torch.no_grad():
+        model = reference.model
+        for layer in model.layers:
+            layer.input_layernorm.weight[0] /= 300
+            layer.post_attention_layernorm.weight[0] /= 300
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                           layer.mlp.gate_proj, layer.mlp.up_proj):  # fmt: skip
+                linear.weight[:, 0] *= 300
+    reference.save_pretrained(out)
+    hf = import_folder(out)
+    with pytest.raises(ExportError, match="int4 graphs miss their accuracy thresholds.*causal_decoder teacher_top1"):
+        export_model(hf.model, tmp_path / "lm", precisions=["int4"])
+    assert not (tmp_path / "lm").exists()
+
+
+def test_a_large_tied_embedding_reads_the_output_layers_4bit_weights(tmp_path):
+    torch.manual_seed(0)
+    big = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=1 << 15, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)).eval()  # fmt: skip
+    big.save_pretrained(tmp_path / "hf")
+    hf = import_folder(tmp_path / "hf")
+    result = export_model(hf.model, tmp_path / "lm", precisions=["int4"], precision_options=_degraded_ok())
+    variant = result.manifest.graphs["causal_decoder"].precisions["int4"]
+    assert variant.quantization["tied_tables"]
+    proto = onnx.load(str(tmp_path / "lm" / variant.file))
+    gather = next(n for n in proto.graph.node if n.op_type == "GatherBlockQuantized")
+    product = next(n for n in proto.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+    assert gather.input[2] == product.input[2]  # the same scales, and the table reshaped from its weights
+    assert not [t for t in proto.graph.initializer if t.name == "embed.weight"]
+    bits = 8 * variant.bytes / hf.model.config.parameter_count()
+    assert bits <= 5.2, bits  # 4-bit blocks of 32 with float32 scales: 5 bits a weight, norms aside
+    ids = np.random.default_rng(0).integers(0, 1 << 15, size=(2, 9))
+    fp32, int4 = load(tmp_path / "lm"), load(tmp_path / "lm", precision="int4")
+    a, b = fp32.next_token_logits(ids), int4.next_token_logits(ids)
+    cosine = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cosine.min() > 0.9
+
+
+def _degraded_ok():
+    """Random weights of a 32k vocabulary: flat logits whose top token is noise, kept to measure size."""
+    from edgeattn.exporters.precisions import PrecisionOptions
+
+    return PrecisionOptions(allow_degraded=True)
