@@ -238,7 +238,7 @@ def _precision_options(
     type=click.Path(path_type=Path),
     default=None,
     help="A local Hugging Face folder (BERT, RoBERTa, DistilBERT: bare, sequence or token classification; "
-    "T5, Flan-T5, mT5 for generation).",
+    "T5, Flan-T5, mT5 for generation; GPT-2, Llama, Qwen2, Qwen3, Phi-3 language models).",
 )
 @click.option(
     "--task",
@@ -840,8 +840,21 @@ def bench(
     json_path: Path | None,
     plot_path: Path | None,
 ) -> None:
-    """Latency of eager PyTorch and every exported precision, side by side."""
+    """Latency of eager PyTorch and every exported precision, side by side (a language model's export:
+    prefill and decode of every precision it holds)."""
     from edgeattn.benchmark.run import BenchOptions, run_benchmark
+    from edgeattn.runtime.manifest import read_manifest
+
+    if export_dir is not None and read_manifest(export_dir).family_name == "causal":
+        from edgeattn.benchmark.causal import bench_causal, write_json
+
+        prompts, rows = tuple(int(s) for s in seqs.split(",")), tuple(int(b) for b in batches.split(","))
+        result = bench_causal(export_dir, prompts, rows, threads=threads, precisions=tuple(_split(precisions) or []))
+        click.echo(result.table())
+        if json_path is not None:
+            write_json(result, json_path)
+            click.echo(f"wrote {json_path}")
+        return
 
     if export_dir is not None and preset is not None:
         raise click.UsageError("give an EXPORT_DIR or --preset, not both")

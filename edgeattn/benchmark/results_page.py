@@ -110,6 +110,31 @@ def generation_table(data: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def causal_table(data: dict[str, Any]) -> str:
+    """Per checkpoint, prompt, batch and variant: decode tokens/s a row (ratio to ``transformers``),
+    prefill seconds, peak MB, MB on disk, tokens equal to ``transformers``', the share of the
+    measured memory bandwidth its decode reads."""
+    disk = data.get("disk_mb") or {}
+    body = []
+    for r in data["rows"]:
+        if "error" in r:
+            body.append([r["model"], str(r["prompt"]), str(r["batch"]), r["variant"], "error: " + r["error"][:80],
+                         "", "", "", "", ""])  # fmt: skip
+            continue
+        ratio = f" ({r['decode_vs_transformers']:.2f})" if r.get("decode_vs_transformers") else ""
+        size = disk.get(f"{r['model']} {r['variant']}")
+        body.append([r["model"], str(r["prompt"]), str(r["batch"]), r["variant"], _number(r["decode_tok_s"]) + ratio,
+                     f"{r['prefill_s']:.3f}", f"{r['peak_mb']:.0f}", f"{size:.0f}" if size else "",
+                     f"{r['same_tokens']:.2f}" if "same_tokens" in r else "",
+                     f"{r['bandwidth_share']:.2f}" if "bandwidth_share" in r else ""])  # fmt: skip
+    header = ["model", "prompt", "batch", "variant", "decode tok/s a row (vs transformers)", "prefill s", "peak MB",
+              "on disk MB", "same tokens as transformers", "share of memory bandwidth"]  # fmt: skip
+    bandwidth = data.get("bandwidth") or {}
+    note = (f"memory bandwidth measured in the run: read {bandwidth['read_gb_s']:.1f} GB/s, copy "
+            f"{bandwidth['copy_gb_s']:.1f} GB/s\n\n") if bandwidth else ""  # fmt: skip
+    return note + _table(header, body)
+
+
 #: the load benchmark's path every other path of an export is compared with
 EMBEDDED = "embedded runtime"
 
@@ -155,6 +180,8 @@ def section(path: Path) -> str:
         body = latency_table(data)
     elif rows and "tokens_per_s" in rows[0] and "variant" in rows[0]:
         body = generation_table(data)
+    elif rows and data.get("benchmark") == "causal generation":
+        body = causal_table(data)
     elif rows and "rps" in rows[0]:
         body = load_table(data)
     else:
