@@ -388,7 +388,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         base = baseline.get((r["model"], r["prompt"], r["batch"]))
         if base is None or "tokens" not in r:
             continue
-        mine, theirs = r.pop("tokens"), base["tokens"]
+        mine, theirs = r["tokens"], base["tokens"]
         same = [a == b for x, y in zip(mine, theirs, strict=True) for a, b in zip(x, y, strict=True)]
         r["same_tokens"] = sum(same) / len(same)
         r["first_token_same"] = sum(x[0] == y[0] for x, y in zip(mine, theirs, strict=True)) / len(mine)
@@ -401,7 +401,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         if "decode_tok_s" in r and key in result["disk_mb"] and r["variant"] != "transformers":
             # bytes read per decoded token: the weights (an upper bound for a tied table read once)
             r["bandwidth_share"] = (
-                r["decode_tok_s"] * r["batch"] ** 0 * result["disk_mb"][key] / 1e3 / result["bandwidth"]["read_gb_s"]
+                r["decode_tok_s"] * result["disk_mb"][key] / 1e3 / result["bandwidth"]["read_gb_s"]
             )
     return result
 

@@ -59,6 +59,10 @@ GENERATION_INPUTS = (
 )
 
 
+#: the tasks a served model can do
+_SERVED = ("generate", "classify", "tag", "embed", "encode")
+
+
 def task_of(config: Any, task: str | None = None, recorded: str | None = None) -> str:
     """The served task of a model: ``task`` when given and the model can do it, else the task its
     export recorded (``recorded``, when it is one of :data:`TASKS`), else what its head says
@@ -67,6 +71,10 @@ def task_of(config: Any, task: str | None = None, recorded: str | None = None) -
     family = family_of(config)
     natural = (next(iter(family.tasks)) if len(family.tasks) == 1 else "classify" if config.head == "sequence"
                else "tag" if config.head == "token" else "embed")  # fmt: skip
+    if natural not in _SERVED:
+        raise EdgeattnError(f"serving a {family.name} export ({natural}) is not built yet: its decoding state is a "
+                            "cache written in place, which Triton's graph models do not hold; run it with edgeattn "
+                            "run / chat or edgeattn.runtime.load")  # fmt: skip
     if task in (None, "", natural):
         return natural
     possible = {"generate": {"generate"}, "classify": {"classify", "encode"}, "tag": {"tag", "encode"},

@@ -99,10 +99,11 @@ def save_folder(name: str, out: Path, tokenizer: bool = False, seed: int = 0, tr
     through it when asked); returns (out, model)."""
     model = build(name, seed)
     out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
     if tokenizer or trained:
-        model.save_pretrained(out)
         write_tokenizer(out)
     if trained:
         train(model, out)
-    model.save_pretrained(out)
+        model.save_pretrained(out)
+        write_tokenizer(out)  # save_pretrained wrote its generation_config.json again
     return out, model
