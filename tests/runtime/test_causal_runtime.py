@@ -20,6 +20,7 @@ from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.causal_runtime import CausalRuntime  # noqa: E402
 
 ATOL = 1e-4
+pytestmark = pytest.mark.quick
 
 
 @pytest.fixture(scope="module", params=causal_folders.MODELS)
