@@ -1,8 +1,9 @@
 """The torch-free install, proven: the wheel with the ``text`` extra in a fresh virtual environment
 runs exports made by the full install, with ``import torch`` failing there.
 
-``python .ci/torch_free.py prepare DIR`` (full install): exports the demo (encoder-decoder) and a
-small encoder into DIR, with the answers the runtime gives here, and the full install's size.
+``python .ci/torch_free.py prepare DIR`` (full install): exports the demo (encoder-decoder), a
+small encoder and a small Llama with a tokenizer and a chat template (built with ``transformers``)
+into DIR, with the answers the runtime gives here, and the full install's size.
 ``python .ci/torch_free.py check DIR`` (the fresh environment): the same answers through
 ``edgeattn run`` and the Python API, and the environment's size beside the full install's.
 """
@@ -70,8 +71,17 @@ def prepare(out: Path) -> None:
     for args in (["export", "-o", str(out / "demo"), "--force"],
                  ["export", "--config", str(out / "encoder.json"), "-o", str(out / "encoder"), "--force"]):
         subprocess.run(["edgeattn", *args], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "edgeattn"))
+    import causal_folders
+
+    folder, _ = causal_folders.save_folder("llama-gqa-tied", out / "llama-hf", tokenizer=True)
+    subprocess.run(["edgeattn", "export", "--from-hf", str(folder), "-o", str(out / "llama"), "--force"], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    llama = load(out / "llama", providers=["CPUExecutionProvider"])
     encoder = load(out / "encoder", providers=["CPUExecutionProvider"])
     expected = {
+        "chat": llama.chat([{"role": "user", "content": TEXTS[0]}], 12),
+        "completions": llama.generate_text(TEXTS, 12),
         "answers": load(out / "demo", providers=["CPUExecutionProvider"]).generate_text(TEXTS),
         "logits": encoder.classify(np.array(IDS), np.array(MASK)).tolist(),
         "full_install_bytes": install_size(("export", "text"))[0],
@@ -105,12 +115,17 @@ def check(out: Path) -> None:
     assert model.generate_text(TEXTS) == expected["answers"]
     logits = load(out / "encoder").classify(np.array(IDS), np.array(MASK))
     assert np.abs(logits - np.array(expected["logits"])).max() <= 1e-5, logits
+    chat = subprocess.run(["edgeattn", "run", str(out / "llama"), TEXTS[0], "--max-new-tokens", "12"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert chat.returncode == 0 and chat.stdout.rstrip("\n") == expected["chat"], (chat.stdout, chat.stderr)
+    assert load(out / "llama").generate_text(TEXTS, 12) == expected["completions"]
     refused = subprocess.run(["edgeattn", "export", "-o", str(out / "again")], capture_output=True, text=True)
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "pip install 'edgeattn[export]'" in refused.stderr, refused.stderr
     size, dists = install_size(("text",))
     full = expected["full_install_bytes"]
-    print(f"torch-free install: edgeattn run and the Python API answer as the full install does; "
+    print(f"torch-free install: edgeattn run and the Python API answer as the full install does (an encoder, "
+          f"an encoder-decoder, a language model's completions and chat); "
           f"'edgeattn export' says: {refused.stderr.strip()}")  # fmt: skip
     print(f"installed size: runtime with [text] {size / 2**20:.0f} MiB ({', '.join(dists)}); "
           f"full install with [export,text] {full / 2**20:.0f} MiB ({full / size:.0f}x)")  # fmt: skip

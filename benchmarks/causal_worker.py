@@ -28,6 +28,11 @@ def _prompt(spec: dict[str, Any]) -> np.ndarray:
 
 
 def _peak_mb() -> float:
+    """This process's peak resident memory (VmHWM: getrusage's ru_maxrss carries the parent's peak
+    across fork and exec, so a child of a large process reports its parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -103,30 +108,43 @@ class Genai(Stepwise):
         params.set_search_options(max_length=self.capacity, batch_size=ids.shape[0], do_sample=False)
         self.generator = self.og.Generator(self.model, params)
         self.generator.append_tokens(ids.astype(np.int32))
-        return self.generator.get_logits()[:, -1]
+        return self._logits()
+
+    def _logits(self) -> np.ndarray:
+        logits = np.asarray(self.generator.get_logits())
+        return logits[:, -1] if logits.ndim == 3 else logits
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        self.generator.append_tokens(tokens.astype(np.int32)[:, None])
-        return self.generator.get_logits()[:, -1]
+        if len(tokens) == 1:
+            self.generator.append_tokens(tokens.astype(np.int32)[:, None])
+        else:  # its batches take their prompt alone; then it picks each greedy token itself (the same argmax)
+            self.generator.generate_next_token()
+        return self._logits()
 
 
 class LlamaCpp(Stepwise):
     def __init__(self, path: str, threads: int, capacity: int) -> None:
         from llama_cpp import Llama
 
+        # n_batch as large as the context: a prompt in one batch, and a row of logits for every position
         self.model = Llama(model_path=path, n_ctx=capacity + 8, n_threads=threads, n_threads_batch=threads,
-                           n_batch=512, logits_all=False, verbose=False)  # fmt: skip
+                           n_batch=capacity + 8, logits_all=False, verbose=False)  # fmt: skip
 
     def start(self, ids: np.ndarray) -> np.ndarray:
         if ids.shape[0] != 1:
             raise SystemExit("llama-cpp-python's Llama runs one sequence")
         self.model.reset()
         self.model.eval(ids[0].tolist())
-        return np.array(self.model.scores[self.model.n_tokens - 1])[None]
+        return self._logits()
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         self.model.eval([int(tokens[0])])
-        return np.array(self.model.scores[self.model.n_tokens - 1])[None]
+        return self._logits()
+
+    def _logits(self) -> np.ndarray:
+        """The last position's logits from the context (Llama.scores is written only with logits_all)."""
+        pointer = self.model._ctx.get_logits_ith(-1)
+        return np.ctypeslib.as_array(pointer, shape=(self.model.n_vocab(),)).copy()[None]
 
 
 def make(spec: dict[str, Any]) -> Stepwise:
