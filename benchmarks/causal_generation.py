@@ -441,9 +441,10 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"{r['model']:<13} {r['prompt']:>6} {r['batch']:>5} {r['variant']:<15} error: {r['error']}")
             continue
         disk = result["disk_mb"].get(f"{r['model']} {r['variant']}", 0)
+        peak = r.get("peak_mb", float("nan"))
         lines.append(
             f"{r['model']:<13} {r['prompt']:>6} {r['batch']:>5} {r['variant']:<15} {r['prefill_s']:>9.3f} "
-            f"{r['decode_tok_s']:>12.1f} {r.get('decode_vs_transformers', 0):>5.2f}x {r['peak_mb']:>8.0f} "
+            f"{r['decode_tok_s']:>12.1f} {r.get('decode_vs_transformers', 0):>5.2f}x {peak:>8.0f} "
             f"{disk:>8.0f} {r.get('same_tokens', 0):>8.3f} {r.get('bandwidth_share', 0):>8.2f}"
         )
     for k, v in result["skipped"].items():

@@ -124,7 +124,8 @@ def causal_table(data: dict[str, Any]) -> str:
         ratio = f" ({r['decode_vs_transformers']:.2f})" if r.get("decode_vs_transformers") else ""
         size = disk.get(f"{r['model']} {r['variant']}")
         body.append([r["model"], str(r["prompt"]), str(r["batch"]), r["variant"], _number(r["decode_tok_s"]) + ratio,
-                     f"{r['prefill_s']:.3f}", f"{r['peak_mb']:.0f}", f"{size:.0f}" if size else "",
+                     f"{r['prefill_s']:.3f}", f"{r['peak_mb']:.0f}" if "peak_mb" in r else "",
+                     f"{size:.0f}" if size else "",
                      f"{r['same_tokens']:.2f}" if "same_tokens" in r else "",
                      f"{r['bandwidth_share']:.2f}" if "bandwidth_share" in r else ""])  # fmt: skip
     header = ["model", "prompt", "batch", "variant", "decode tok/s a row (vs transformers)", "prefill s", "peak MB",
