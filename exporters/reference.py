@@ -13,7 +13,7 @@ from edgeattn.causal_lm import CausalLM, positions_of
 from edgeattn.errors import EdgeattnError
 from edgeattn.model import Seq2SeqTransformer, TransformerModel
 from edgeattn.runtime.families import family_of, resolve
-from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate
+from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, prompt_seen
 
 
 class EagerStepper:
@@ -90,11 +90,7 @@ class CausalEagerStepper:
 
     def seen(self) -> np.ndarray:
         """(rows, vocab) True for each row's prompt tokens (where a repetition penalty starts)."""
-        ids, mask = self.prompt
-        seen = np.zeros((ids.shape[0], self.model.config.vocab_size), dtype=bool)
-        for row in range(ids.shape[0]):
-            seen[row, ids[row, mask[row].astype(bool)]] = True
-        return seen
+        return prompt_seen(*self.prompt, self.model.config.vocab_size)
 
 
 def eager_generate(

@@ -28,6 +28,7 @@ from edgeattn.runtime.generate import (
     GenerationOutput,
     eos_array,
     generate,
+    prompt_seen,
     stream_positions,
     stream_tokens,
 )
@@ -39,8 +40,6 @@ from edgeattn.runtime.tokenizer import TextTokenizer
 #: the family's one graph (see the family record in edgeattn.runtime.families)
 CAUSAL_DECODER = "causal_decoder"
 
-#: Widest beam search a decoder-only export runs: each beam is a row of the graph's batch.
-MAX_BEAMS = 64
 #: New tokens when none are asked for: a completion's, a chat answer's
 DEFAULT_NEW_TOKENS, DEFAULT_CHAT_TOKENS = 64, 256
 
@@ -173,11 +172,7 @@ class CausalState:
 
     def seen(self) -> np.ndarray:
         """(rows, vocab) True for every token of each row's prompt (where a repetition penalty starts)."""
-        seen = np.zeros((self.rows, self.model.config.vocab_size), dtype=bool)
-        rows = np.repeat(np.arange(self.rows), self.prompt_ids.shape[1])
-        real = self.prompt_mask.reshape(-1).astype(bool)
-        seen[rows[real], self.prompt_ids.reshape(-1)[real]] = True
-        return seen
+        return prompt_seen(self.prompt_ids, self.prompt_mask, self.model.config.vocab_size)
 
 
 class CausalRuntime(ExportedModel):
@@ -210,12 +205,7 @@ class CausalRuntime(ExportedModel):
         """Checked settings and prompts as the keyword arguments of the search functions."""
         if CAUSAL_DECODER not in self.sessions:
             raise EdgeattnError(f"generation needs the {CAUSAL_DECODER} graph, which this export lacks")
-        unknown = sorted(set(options) - set(GenerationConfig.__dataclass_fields__))
-        if unknown:
-            raise InputError(f"unknown generation option(s) {', '.join(unknown)}")
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
-        if cfg.strategy == "beam" and cfg.num_beams > MAX_BEAMS:
-            raise InputError(f"num_beams={cfg.num_beams} is over {MAX_BEAMS}: each beam is a batch row")
+        cfg = self.generation_config(max_new_tokens, strategy, options)
         ids, mask = self.check_source(input_ids, attention_mask)
         capacity = ids.shape[1] + cfg.max_new_tokens
         if capacity > self.config.max_len:

@@ -42,6 +42,16 @@ def eos_array(eos_id: EosIds) -> np.ndarray:
     return np.atleast_1d(np.asarray(eos_id, dtype=np.int64))
 
 
+def prompt_seen(ids: np.ndarray, mask: np.ndarray, vocab: int) -> np.ndarray:
+    """(rows, vocab) True for every real token of each row's prompt (where a repetition penalty
+    starts for a decoder-only model)."""
+    seen = np.zeros((ids.shape[0], vocab), dtype=bool)
+    rows = np.repeat(np.arange(ids.shape[0]), ids.shape[1])
+    real = mask.reshape(-1).astype(bool)
+    seen[rows[real], ids.reshape(-1)[real]] = True
+    return seen
+
+
 class RepetitionPenalty:
     """A stepper whose logits of tokens seen before are made less likely: divided by ``penalty``
     where positive, multiplied where negative (as ``transformers``' repetition penalty). What was

@@ -23,6 +23,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.engines import EngineChoice, choose_engine, engine_emulated, standard_only
 from edgeattn.runtime.families import FAMILIES, Family, family_of, get_family, resolve
+from edgeattn.runtime.generate import GenerationConfig
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import EmbeddingPooling, Manifest, ManifestError, check_file, read_manifest
 from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, external_tensors
@@ -34,6 +35,10 @@ from edgeattn.runtime.specs import GraphSpec, TensorSpec
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+#: Widest beam search a runtime runs: each beam is a row of the decoding graph's batch.
+MAX_BEAMS = 64
 
 
 class InputError(EdgeattnError, ValueError):
@@ -331,6 +336,16 @@ class ExportedModel:
         check_feeds(spec, feeds)
         outputs = self.sessions[graph].run(spec.output_names, feeds)
         return dict(zip(spec.output_names, outputs, strict=True))
+
+    def generation_config(self, max_new_tokens: int, strategy: str, options: dict[str, Any]) -> GenerationConfig:
+        """Checked decoding settings: options the search knows, and no wider beam than :data:`MAX_BEAMS`."""
+        unknown = sorted(set(options) - set(GenerationConfig.__dataclass_fields__))
+        if unknown:
+            raise InputError(f"unknown generation option(s) {', '.join(unknown)}")
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
+        if cfg.strategy == "beam" and cfg.num_beams > MAX_BEAMS:
+            raise InputError(f"num_beams={cfg.num_beams} is over {MAX_BEAMS}: each beam is a batch row")
+        return cfg
 
     def check_source(self, input_ids: Any, attention_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Validated (input_ids, attention_mask) as int64 (B, S) arrays, or an InputError."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.encoder_runtime import ENCODER, SourceEncoding
-from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, stream_positions
+from edgeattn.runtime.generate import GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import InputError, batch_texts
 from edgeattn.runtime.specs import POSITION, SLOT_CACHE, SLOT_UPDATED, cache_names
@@ -24,8 +24,6 @@ from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError
 #: the graphs generation runs besides the encoder (see the family record in edgeattn.runtime.families)
 CROSS_KV, DECODER, DECODER_FIXED = "cross_kv", "decoder", "decoder_fixed"
 
-#: Widest beam search an export runs: each beam is a row of the decoder's batch.
-MAX_BEAMS = 64
 
 
 class Seq2SeqRuntime(SourceEncoding):
@@ -50,14 +48,9 @@ class Seq2SeqRuntime(SourceEncoding):
             raise EdgeattnError(
                 "generation needs the encoder, cross_kv and decoder graphs; export with --graphs decoder"
             )
-        unknown = sorted(set(options) - set(GenerationConfig.__dataclass_fields__))
-        if unknown:
-            raise InputError(f"unknown generation option(s) {', '.join(unknown)}")
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
+        cfg = self.generation_config(max_new_tokens, strategy, options)
         if max_new_tokens > self.config.max_len:
             raise InputError(f"max_new_tokens={max_new_tokens} exceeds the model's max_len {self.config.max_len}")
-        if cfg.strategy == "beam" and cfg.num_beams > MAX_BEAMS:
-            raise InputError(f"num_beams={cfg.num_beams} is over {MAX_BEAMS}: each beam is a decoder batch row")
         ids, mask = self.check_source(input_ids, attention_mask)
         c = self.config
         return {
