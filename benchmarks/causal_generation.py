@@ -4,8 +4,9 @@ Checkpoints: a SmolLM2-360M-shaped Llama and a Qwen2.5-0.5B-shaped Qwen2, random
 with ``transformers`` and saved with ``save_pretrained`` (with a small SentencePiece
 ``tokenizer.model`` for llama.cpp's converter). Variants: ``transformers`` eager fp32, Optimum
 fp32 and dynamic int8, onnxruntime-genai int4 (its builder on the same folder, its CPU defaults),
-llama.cpp Q4_0 and Q8_0 (``llama-cpp-python``; one sequence at a time), edgeattn fp32, int8 and
-int4 (through the gate with ``--allow-degraded``: random weights give flat logits whose top token
+llama.cpp Q4_0 and Q8_0 (``llama-cpp-python``; one sequence at a time), edgeattn fp32 (standard
+operators), fp32-opt (its GroupQueryAttention form), int8 and int4 (through the gate with
+``--allow-degraded``: random weights give flat logits whose top token
 is noise). Each variant runs in its own process, the variants interleaved round by round; greedy,
 every row made to run all new tokens. Reported per cell (checkpoint x prompt x batch): prefill
 seconds, decode tokens/s per row, peak resident MB, bytes on disk, the share of generated tokens
@@ -99,6 +100,7 @@ VARIANTS = (
     "llamacpp-q4_0",
     "llamacpp-q8_0",
     "edgeattn-fp32",
+    "edgeattn-fp32-opt",
     "edgeattn-int8",
     "edgeattn-int4",
 )
@@ -142,7 +144,7 @@ def prepare(variant: str, folder: Path, work: Path, peers_python: Path | None) -
         return folder
     if variant.startswith("edgeattn-"):
         out = work / "edgeattn"
-        if not (out / "manifest.json").is_file():  # as `edgeattn export --from-hf F --precision int8,int4
+        if not (out / "manifest.json").is_file():  # `edgeattn export --from-hf F --precision fp32-opt,int8,int4
             # --allow-degraded`, without the sensitive-node search a degraded int8 would start
             from edgeattn.exporters.package import export_model
             from edgeattn.exporters.precisions import PrecisionOptions
@@ -152,7 +154,7 @@ def prepare(variant: str, folder: Path, work: Path, peers_python: Path | None) -
             export_model(
                 source.model,
                 out,
-                precisions=["int8", "int4"],
+                precisions=["fp32-opt", "int8", "int4"],
                 precision_options=PrecisionOptions(allow_degraded=True, sensitive_search=False),
                 **source.export_fields(),
             )

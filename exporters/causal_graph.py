@@ -51,11 +51,15 @@ class _Builder:
             self.const(name, array)
         return name
 
-    def op(self, op_type: str, inputs: list[str], name: str | None = None, outputs: int = 1, **attrs: object
-           ) -> str | list[str]:  # fmt: skip
+    def op(self, op_type: str, inputs: list[str], name: str | None = None, outputs: int | list[str] = 1,
+           **attrs: object) -> str | list[str]:  # fmt: skip
+        """One node; ``outputs`` is how many (named after ``name``) or their names."""
         self._count += 1
         base = name or f"{op_type.lower()}_{self._count}"
-        outs = [base] if outputs == 1 else [f"{base}_{i}" for i in range(outputs)]
+        if isinstance(outputs, list):
+            outs = outputs
+        else:
+            outs = [base] if outputs == 1 else [f"{base}_{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=f"n{self._count}_{op_type}", **attrs))
         return outs[0] if outputs == 1 else outs
 
@@ -69,8 +73,9 @@ def _weight(module: object, name: str) -> np.ndarray:
     return getattr(module, name).detach().float().numpy()
 
 
-def build_causal_decoder(model: CausalLM, spec: GraphSpec) -> onnx.ModelProto:
-    """The ``causal_decoder`` graph of ``model`` with ``spec``'s inputs and outputs."""
+def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) -> onnx.ModelProto:
+    """The ``causal_decoder`` graph of ``model`` with ``spec``'s inputs and outputs; ``fused``: its
+    attention as ONNX Runtime's ``GroupQueryAttention`` (heads of a multiple of 16 values)."""
     c = model.lm
     d, heads, kv, dim = c.d_model, c.n_heads, c.n_kv_heads, c.dim
     group = heads // kv
@@ -84,32 +89,47 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec) -> onnx.ModelProto:
     new = g("Gather", g("Shape", "input_ids"), s1, axis=0)
     slots = g("Gather", g("Shape", "attention_mask"), s1, axis=0)
     position = g("Squeeze", "position", zero)
-    query_slot = g("Add", g("Range", s0, new, s1), position)  # (T,): the slot each new token is written to
-    causal = g("LessOrEqual", g("Unsqueeze", g("Range", s0, slots, s1), zero),
-               g("Unsqueeze", query_slot, one))  # (T, C)  # fmt: skip
-    allowed = g("And", g("Unsqueeze", causal, zero),
-                g("Cast", g("Unsqueeze", "attention_mask", one), to=TensorProto.BOOL))  # (B, T, C)  # fmt: skip
     low = float(np.finfo(np.float32).min)
-    mask = g("Unsqueeze", g("Where", allowed, g.scalar(0.0), g.scalar(low)), one)  # (B, 1, T, C)
-    if group > 1:  # rows of a key/value head's queries: group-major, then tokens
-        mask = g("Tile", mask, g.const("mask_tile", i64(1, 1, group, 1)))
-    # the cache write's (row, head, slot) indices, laid out (B, T, KV, 3) as the new keys are
-    target = g("Concat", g("Unsqueeze", batch, zero), g("Unsqueeze", new, zero), g.const("kv_heads", i64(kv)),
-               g.const("last1", i64(1)), axis=0)  # fmt: skip
-    rows = g("Expand", g("Reshape", g("Range", s0, batch, s1), g.const("rows_shape", i64(-1, 1, 1, 1))), target)
-    head_index = g("Expand", g.const("head_index", np.arange(kv, dtype=np.int64).reshape(1, 1, kv, 1)), target)
-    slot_index = g("Expand", g("Reshape", query_slot, g.const("slots_shape", i64(1, -1, 1, 1))), target)
-    write_at = g("Concat", rows, head_index, slot_index, axis=3)
+    if fused:  # GroupQueryAttention's own inputs: every row's length, and the padding as a bias
+        total = g("Add", position, new)  # scalar: slots 0 .. total - 1 are read
+        rows = g("Unsqueeze", batch, zero)
+        seqlens = g("Expand", g("Cast", g("Sub", total, s1), to=TensorProto.INT32), rows)  # (B,)
+        query_lens = g("Expand", g("Cast", new, to=TensorProto.INT32), rows)
+        total32 = g("Cast", total, to=TensorProto.INT32)
+        read = g("Slice", "attention_mask", zero, g("Unsqueeze", total, zero), one)  # (B, total)
+        pad_bias = g("Where", g("Cast", read, to=TensorProto.BOOL), g.scalar(0.0), g.scalar(low))
+        bias_shape = g("Concat", rows, g.const("one1", i64(1)), g("Unsqueeze", new, zero),
+                       g("Unsqueeze", total, zero), axis=0)  # fmt: skip
+        pad_bias = g("Expand", g("Unsqueeze", pad_bias, g.const("axes_12", i64(1, 2))), bias_shape)  # (B, 1, T, total)
+    else:
+        query_slot = g("Add", g("Range", s0, new, s1), position)  # (T,): the slot each new token is written to
+        causal = g("LessOrEqual", g("Unsqueeze", g("Range", s0, slots, s1), zero),
+                   g("Unsqueeze", query_slot, one))  # (T, C)  # fmt: skip
+        allowed = g("And", g("Unsqueeze", causal, zero),
+                    g("Cast", g("Unsqueeze", "attention_mask", one), to=TensorProto.BOOL))  # (B, T, C)  # fmt: skip
+        mask = g("Unsqueeze", g("Where", allowed, g.scalar(0.0), g.scalar(low)), one)  # (B, 1, T, C)
+        if group > 1:  # rows of a key/value head's queries: group-major, then tokens
+            mask = g("Tile", mask, g.const("mask_tile", i64(1, 1, group, 1)))
+        # the cache write's (row, head, slot) indices, laid out (B, T, KV, 3) as the new keys are
+        target = g("Concat", g("Unsqueeze", batch, zero), g("Unsqueeze", new, zero), g.const("kv_heads", i64(kv)),
+                   g.const("last1", i64(1)), axis=0)  # fmt: skip
+        row_index = g("Expand", g("Reshape", g("Range", s0, batch, s1), g.const("rows_shape", i64(-1, 1, 1, 1))),
+                      target)  # fmt: skip
+        head_index = g("Expand", g.const("head_index", np.arange(kv, dtype=np.int64).reshape(1, 1, kv, 1)), target)
+        slot_index = g("Expand", g("Reshape", query_slot, g.const("slots_shape", i64(1, -1, 1, 1))), target)
+        write_at = g("Concat", row_index, head_index, slot_index, axis=3)
 
     x = g("Gather", g.const("embed.weight", _weight(model.embed, "weight")), "input_ids", axis=0)  # (B, T, d)
     if c.position == "learned":
         x = g("Add", x, g("Gather", g.const("pos_embed.weight", _weight(model.pos_embed, "weight")), "position_ids"))
     tables = None
     if c.position == "rope":
-        # ONNX Runtime's RotaryEmbedding over tables of every position's cos and sin
-        angle = np.arange(c.max_len, dtype=np.float32)[:, None] * model.inv_freq.float().numpy()[None]
-        tables = (g.const("rope_cos", np.cos(angle).astype(np.float32)),
-                  g.const("rope_sin", np.sin(angle).astype(np.float32)), 2 * angle.shape[1])  # fmt: skip
+        # the cos and sin of positions 0 .. max(capacity, the largest position fed), made at each
+        # call (a table of the model's whole context weighs 2 to 8 MB on disk)
+        inv_freq = g.const("rope_inv_freq", model.inv_freq.float().numpy()[None])  # (1, rotary / 2)
+        rows = g("Max", slots, g("Add", g("ReduceMax", "position_ids", keepdims=0), s1))
+        angle = g("Mul", g("Unsqueeze", g("Cast", g("Range", s0, rows, s1), to=TensorProto.FLOAT), one), inv_freq)
+        tables = (g("Cos", angle), g("Sin", angle), 2 * int(model.inv_freq.numel()))  # (C, rotary / 2)
     scale = 1.0 / math.sqrt(dim)
 
     def linear(x: str, module: object, prefix: str) -> str:
@@ -156,13 +176,56 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec) -> onnx.ModelProto:
     merge = g.const("merge_heads", i64(0, 0, heads * dim))
     qkv_sizes = g.const("qkv_sizes", i64(heads * dim, kv * dim, kv * dim))
     ff_sizes = g.const("ff_sizes", i64(c.d_ff, c.d_ff))
-    for i, layer in enumerate(model.layers):
-        p = f"layers.{i}"
-        attn = layer.attn
-        h = norm(x, layer.norm1, f"{p}.norm1")
-        # 1 / sqrt(D) folded into the queries' projection (or their norm's weight): rotation is linear
-        q_scale = (1.0,) if c.qk_norm else (scale,)
-        qkv = packed(h, [attn.q_proj, attn.k_proj, attn.v_proj], f"{p}.attn.qkv_proj", (*q_scale, 1.0, 1.0))
+    def add_norm(x: str, branch: str | None, module: object, prefix: str) -> tuple[str, str]:
+        """(the norm of x + branch, x + branch); a branch of None adds nothing."""
+        x = x if branch is None else g("Add", x, branch)
+        return norm(x, module, prefix), x
+
+    def feed_forward(h: str, layer: object, p: str) -> str:
+        """The feed-forward branch of the normed ``h``."""
+        ff = layer.ff
+        if c.gated:
+            gate, up = g.op("Split", [packed(h, [ff.gate_proj, ff.up_proj], f"{p}.ff.gate_up_proj"), ff_sizes],
+                            outputs=2, axis=-1)  # fmt: skip
+            inner = g("Mul", activation(gate), up)
+        else:
+            inner = activation(linear(h, ff.up_proj, f"{p}.ff.up_proj"))
+        return linear(inner, ff.down_proj, f"{p}.ff.down_proj")
+
+    # GroupQueryAttention rotates queries and keys itself where the rotation spans the head (and the
+    # head is a multiple of 16 values, which its CPU kernel's rotation requires)
+    rotate_inside = fused and tables is not None and tables[2] == dim and dim % 16 == 0
+
+    def gqa(i: int, qkv: str, attn: object, p: str) -> str:
+        """ONNX Runtime's GroupQueryAttention over the slot cache, written in place: packed q/k/v in,
+        its rotation and per-head q/k norms fused where it has them."""
+        inputs, rope = [qkv, "", ""], ["", "", ""]
+        attrs: dict[str, object] = {"num_heads": heads, "kv_num_heads": kv}
+        if c.qk_norm or (tables is not None and not rotate_inside):
+            q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)
+            if c.qk_norm:  # the CPU kernel has no q/k norm of its own (onnxruntime 1.32: CUDA and WebGPU only)
+                q = g("Reshape", rms(g("Reshape", q, split_q), g.const(f"{p}.attn.q_norm.weight",
+                                     _weight(attn.q_norm, "weight"))), flat_q)  # fmt: skip
+                k = g("Reshape", rms(g("Reshape", k, split_kv), g.const(f"{p}.attn.k_norm.weight",
+                                     _weight(attn.k_norm, "weight"))), flat_kv)  # fmt: skip
+            if tables is not None and not rotate_inside:
+                cos_t, sin_t, rotary = tables
+                q, k = (g.op("RotaryEmbedding", [t, "position_ids", cos_t, sin_t], domain="com.microsoft",
+                             interleaved=int(c.rope_layout == "interleaved"), rotary_embedding_dim=rotary,
+                             num_heads=n)  # fmt: skip
+                        for t, n in ((q, heads), (k, kv)))
+            inputs = [q, k, v]
+        if rotate_inside:
+            assert tables is not None
+            rope = [tables[0], tables[1], "position_ids"]
+            attrs.update(do_rotary=1, rotary_interleaved=int(c.rope_layout == "interleaved"))
+        outs = g.op("GroupQueryAttention", [*inputs, f"cache_key_{i}", f"cache_value_{i}", seqlens, total32, *rope,
+                    pad_bias, "", "", "", "", "", query_lens], domain="com.microsoft",
+                    outputs=[f"attention_{i}", f"updated_key_{i}", f"updated_value_{i}"], **attrs)  # fmt: skip
+        return outs[0]
+
+    def attention(i: int, qkv: str, attn: object, p: str) -> str:
+        """Self-attention over the slot cache in standard operators, the cache written by ScatterND."""
         q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)  # (B, T, heads * D)
         if c.qk_norm:  # each head's own norm, then back to (B, T, heads * D) for the rotation
             q = g("Reshape", rms(g("Reshape", q, split_q), g.const(f"{p}.attn.q_norm.weight",
@@ -183,21 +246,23 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec) -> onnx.ModelProto:
         q = g("Reshape", q, by_kv_head)  # (B, KV, group * T, D)
         scores = g("Add", g("MatMul", q, g("Transpose", keys, perm=[0, 1, 3, 2])), mask)  # (B, KV, group * T, C)
         out = g("Reshape", g("MatMul", g("Softmax", scores, axis=-1), values), by_head)  # (B, H, T, D)
-        out = g("Reshape", g("Transpose", out, perm=[0, 2, 1, 3]), merge)
-        x = g("Add", x, linear(out, attn.o_proj, f"{p}.attn.o_proj"))
-        h = norm(x, layer.norm2, f"{p}.norm2")
-        ff = layer.ff
-        if c.gated:
-            gate, up = g.op("Split", [packed(h, [ff.gate_proj, ff.up_proj], f"{p}.ff.gate_up_proj"), ff_sizes],
-                            outputs=2, axis=-1)  # fmt: skip
-            inner = g("Mul", activation(gate), up)
-        else:
-            inner = activation(linear(h, ff.up_proj, f"{p}.ff.up_proj"))
-        x = g("Add", x, linear(inner, ff.down_proj, f"{p}.ff.down_proj"))
+        return g("Reshape", g("Transpose", out, perm=[0, 2, 1, 3]), merge)
+
+    branch: str | None = None  # the residual branch not yet added to x
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}"
+        attn = layer.attn
+        h, x = add_norm(x, branch, layer.norm1, f"{p}.norm1")
+        # 1 / sqrt(D) folded into the queries' projection (or their norm's weight): rotation is linear
+        q_scale = (1.0,) if c.qk_norm or fused else (scale,)
+        qkv = packed(h, [attn.q_proj, attn.k_proj, attn.v_proj], f"{p}.attn.qkv_proj", (*q_scale, 1.0, 1.0))
+        out = gqa(i, qkv, attn, p) if fused else attention(i, qkv, attn, p)
+        h, x = add_norm(x, linear(out, attn.o_proj, f"{p}.attn.o_proj"), layer.norm2, f"{p}.norm2")
+        branch = feed_forward(h, layer, p)
 
     picked = g("Expand", g("Unsqueeze", "logits_at", g.const("axis_last", i64(2))),
                g("Concat", g("Shape", "logits_at"), g.const("width", i64(d)), axis=0))  # (B, N, d)  # fmt: skip
-    x = norm(g("GatherElements", x, picked, axis=1), model.norm, "norm")
+    x = norm(g("GatherElements", g("Add", x, branch), picked, axis=1), model.norm, "norm")
     head = model.lm_head.weight.detach().float().numpy().T
     g.op("MatMul", [x, g.const("lm_head.weight.T", head)], name="logits")
 

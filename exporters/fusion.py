@@ -207,8 +207,6 @@ def can_fuse(model: TransformerModel) -> tuple[bool, str]:
     """Whether every attention block of this model has a fused kernel, and why not."""
     if model.config.attention_topk is not None:
         return False, "top-k sparse attention has no fused ONNX Runtime kernel"
-    if model.config.causal is not None:
-        return False, "decoder-only graphs are not fused yet (their attention runs as exported)"
     return True, ""
 
 

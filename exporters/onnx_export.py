@@ -207,10 +207,10 @@ def export_graph(
     check_opset(opset)
     path = Path(path)
     role = family_of(model.config).role(name)
-    if role.builder is not None and not fused:  # written from the weights, not traced
+    if role.builder is not None:  # written from the weights, not traced (fused: its fused operators)
         spec = role.spec(model.config)
-        proto = resolve(role.builder)(model, spec)
-        finalize(proto, model.config, spec, "fp32")
+        proto = resolve(role.builder)(model, spec, fused=fused)
+        finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
         save_checked(proto, path, external_threshold)
         return spec
     module, spec = graph_module(name, model)

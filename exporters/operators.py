@@ -15,7 +15,7 @@ FUSED_OPS = (
     "GatherBlockQuantized", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear",
 )  # fmt: skip
 #: The fused operators that each hold one attention block (float or quantised).
-ATTENTION_OPS = ("MultiHeadAttention", "Attention", "QAttention")
+ATTENTION_OPS = ("MultiHeadAttention", "Attention", "QAttention", "GroupQueryAttention")
 
 
 def operator_counts(model: onnx.ModelProto) -> dict[str, int]:

@@ -217,12 +217,16 @@ class PrecisionBuilder:
     def _fused(self, graph: str, form: FusedForm) -> Path:
         raw = self._scratch / f"{graph}.fused-raw.onnx"
         dst = self._scratch / f"{graph}.fused-{form.tag}.onnx"
-        export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
-                     external_threshold=self.options.external_threshold,
-                     fused=self._blocks(graph) > 0)  # fmt: skip
-        proto = optimize_fused(raw, self.model, form)
-        finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
-        save_checked(proto, dst, self.options.external_threshold)
+        if self.family.role(graph).builder is not None:  # written fused, whatever the form
+            export_graph(self.model, graph, dst, external_threshold=self.options.external_threshold, fused=True)
+            proto = onnx.load(str(dst), load_external_data=False)
+        else:
+            export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
+                         external_threshold=self.options.external_threshold,
+                         fused=self._blocks(graph) > 0)  # fmt: skip
+            proto = optimize_fused(raw, self.model, form)
+            finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
+            save_checked(proto, dst, self.options.external_threshold)
         expected, fused = self._blocks(graph), fused_attention_count(operator_counts(proto))
         if fused != expected:
             raise ExportError(f"{graph}: {fused} of {expected} attention blocks fused; all must be")
@@ -255,6 +259,7 @@ class PrecisionBuilder:
             calibration_method=self.options.calibration_method,
             calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
             int8_activations=self.family.role(graph).int8_activations,
+            block_size=self.family.role(graph).int4_block_size,
         )  # fmt: skip
         info = CONVERTERS[precision.name](src, dst, job)
         candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)

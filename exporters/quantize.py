@@ -88,6 +88,8 @@ class ConversionJob:
     calibration_source: str = ""
     #: int4 products quantise their activations to int8 (the family role's ``int8_activations``)
     int8_activations: bool = False
+    #: weights per int4 scale (the family role's ``int4_block_size``)
+    block_size: int = 32
 
 
 Converter = Callable[[Path, Path, ConversionJob], dict[str, Any]]
@@ -238,9 +240,7 @@ def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
 INT8_ACTIVATIONS_LEVEL = 4
 
 
-def quantize_int4(
-    src: Path, dst: Path, job: ConversionJob, block_size: int = 32, accuracy_level: int | None = None
-) -> dict[str, Any]:
+def quantize_int4(src: Path, dst: Path, job: ConversionJob, accuracy_level: int | None = None) -> dict[str, Any]:
     """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)
     and for large embedding tables (GatherBlockQuantized); a table tied to an output layer reads
     that layer's 4-bit weights instead of a copy of its own.
@@ -256,6 +256,7 @@ def quantize_int4(
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     level = accuracy_level if accuracy_level is not None else INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0
+    block_size = job.block_size
     model = onnx.load(str(src))
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     small_tables = [  # embeddings too small to matter for the footprint keep their precision

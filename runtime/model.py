@@ -31,7 +31,7 @@ from edgeattn.runtime.precisions import FP32, PRECISIONS
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
-from edgeattn.runtime.specs import GraphSpec, TensorSpec
+from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, GraphSpec, TensorSpec
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -329,13 +329,46 @@ class ExportedModel:
 
     # ----------------------------------------------------------------- graphs
     def run(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one graph after checking its feeds; returns outputs by name."""
+        """Run one graph after checking its feeds; returns outputs by name. A graph whose cache is
+        written in place runs as a runtime runs it: each ``updated_*`` output bound to a copy of its
+        ``cache_*`` input (slots it does not write keep what they held)."""
         if graph not in self.sessions:
             raise EdgeattnError(f"this export has no {graph!r} graph (it has {', '.join(self.sessions)})")
         spec = self.specs[graph]
         check_feeds(spec, feeds)
+        role = self.family.graphs.get(graph)
+        if role is not None and role.in_place:
+            return self._run_in_place(graph, feeds)
         outputs = self.sessions[graph].run(spec.output_names, feeds)
         return dict(zip(spec.output_names, outputs, strict=True))
+
+    def _run_in_place(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        spec, session = self.specs[graph], self.sessions[graph]
+        binding = session.io_binding()
+        caches: dict[str, Any] = {}  # updated output -> the OrtValue it is written into
+        kept = []  # a bound array must outlive the run (an OrtValue on the CPU is a view of its array)
+        for name in spec.input_names:
+            if name.startswith(SLOT_CACHE + "_"):
+                array = np.array(feeds[name], dtype=np.float32, order="C")
+                kept.append(array)
+                value = ort.OrtValue.ortvalue_from_numpy(array, *(() if self.device == "cpu" else (self.device, 0)))
+                caches[SLOT_UPDATED + name[len(SLOT_CACHE) :]] = (array, value)
+                binding.bind_ortvalue_input(name, value)
+            else:
+                kept.append(np.ascontiguousarray(feeds[name]))
+                binding.bind_cpu_input(name, kept[-1])
+        others = [name for name in spec.output_names if name not in caches]
+        for name in others:
+            binding.bind_output(name)
+        for name, (_, value) in caches.items():
+            binding.bind_ortvalue_output(name, value)
+        session.run_with_iobinding(binding)
+        out = dict(zip(others, (v.numpy() for v in binding.get_outputs()[: len(others)]), strict=True))
+        for name, (array, value) in caches.items():
+            out[name] = array if self.device == "cpu" else value.numpy()
+        return {name: out[name] for name in spec.output_names}
 
     def generation_config(self, max_new_tokens: int, strategy: str, options: dict[str, Any]) -> GenerationConfig:
         """Checked decoding settings: options the search knows, and no wider beam than :data:`MAX_BEAMS`."""

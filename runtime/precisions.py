@@ -229,7 +229,7 @@ PRECISIONS: dict[str, Precision] = {
         ),
         Precision(
             "int4",
-            "block-wise 4-bit weights (block 32), 4-bit embeddings when large",
+            "block-wise 4-bit weights (block 32; 64 for a language model's decoder), 4-bit embeddings when large",
             "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized)",
             "convert",
             FusedForm(packed=False),

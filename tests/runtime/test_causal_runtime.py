@@ -23,15 +23,25 @@ ATOL = 1e-4
 pytestmark = pytest.mark.quick
 
 
-@pytest.fixture(scope="module", params=causal_folders.MODELS)
+_EXPORTS: dict = {}
+
+
+@pytest.fixture(scope="module", params=[(m, p) for m in causal_folders.MODELS for p in ("fp32", "fp32-opt")],
+                ids=lambda param: "-".join(param))  # fmt: skip
 def exported(request, tmp_path_factory):
-    """(transformers model, edgeattn's eager model, the export loaded) of one architecture."""
-    root = tmp_path_factory.mktemp("causal-export")
-    folder, reference = causal_folders.save_folder(request.param, root / request.param)
-    hf = import_folder(folder)
-    result = export_model(hf.model, root / "out", **_fields(hf))
-    assert result.report is not None and result.report.passed  # verified: unseen sizes, in-place cache, greedy
-    return reference, hf.model, load(root / "out")
+    """(transformers model, edgeattn's eager model, the export loaded at one precision) of one
+    architecture: fp32 is the graph in standard operators, fp32-opt its GroupQueryAttention form."""
+    name, precision = request.param
+    if name not in _EXPORTS:
+        root = tmp_path_factory.mktemp("causal-export")
+        folder, reference = causal_folders.save_folder(name, root / name)
+        hf = import_folder(folder)
+        result = export_model(hf.model, root / "out", precisions=["fp32-opt"], **_fields(hf))
+        assert result.report is not None and result.report.passed  # verified: unseen sizes, in-place cache, greedy
+        assert result.manifest.graphs["causal_decoder"].precisions["fp32-opt"].attention_fused == hf.model.lm.n_layers
+        _EXPORTS[name] = reference, hf.model, root / "out"
+    reference, eager, out = _EXPORTS[name]
+    return reference, eager, load(out, precision=precision)
 
 
 def _fields(hf):
