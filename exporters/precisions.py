@@ -39,7 +39,7 @@ from edgeattn.runtime.families import family_of
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.precisions import FusedForm, Precision, get_precision, source_name
+from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision, source_name
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import graph_spec
 
@@ -366,7 +366,8 @@ class PrecisionBuilder:
             path = export_dir / graph_file(graph, build.precision)
             for old in (path, path.with_name(external_data_file(path.name))):
                 old.unlink(missing_ok=True)
-            save_checked(proto, path, self.options.external_threshold)
+            external = self.family.role(graph).external_weights and build.precision != FP32
+            save_checked(proto, path, 0 if external else self.options.external_threshold)
             parity = None
             if build.parity is not None and graph in build.parity.summary():
                 parity = Parity(**build.parity.summary()[graph])

@@ -26,7 +26,7 @@ from edgeattn.runtime.families import FAMILIES, Family, family_of, get_family, r
 from edgeattn.runtime.generate import GenerationConfig
 from edgeattn.runtime.layout import TOKENIZER, TRANSPOSED_SUFFIX, WEIGHTS, optimized_cache_file
 from edgeattn.runtime.manifest import EmbeddingPooling, Manifest, ManifestError, check_file, read_manifest
-from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, external_tensors
+from edgeattn.runtime.onnx_bytes import ExternalTensor, external_data_entries, file_external_tensors
 from edgeattn.runtime.precisions import FP32, PRECISIONS
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data
@@ -154,6 +154,7 @@ class ExportedModel:
                                 f"{config.architecture!r} is the {family_of(config).name!r} family's")  # fmt: skip
         checked: set[tuple[str, str]] = set()
         paths: dict[str, tuple[Path, str]] = {}
+        in_checkpoint: list[str] = []  # the graphs that keep weights in the export's checkpoint
         for name in manifest.graphs:
             entry = manifest.entry(name, precision)
             path = check_file(export_dir, entry, checked)
@@ -162,6 +163,8 @@ class ExportedModel:
                 if data.name not in listed:
                     raise UnsafeFileError(f"{path} keeps data in {data.name}, which the manifest does not list")
             paths[name] = (path, entry.sha256)
+            if WEIGHTS in listed:
+                in_checkpoint.append(name)
         record = PRECISIONS.get(precision)  # None: a precision a newer edgeattn wrote, run as its file is
         if providers is None:
             generates = family.generates_with(paths)
@@ -185,7 +188,8 @@ class ExportedModel:
                                 "ones, which OpenVINO hands back to ONNX Runtime's CPU provider. For OpenVINO load "
                                 "fp32, or int8-static exported with --static-form plain",
                                 precision, ", ".join(fused))  # fmt: skip
-        shared_by_graph = shared_initializers(export_dir, {name: path for name, (path, _) in paths.items()})
+        shared_by_graph = {name: {} for name in paths} | shared_initializers(
+            export_dir, {name: paths[name][0] for name in in_checkpoint})  # fmt: skip
         #: every weight the sessions share, by initializer name
         self._shared = {n: v for values in shared_by_graph.values() for n, v in values.items()}
 
@@ -466,7 +470,7 @@ def shared_initializers(export_dir: Path, graphs: dict[str, Path]) -> dict[str, 
     users: dict[tuple[str, str, str], list[str]] = {}
     tensors: dict[tuple[str, str, str], ExternalTensor] = {}
     for graph, path in graphs.items():
-        for t in external_tensors(path.read_bytes()):
+        for t in file_external_tensors(path):
             if t.pairs.get("location") != WEIGHTS or t.name.endswith(TRANSPOSED_SUFFIX) or t.data_type not in _NUMPY:
                 continue
             key = (t.name, t.pairs.get("offset", "0"), t.pairs.get("length", ""))

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from edgeattn.runtime.manifest import ManifestError
-from edgeattn.runtime.onnx_bytes import Malformed, external_data_entries, external_tensors
+from edgeattn.runtime.onnx_bytes import Malformed, external_data_entries, file_external_tensors
 
 
 class UnsafeFileError(ManifestError):
@@ -100,7 +100,7 @@ def graph_bytes(*paths: str | Path) -> int:
     total = 0
     for path in map(Path, paths):
         total += path.stat().st_size
-        for t in external_tensors(path.read_bytes()):
+        for t in file_external_tensors(path):
             location = t.pairs.get("location", "")
             length = t.pairs.get("length")
             if length is None:

@@ -18,6 +18,7 @@ from edgeattn.errors import ExportError  # noqa: E402
 from edgeattn.exporters.package import export_model  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
+from edgeattn.runtime.safety import graph_bytes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,8 @@ def test_a_large_tied_embedding_reads_the_output_layers_4bit_weights(tmp_path):
     product = next(n for n in proto.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
     assert gather.input[2] == product.input[2]  # the same scales, and the table reshaped from its weights
     assert not [t for t in proto.graph.initializer if t.name == "embed.weight"]
-    bits = 8 * variant.bytes / hf.model.config.parameter_count()
+    assert [d.file for d in variant.external_data] == [variant.file + ".data"]  # weights beside it, mapped at load
+    bits = 8 * graph_bytes(tmp_path / "lm" / variant.file) / hf.model.config.parameter_count()
     assert bits <= 4.7, bits  # 4-bit blocks of 64 with float32 scales: 4.5 bits a weight, norms aside
     ids = np.random.default_rng(0).integers(0, 1 << 15, size=(2, 9))
     fp32, int4 = load(tmp_path / "lm"), load(tmp_path / "lm", precision="int4")
