@@ -85,6 +85,25 @@ def test_prompt_and_steps_equal_transformers_logits(exported, side):
         assert np.abs(mine - want).max() <= ATOL, (row, side)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_prompt_in_chunks_answers_as_whole(exported, side):
+    """A prompt longer than ``prefill_chunk`` runs in chunks (a row's last real token in any of
+    them): the same next-token logits and greedy tokens as in one call."""
+    _, _, model = exported
+    ids, mask = _prompts(side, lengths=(13, 8, 1))
+    whole = model.state(ids, mask, capacity=ids.shape[1] + 6)
+    want = [whole.step(np.zeros(3, np.int64))] + [whole.step(np.full(3, 7 + k)) for k in range(5)]
+    try:
+        model.prefill_chunk = 4  # 13 columns: chunks of 4, 4, 4 and 1
+        chunked = model.state(ids, mask, capacity=ids.shape[1] + 6)
+        got = [chunked.step(np.zeros(3, np.int64))] + [chunked.step(np.full(3, 7 + k)) for k in range(5)]
+        tokens = model.greedy(ids, mask, 8, stop_at_eos=False)
+    finally:
+        del model.prefill_chunk
+    assert max(float(np.abs(a - b).max()) for a, b in zip(got, want, strict=True)) <= 1e-5
+    assert np.array_equal(tokens, model.greedy(ids, mask, 8, stop_at_eos=False))
+
+
 def test_teacher_forced_logits_equal_transformers(exported):
     reference, _, model = exported
     ids, mask = _prompts("right", lengths=(29, 17, 5))
