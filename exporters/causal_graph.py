@@ -127,8 +127,8 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         # the cos and sin of positions 0 .. max(capacity, the largest position fed), made at each
         # call (a table of the model's whole context weighs 2 to 8 MB on disk)
         inv_freq = g.const("rope_inv_freq", model.inv_freq.float().numpy()[None])  # (1, rotary / 2)
-        rows = g("Max", slots, g("Add", g("ReduceMax", "position_ids", keepdims=0), s1))
-        angle = g("Mul", g("Unsqueeze", g("Cast", g("Range", s0, rows, s1), to=TensorProto.FLOAT), one), inv_freq)
+        reach = g("Max", slots, g("Add", g("ReduceMax", "position_ids", keepdims=0), s1))
+        angle = g("Mul", g("Unsqueeze", g("Cast", g("Range", s0, reach, s1), to=TensorProto.FLOAT), one), inv_freq)
         tables = (g("Cos", angle), g("Sin", angle), 2 * int(model.inv_freq.numel()))  # (C, rotary / 2)
     scale = 1.0 / math.sqrt(dim)
 
@@ -196,25 +196,31 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
     # head is a multiple of 16 values, which its CPU kernel's rotation requires)
     rotate_inside = fused and tables is not None and tables[2] == dim and dim % 16 == 0
 
+    def split_heads(qkv: str, attn: object, p: str, rotate: bool, q_norm_scale: float) -> tuple[str, str, str]:
+        """q, k, v (B, T, heads * D) of the packed product: each head's q/k norm (the queries'
+        weight times ``q_norm_scale``), then the rotation where ``rotate``."""
+        q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)
+        if c.qk_norm:  # each head's own norm, then back to (B, T, heads * D) for the rotation
+            q = g("Reshape", rms(g("Reshape", q, split_q), g.const(f"{p}.attn.q_norm.weight",
+                                 _weight(attn.q_norm, "weight") * q_norm_scale)), flat_q)  # fmt: skip
+            k = g("Reshape", rms(g("Reshape", k, split_kv), g.const(f"{p}.attn.k_norm.weight",
+                                 _weight(attn.k_norm, "weight"))), flat_kv)  # fmt: skip
+        if rotate and tables is not None:
+            cos_t, sin_t, rotary = tables
+            q, k = (g.op("RotaryEmbedding", [t, "position_ids", cos_t, sin_t], domain="com.microsoft",
+                         interleaved=int(c.rope_layout == "interleaved"), rotary_embedding_dim=rotary,
+                         num_heads=n)  # fmt: skip
+                    for t, n in ((q, heads), (k, kv)))
+        return q, k, v
+
     def gqa(i: int, qkv: str, attn: object, p: str) -> str:
         """ONNX Runtime's GroupQueryAttention over the slot cache, written in place: packed q/k/v in,
-        its rotation and per-head q/k norms fused where it has them."""
+        its rotation fused where it can take it."""
         inputs, rope = [qkv, "", ""], ["", "", ""]
         attrs: dict[str, object] = {"num_heads": heads, "kv_num_heads": kv}
+        # the CPU kernel has no q/k norm of its own (onnxruntime 1.32: CUDA and WebGPU only)
         if c.qk_norm or (tables is not None and not rotate_inside):
-            q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)
-            if c.qk_norm:  # the CPU kernel has no q/k norm of its own (onnxruntime 1.32: CUDA and WebGPU only)
-                q = g("Reshape", rms(g("Reshape", q, split_q), g.const(f"{p}.attn.q_norm.weight",
-                                     _weight(attn.q_norm, "weight"))), flat_q)  # fmt: skip
-                k = g("Reshape", rms(g("Reshape", k, split_kv), g.const(f"{p}.attn.k_norm.weight",
-                                     _weight(attn.k_norm, "weight"))), flat_kv)  # fmt: skip
-            if tables is not None and not rotate_inside:
-                cos_t, sin_t, rotary = tables
-                q, k = (g.op("RotaryEmbedding", [t, "position_ids", cos_t, sin_t], domain="com.microsoft",
-                             interleaved=int(c.rope_layout == "interleaved"), rotary_embedding_dim=rotary,
-                             num_heads=n)  # fmt: skip
-                        for t, n in ((q, heads), (k, kv)))
-            inputs = [q, k, v]
+            inputs = list(split_heads(qkv, attn, p, rotate=not rotate_inside, q_norm_scale=1.0))
         if rotate_inside:
             assert tables is not None
             rope = [tables[0], tables[1], "position_ids"]
@@ -226,18 +232,7 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
 
     def attention(i: int, qkv: str, attn: object, p: str) -> str:
         """Self-attention over the slot cache in standard operators, the cache written by ScatterND."""
-        q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)  # (B, T, heads * D)
-        if c.qk_norm:  # each head's own norm, then back to (B, T, heads * D) for the rotation
-            q = g("Reshape", rms(g("Reshape", q, split_q), g.const(f"{p}.attn.q_norm.weight",
-                                 _weight(attn.q_norm, "weight") * scale)), flat_q)  # fmt: skip
-            k = g("Reshape", rms(g("Reshape", k, split_kv), g.const(f"{p}.attn.k_norm.weight",
-                                 _weight(attn.k_norm, "weight"))), flat_kv)  # fmt: skip
-        if tables is not None:
-            cos_t, sin_t, rotary = tables
-            q, k = (g.op("RotaryEmbedding", [t, "position_ids", cos_t, sin_t], domain="com.microsoft",
-                         interleaved=int(c.rope_layout == "interleaved"), rotary_embedding_dim=rotary,
-                         num_heads=n)  # fmt: skip
-                    for t, n in ((q, heads), (k, kv)))
+        q, k, v = split_heads(qkv, attn, p, rotate=True, q_norm_scale=scale)
         q = g("Transpose", g("Reshape", q, split_q), perm=[0, 2, 1, 3])  # (B, H, T, D)
         # keys and values stay (B, T, KV, D): the cache write's indices are laid out to match
         k, v = g("Reshape", k, split_kv), g("Reshape", v, split_kv)

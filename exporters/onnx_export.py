@@ -206,11 +206,8 @@ def export_graph(
     """
     check_opset(opset)
     path = Path(path)
-    role = family_of(model.config).role(name)
-    if role.builder is not None:  # written from the weights, not traced (fused: its fused operators)
-        spec = role.spec(model.config)
-        proto = resolve(role.builder)(model, spec, fused=fused)
-        finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
+    if family_of(model.config).role(name).builder is not None:  # written from the weights, not traced
+        proto, spec = written_graph(model, name, fused)
         save_checked(proto, path, external_threshold)
         return spec
     module, spec = graph_module(name, model)
@@ -227,6 +224,17 @@ def export_graph(
     finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
     save_checked(proto, path, external_threshold)
     return spec
+
+
+def written_graph(model: TransformerModel, name: str, fused: bool = False) -> tuple[onnx.ModelProto, GraphSpec]:
+    """Graph ``name`` as its role's ``builder`` writes it from the weights (``fused``: with ONNX
+    Runtime's fused operators), stamped, and its spec."""
+    role = family_of(model.config).role(name)
+    assert role.builder is not None, f"{name} is traced, not written"
+    spec = role.spec(model.config)
+    proto = resolve(role.builder)(model, spec, fused=fused)
+    finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
+    return proto, spec
 
 
 def finalize(proto: onnx.ModelProto, config: ModelConfig, spec: GraphSpec, precision: str) -> None:

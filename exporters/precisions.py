@@ -28,7 +28,7 @@ from edgeattn.exporters.calibration import calibration_feeds, describe_calibrati
 from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_between, share_weights
 from edgeattn.exporters.fusion import can_fuse, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GateResult, HeldOut, Reference, evaluate
-from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked
+from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked, written_graph
 from edgeattn.exporters.operators import fused_attention_count, operator_counts
 from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_nodes
 from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
@@ -39,7 +39,7 @@ from edgeattn.runtime.families import family_of
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.precisions import FP32, FusedForm, Precision, get_precision, source_name
+from edgeattn.runtime.precisions import FusedForm, Precision, get_precision, source_name
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import graph_spec
 
@@ -218,15 +218,14 @@ class PrecisionBuilder:
         raw = self._scratch / f"{graph}.fused-raw.onnx"
         dst = self._scratch / f"{graph}.fused-{form.tag}.onnx"
         if self.family.role(graph).builder is not None:  # written fused, whatever the form
-            export_graph(self.model, graph, dst, external_threshold=self.options.external_threshold, fused=True)
-            proto = onnx.load(str(dst), load_external_data=False)
+            proto, _ = written_graph(self.model, graph, fused=True)
         else:
             export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
                          external_threshold=self.options.external_threshold,
                          fused=self._blocks(graph) > 0)  # fmt: skip
             proto = optimize_fused(raw, self.model, form)
             finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
-            save_checked(proto, dst, self.options.external_threshold)
+        save_checked(proto, dst, self.options.external_threshold)
         expected, fused = self._blocks(graph), fused_attention_count(operator_counts(proto))
         if fused != expected:
             raise ExportError(f"{graph}: {fused} of {expected} attention blocks fused; all must be")
@@ -366,7 +365,7 @@ class PrecisionBuilder:
             path = export_dir / graph_file(graph, build.precision)
             for old in (path, path.with_name(external_data_file(path.name))):
                 old.unlink(missing_ok=True)
-            external = self.family.role(graph).external_weights and build.precision != FP32
+            external = self.family.role(graph).external_weights
             save_checked(proto, path, 0 if external else self.options.external_threshold)
             parity = None
             if build.parity is not None and graph in build.parity.summary():

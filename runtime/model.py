@@ -351,12 +351,12 @@ class ExportedModel:
 
         spec, session = self.specs[graph], self.sessions[graph]
         binding = session.io_binding()
-        caches: dict[str, Any] = {}  # updated output -> the OrtValue it is written into
-        kept = []  # a bound array must outlive the run (an OrtValue on the CPU is a view of its array)
+        # a bound array must outlive the run (an OrtValue on the CPU is a view of its array)
+        caches: dict[str, tuple[np.ndarray, Any]] = {}  # updated output -> (its array, the OrtValue over it)
+        kept = []
         for name in spec.input_names:
             if name.startswith(SLOT_CACHE + "_"):
                 array = np.array(feeds[name], dtype=np.float32, order="C")
-                kept.append(array)
                 value = ort.OrtValue.ortvalue_from_numpy(array, *(() if self.device == "cpu" else (self.device, 0)))
                 caches[SLOT_UPDATED + name[len(SLOT_CACHE) :]] = (array, value)
                 binding.bind_ortvalue_input(name, value)
