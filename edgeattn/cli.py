@@ -400,7 +400,13 @@ def providers(as_json: bool) -> None:
     """The ONNX Runtime providers this machine can run: built in, and installed plugins with their devices."""
     import onnxruntime as ort
 
-    from edgeattn.runtime.providers import OPENVINO, describe_plugins, onnxruntime_package, why_unavailable
+    from edgeattn.runtime.providers import (
+        OPENVINO,
+        built_in_providers,
+        describe_plugins,
+        onnxruntime_package,
+        why_unavailable,
+    )
 
     plugins = describe_plugins()
     reasons = {name: why_unavailable(name) for name in plugins}
@@ -408,12 +414,12 @@ def providers(as_json: bool) -> None:
         info["usable"] = reasons[name] is None
     if as_json:
         click.echo(json.dumps({"onnxruntime": ort.__version__, "package": onnxruntime_package(),
-                               "built_in": ort.get_available_providers(), "plugins": plugins}, indent=2))  # fmt: skip
+                               "built_in": built_in_providers(), "plugins": plugins}, indent=2))  # fmt: skip
         return
     click.echo(f"onnxruntime {ort.__version__} ({onnxruntime_package()}), "
-               f"built in: {', '.join(ort.get_available_providers())}")  # fmt: skip
+               f"built in: {', '.join(built_in_providers())}")  # fmt: skip
     if not plugins:
-        built_in = OPENVINO in ort.get_available_providers()
+        built_in = OPENVINO in built_in_providers()
         click.echo(
             "plugins: none installed"
             + ("" if built_in else " (pip install onnxruntime-ep-..., e.g. 'edgeattn[openvino]')")

@@ -80,6 +80,18 @@ def installed_plugins() -> dict[str, Plugin]:
     return found
 
 
+#: Execution providers this process registered from plugin packages.
+_registered: set[str] = set()
+
+
+def built_in_providers() -> list[str]:
+    """The providers built into this onnxruntime. Once a plugin is registered, ONNX Runtime 1.32
+    lists its providers (``OpenVINOExecutionProvider``, ``OpenVINOExecutionProvider.AUTO``) among
+    ``get_available_providers()`` too, though a session takes them only for the plugin's devices:
+    those are left out here."""
+    return [p for p in ort.get_available_providers() if p.split(".")[0] not in _registered]
+
+
 @functools.cache
 def _register(ep_name: str) -> Plugin:
     plugin = installed_plugins()[ep_name]
@@ -88,6 +100,7 @@ def _register(ep_name: str) -> Plugin:
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped errors
         if "already registered" not in str(exc):
             raise EdgeattnError(f"onnxruntime cannot register {ep_name} from {plugin.label}: {exc}") from exc
+    _registered.update(plugin.ep_names)
     return plugin
 
 
@@ -109,16 +122,16 @@ def provider_options(provider: Provider) -> dict[str, Any]:
 
 def is_plugin(name: str) -> bool:
     """Whether ``name`` is not built into this onnxruntime but an installed plugin provides it."""
-    return name not in ort.get_available_providers() and name in installed_plugins()
+    return name not in built_in_providers() and name in installed_plugins()
 
 
 def why_unavailable(provider: Provider) -> str | None:
     """None when ``provider`` can run here; else a sentence a user can act on."""
     name = provider_name(provider)
-    if name in ort.get_available_providers():
+    if name in built_in_providers():
         return None
     if name not in installed_plugins():
-        built_in = ", ".join(ort.get_available_providers())
+        built_in = ", ".join(built_in_providers())
         plugins = ", ".join(f"{ep} ({p.label})" for ep, p in sorted(installed_plugins().items())) or "none"
         return (f"{name} is not available in this onnxruntime ({built_in}) and no installed plugin package "
                 f"(onnxruntime-ep-*) provides it (installed plugins: {plugins})")  # fmt: skip
@@ -138,7 +151,7 @@ def why_unavailable(provider: Provider) -> str | None:
 def openvino_usable(device: str = "CPU") -> bool:
     """Whether OpenVINO can run here on ``device``: built into this onnxruntime, or an installed plugin
     that offers that device."""
-    if OPENVINO in ort.get_available_providers():
+    if OPENVINO in built_in_providers():
         return device.upper() in ("CPU", "GPU", "NPU")
     return OPENVINO in installed_plugins() and bool(plugin_devices(OPENVINO, device))
 

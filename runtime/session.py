@@ -15,6 +15,7 @@ from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.providers import (
     Provider,
     built_in_provider,
+    built_in_providers,
     is_plugin,
     plugin_session_options,
     provider_name,
@@ -38,7 +39,7 @@ def pick_providers(requested: list[Provider] | tuple[Provider, ...] | None) -> l
     here (built into this onnxruntime, or an installed plugin with a device; see
     :mod:`edgeattn.runtime.providers`), always ending with CPU. Entries are names or (name, options)
     as ONNX Runtime takes them. Missing ones give a warning, not a crash."""
-    available = ort.get_available_providers()
+    available = built_in_providers()
     wanted: list[Provider] = (
         [CUDA, CPU]
         if requested is None

@@ -43,6 +43,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def built_in_providers(monkeypatch):
+    """``built_in_providers(*names)``: onnxruntime taken to have exactly these providers built in
+    (``onnxruntime-openvino``'s OpenVINO, say), whatever plugins this process has registered."""
+    import onnxruntime as ort
+
+    from edgeattn.runtime import providers
+
+    def pretend(*names: str) -> None:
+        monkeypatch.setattr(ort, "get_available_providers", lambda: list(names))
+        monkeypatch.setattr(providers, "_registered", set())
+
+    return pretend
+
+
 @pytest.fixture(scope="session")
 def shared_export(tmp_path_factory):
     """``shared_export(preset, seed=0, **export_options)``: the export of a preset's model with

@@ -394,11 +394,10 @@ def test_text_runtime_needs_neither_torch_nor_transformers(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
-def test_run_says_when_it_chose_openvino(tmp_path, monkeypatch):
+def test_run_says_when_it_chose_openvino(tmp_path, monkeypatch, built_in_providers):
     """Where OpenVINO runs (taken as running here: the session falls back to the CPU provider in a
     stock onnxruntime), `edgeattn run` says on stderr which graph it put there and why, and how to
     keep ONNX Runtime's CPU provider; the answer on stdout is unchanged."""
-    import onnxruntime as ort
     from click.testing import CliRunner
 
     from edgeattn.cli import cli
@@ -407,7 +406,7 @@ def test_run_says_when_it_chose_openvino(tmp_path, monkeypatch):
 
     _text_export(tmp_path, "Bert", "ForSequenceClassification")
     plain = CliRunner().invoke(cli, ["run", str(tmp_path / "out"), "Edge devices run.", "--cpu"])
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, "CPUExecutionProvider"])
+    built_in_providers(OPENVINO, "CPUExecutionProvider")
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
     chosen = CliRunner().invoke(cli, ["run", str(tmp_path / "out"), "Edge devices run."])
     assert plain.exit_code == chosen.exit_code == 0, chosen.output

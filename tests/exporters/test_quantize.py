@@ -419,16 +419,15 @@ def test_an_unknown_static_form_is_refused():
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
-def test_auto_static_form_is_plain_where_the_runtime_runs_openvino(tmp_path, monkeypatch):
+def test_auto_static_form_is_plain_where_the_runtime_runs_openvino(tmp_path, monkeypatch, built_in_providers):
     """The default static form follows the runtime's engine choice on this machine: with OpenVINO
     running here (taken so), an export without decoders gets standard-operator int8-static graphs,
     one with decoders keeps ONNX Runtime's fused encoder (its graphs stay on the CPU provider)."""
-    import onnxruntime as ort
 
     from edgeattn.runtime import engines
     from edgeattn.runtime.providers import OPENVINO
 
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, "CPUExecutionProvider"])
+    built_in_providers(OPENVINO, "CPUExecutionProvider")
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
     model = build_model(CFG, seed=3)
     sources = {}

@@ -16,7 +16,7 @@ from edgeattn.errors import EdgeattnError
 from edgeattn.exporters.package import export_model
 from edgeattn.host import has_bf16
 from edgeattn.model import build_model
-from edgeattn.runtime import engines, load
+from edgeattn.runtime import engines, load, providers
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, standard_only
 from edgeattn.runtime.families import ENCODER_FAMILY, SEQ2SEQ_FAMILY
 from edgeattn.runtime.onnx_bytes import Malformed, operator_domains
@@ -71,17 +71,14 @@ def test_standard_only_reads_a_file_and_names_one_it_cannot(tmp_path):
 
 
 @pytest.fixture
-def openvino_here(monkeypatch):
+def openvino_here(monkeypatch, built_in_providers):
     """OpenVINO taken as running here, CUDA as absent (the sessions made fall back to the CPU
     provider in an onnxruntime without OpenVINO; the choice is what is tested)."""
-    import onnxruntime as ort
-
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+    built_in_providers(OPENVINO, CPU)
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
 
 
-def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here):
-    import onnxruntime as ort
+def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here, built_in_providers):
 
     plain, fused = tmp_path / "plain.onnx", tmp_path / "fused.onnx"
     onnx.save(_model([helper.make_node("Relu", ["x"], ["y"])]), str(plain))
@@ -102,7 +99,7 @@ def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here):
     assert "optimized_cache" in said["cache"].reason
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": False)
     assert "onnxruntime-openvino" in choose_engine(ENCODER_FAMILY.graphs["encoder"], plain).reason
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA, OPENVINO, CPU])
+    built_in_providers(CUDA, OPENVINO, CPU)
     assert choose_engine(ENCODER_FAMILY.graphs["encoder"], plain).providers == (CUDA, CPU)
 
 
@@ -183,6 +180,7 @@ def test_bf16_graphs_are_the_fp32_graphs_and_load_on_openvino_only(tmp_path, mon
     bf16 = get_precision("bf16")
     with monkeypatch.context() as patch:  # taken as running here (sessions fall back to the CPU provider)
         patch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+        patch.setattr(providers, "_registered", set())
         patch.setattr(engines, "has_bf16", lambda: True)
         out = tmp_path / "out"
         export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False,

@@ -81,22 +81,37 @@ def test_built_in_openvino_takes_its_own_option_names():
     assert built_in_provider(cuda, 2) == cuda and built_in_provider(CPU, 2) == CPU
 
 
-def test_openvino_built_into_onnxruntime_counts_as_usable(monkeypatch):
-    import onnxruntime as ort
-
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+def test_openvino_built_into_onnxruntime_counts_as_usable(built_in_providers):
+    built_in_providers(OPENVINO, CPU)
     assert openvino_usable() and openvino_usable("gpu") and not openvino_usable("FPGA")
     assert why_unavailable(OPENVINO) is None
 
 
-def test_openvino_on_graphs_with_fused_operators_is_warned_about(tmp_path, monkeypatch, caplog):
+def test_a_registered_plugin_listed_as_available_stays_a_plugin(monkeypatch):
+    """ONNX Runtime 1.32 lists a registered plugin's providers among ``get_available_providers()``
+    (``OpenVINOExecutionProvider`` and ``OpenVINOExecutionProvider.AUTO``); a session still takes them
+    only through the plugin's devices, so they must not pass for built-in ones (they did, and every
+    OpenVINO session on an Intel CPU quietly ran on the CPU provider)."""
+    import onnxruntime as ort
+
+    from edgeattn.runtime import providers
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CPU, OPENVINO, f"{OPENVINO}.AUTO"])
+    monkeypatch.setattr(providers, "_registered", {OPENVINO})
+    monkeypatch.setattr(providers, "installed_plugins", lambda: {OPENVINO: object()})
+    assert providers.built_in_providers() == [CPU]
+    assert providers.is_plugin(OPENVINO)
+    monkeypatch.setattr(providers, "_registered", set())  # onnxruntime-openvino: built in
+    assert providers.built_in_providers() == [CPU, OPENVINO, f"{OPENVINO}.AUTO"] and not providers.is_plugin(OPENVINO)
+
+
+def test_openvino_on_graphs_with_fused_operators_is_warned_about(tmp_path, built_in_providers, caplog):
     """OpenVINO hands ONNX Runtime's fused operators back to the CPU provider: loading such graphs
     on it says so (sessions are made on first use, so none is made here)."""
-    import onnxruntime as ort
 
     out = tmp_path / "out"
     export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False, precisions=["int8"])
-    monkeypatch.setattr(ort, "get_available_providers", lambda: [OPENVINO, CPU])
+    built_in_providers(OPENVINO, CPU)
     with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.model"):
         load(out, providers=[OPENVINO])
         assert not caplog.records  # fp32: standard operators
