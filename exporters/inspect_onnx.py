@@ -144,6 +144,7 @@ def format_file(info: dict[str, Any], indent: str = "") -> str:
         lines.append(
             f"{indent}parity at export: {p['cases']} cases, max abs {p['max_abs']:.2e}, max rel {p['max_rel']:.2e}, "
             + ("ok" if p["passed"] else "FAILED")
+            + (f" ({p['float64_cases']} judged against float64 eager)" if p.get("float64_cases") else "")
         )
     return "\n".join(lines)
 

@@ -97,6 +97,10 @@ class Parity:
     passed: bool
     atol: float
     rtol: float
+    #: cases where float32 eager strayed itself and the graph was judged against float64 eager
+    float64_cases: int = 0
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"float64_cases"})
 
 
 @dataclass(kw_only=True)

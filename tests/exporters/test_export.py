@@ -129,6 +129,37 @@ def test_verify_command_path_agrees(exported):
     out, _, _ = exported
     report = verify_export(out)
     assert report.passed, report.table()
+    assert all(c.against == "float32" for c in report.cases)
+
+
+def test_float32_eager_that_strays_is_settled_against_float64(exported, monkeypatch):
+    """A case the graph fails against float32 eager is judged against the same model in float64
+    (two float32 computations can differ by more than the tolerance while each is within it of the
+    exact result); a graph that is itself off still fails."""
+    import edgeattn.exporters.verify as verify
+
+    out, model, _ = exported
+    real = verify._eager
+
+    def strayed(module, names, feeds):  # float32 eager off by 3x the tolerance; float64 eager untouched
+        return [o + np.float32(3e-4) if o.dtype == np.float32 else o for o in real(module, names, feeds)]
+
+    monkeypatch.setattr(verify, "_eager", strayed)
+    report = verify.verify_graphs(model, ExportedModel(out), greedy_tokens=4)
+    assert report.passed, report.table()
+    assert {c.against for c in report.cases} == {"float64"}
+    assert all(c.max_abs < 1e-4 for c in report.cases)
+    assert "vs float64" in report.table()
+    assert all(s["float64_cases"] == s["cases"] for s in report.summary().values())
+
+    monkeypatch.setattr(verify, "_eager", real)
+    runtime = ExportedModel(out)
+    run = runtime.run
+    runtime.run = lambda graph, feeds: {k: v + np.float32(3e-4) for k, v in run(graph, feeds).items()}
+    report = verify.verify_graphs(model, runtime, greedy_tokens=4)
+    assert not report.passed
+    assert all(not c.passed and c.max_abs > 2e-4 for c in report.cases)
+    assert "FAIL" in report.table()
 
 
 @pytest.mark.quick
