@@ -33,7 +33,7 @@ from edgeattn.runtime.generate import (
     stream_tokens,
 )
 from edgeattn.runtime.layout import TOKENIZER
-from edgeattn.runtime.model import ExportedModel, InputError, batch_texts
+from edgeattn.runtime.model import ExportedModel, InputError
 from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.tokenizer import TextTokenizer
 
@@ -281,11 +281,19 @@ class CausalRuntime(ExportedModel):
                        ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """(ids, mask) of prompts through the export's tokenizer, padded on the left, each with
         ``room`` for new tokens within the model's max_len (else an error, or with ``truncate``
-        the prompt's last tokens)."""
+        the prompt's last tokens). A prompt is a text, or a conversation (a list of ``{"role": ...,
+        "content": ...}`` messages) rendered by the chat template, whose markup carries its own
+        special tokens."""
         tokenizer = self._tokenizer()
         if isinstance(prompts, list | tuple) and not prompts:
             raise InputError("give at least one prompt")
-        encoded = [tokenizer.encode(p, special_tokens) for p in batch_texts(prompts)]
+        rows = _rows(prompts)
+        for p in rows:
+            if not isinstance(p, str) and not is_conversation(p):
+                raise InputError(f"a prompt is a text or a list of messages ({{'role': ..., 'content': ...}}), not "
+                                 f"{type(p).__name__}")  # fmt: skip
+        encoded = [tokenizer.encode(self.render_chat(p), False) if is_conversation(p)
+                   else tokenizer.encode(p, special_tokens) for p in rows]  # fmt: skip
         if any(not e for e in encoded):
             raise InputError("a prompt encodes to no tokens; give it some text")
         limit = self.config.max_len - room
@@ -311,25 +319,37 @@ class CausalRuntime(ExportedModel):
         up to (not including) the first of the ``stop`` strings; ``max_new_tokens`` defaults to
         64. A prompt longer than the model takes is an error unless ``truncate`` (its last
         tokens are kept)."""
-        steps = max_new_tokens or self._default_steps(DEFAULT_NEW_TOKENS)
+        return [text for text, _ in self.generate_answers(prompts, max_new_tokens, stop=stop, truncate=truncate,
+                                                           **options)]  # fmt: skip
+
+    def generate_answers(self, prompts: Any, max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
+                         truncate: bool = False, **options: Any) -> list[tuple[str, np.ndarray]]:  # fmt: skip
+        """As :meth:`generate_text`, with each answer's tokens (up to, not including, a stop
+        token; up to the one that completed a stop string). Prompts may be texts or
+        conversations (see :meth:`encode_prompts`), mixed in one batch; ``max_new_tokens``
+        defaults to 64, or 256 where a conversation is among them."""
+        steps = max_new_tokens or self._default_steps(
+            DEFAULT_CHAT_TOKENS if any(is_conversation(p) for p in _rows(prompts)) else DEFAULT_NEW_TOKENS)
         ids, mask = self.encode_prompts(prompts, room=steps, truncate=truncate)
         return self._complete(ids, mask, steps, list(stop), options)
 
-    def stream_text(self, prompt: str, max_new_tokens: int | None = None, *, stop: Sequence[str] = (),
-                    truncate: bool = False, **options: Any) -> Iterator[str]:  # fmt: skip
-        """The continuation of one prompt as it grows: each piece is what the tokens so far add to
-        the decoded text (a piece that could be the start of a stop string waits), so the pieces
-        join to :meth:`generate_text`'s answer."""
-        steps = max_new_tokens or self._default_steps(DEFAULT_NEW_TOKENS)
+    def stream_text(self, prompt: str | list[dict[str, Any]], max_new_tokens: int | None = None, *,
+                    stop: Sequence[str] = (), truncate: bool = False, **options: Any) -> Iterator[str]:  # fmt: skip
+        """The continuation of one prompt (a text or a conversation) as it grows: each piece is
+        what the tokens so far add to the decoded text (a piece that could be the start of a stop
+        string waits), so the pieces join to :meth:`generate_text`'s answer."""
+        chat = is_conversation(prompt)
+        steps = max_new_tokens or self._default_steps(DEFAULT_CHAT_TOKENS if chat else DEFAULT_NEW_TOKENS)
         ids, mask = self.encode_prompts([prompt], room=steps, truncate=truncate)
         yield from self._stream_pieces(self.stream(ids, mask, steps, **options), list(stop))
 
     def _complete(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, stop: list[str],
-                  options: dict[str, Any]) -> list[str]:  # fmt: skip
+                  options: dict[str, Any]) -> list[tuple[str, np.ndarray]]:  # fmt: skip
         tokenizer = self._tokenizer()
         if not stop:
             out = self.generate(ids, mask, max_new_tokens, **options).tokens
-            return [tokenizer.decode(self._until_stop(row)) for row in out]
+            kept = [self._until_stop(row) for row in out]
+            return [(tokenizer.decode(row), row) for row in kept]
         rows: list[list[int]] = [[] for _ in range(ids.shape[0])]
         answers: list[str | None] = [None] * ids.shape[0]
         for step in self.stream(ids, mask, max_new_tokens, **options):
@@ -345,8 +365,9 @@ class CausalRuntime(ExportedModel):
                     answers[i] = cut
             if all(a is not None for a in answers):
                 break  # every row is done: the rest of the search is not run
-        return [a if a is not None else _cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
-                for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+        texts = [a if a is not None else _cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
+                 for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+        return [(text, np.array(r, dtype=np.int64)) for text, r in zip(texts, rows, strict=True)]
 
     def _default_steps(self, wanted: int) -> int:
         """New tokens when none are asked for: ``wanted``, within half the model's max_len."""
@@ -390,16 +411,12 @@ class CausalRuntime(ExportedModel):
              **options: Any) -> str:  # fmt: skip
         """The assistant's answer to a conversation (``[{"role": ..., "content": ...}, ...]``), at
         most ``max_new_tokens`` (default 256) tokens."""
-        steps = max_new_tokens or self._default_steps(DEFAULT_CHAT_TOKENS)
-        ids, mask = self.encode_prompts([self.render_chat(messages)], special_tokens=False, room=steps)
-        return self._complete(ids, mask, steps, list(stop), options)[0]
+        return self.generate_answers([messages], max_new_tokens, stop=stop, **options)[0][0]
 
     def stream_chat(self, messages: list[dict[str, Any]], max_new_tokens: int | None = None, *,
                     stop: Sequence[str] = (), **options: Any) -> Iterator[str]:  # fmt: skip
         """:meth:`chat`'s answer as it grows (see :meth:`stream_text`)."""
-        steps = max_new_tokens or self._default_steps(DEFAULT_CHAT_TOKENS)
-        ids, mask = self.encode_prompts([self.render_chat(messages)], special_tokens=False, room=steps)
-        yield from self._stream_pieces(self.stream(ids, mask, steps, **options), list(stop))
+        yield from self.stream_text(messages, max_new_tokens, stop=stop, **options)
 
     def conversation(self, system: str | None = None) -> Conversation:
         """A conversation that keeps its messages and its cache between turns."""
@@ -478,6 +495,16 @@ class _Turn:
         seen = np.zeros((1, self.conversation.model.config.vocab_size), dtype=bool)
         seen[0, self.conversation.cached] = True
         return seen
+
+
+def is_conversation(prompt: Any) -> bool:
+    """Whether a prompt is a conversation (a list of message dicts) rather than a text."""
+    return isinstance(prompt, list | tuple) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+def _rows(prompts: Any) -> list[Any]:
+    """The prompts of a batch: one text or one conversation is a batch of one."""
+    return [prompts] if isinstance(prompts, str) or is_conversation(prompts) else list(prompts)
 
 
 def forced_feeds(config: ModelConfig, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:

@@ -202,6 +202,20 @@ def test_chat_renders_like_transformers_and_answers_the_rendered_prompt(text_mod
     assert "".join(model.stream_chat(messages, 24)) == model.chat(messages, 24)
 
 
+def test_texts_and_conversations_answer_in_one_batch_as_alone(text_model):
+    """A batch may mix texts and conversations (what a served batch of chat and plain requests
+    is): each row answers as it does alone, with its tokens."""
+    _, _, model = text_model
+    messages = [{"role": "user", "content": "hello how are you"}]
+    found = model.generate_answers(["the sea is", messages, "write a haiku about the sea"], 16)
+    assert [text for text, _ in found] == [model.generate_text("the sea is", 16)[0], model.chat(messages, 16),
+                                           model.generate_text("write a haiku about the sea", 16)[0]]  # fmt: skip
+    assert all(model.tokenizer.decode(tokens) == text for text, tokens in found)
+    assert "".join(model.stream_text(messages, 16)) == model.chat(messages, 16)
+    with pytest.raises(EdgeattnError, match="a prompt is a text or a list of messages"):
+        model.generate_answers(["the sea", 42], 4)
+
+
 def test_a_conversation_keeps_its_cache_between_turns(text_model):
     _, _, model = text_model
     conversation = model.conversation("be brief")
