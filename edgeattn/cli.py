@@ -672,18 +672,19 @@ def _serving_options(func: Any) -> Any:
 @click.option(
     "--graphs",
     type=click.Choice(["bls", "in-process"]),
-    default="bls",
-    show_default=True,
-    help="The end-to-end model calls the graph models through Triton, or runs them itself.",
+    default=None,
+    help="The end-to-end model calls the graph models through Triton (bls, the default), or runs them itself "
+    "(in-process; always for a language model, whose graph keeps its cache in place).",
 )
 @_needs("export", "onnx")
 def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: int, max_queue_delay_us: int,
            instances: int, dynamic_batching: bool, name: str | None, task: str | None, kind: str,
-           accelerator: str | None, fp16: bool, per_tensor_scales: bool, graphs: str) -> None:  # fmt: skip
+           accelerator: str | None, fp16: bool, per_tensor_scales: bool, graphs: str | None) -> None:  # fmt: skip
     """Write a Triton Inference Server model repository for an export. Needs onnx, not torch.
 
     One ONNX Runtime backend model per graph the task needs, and the task end to end (text in,
-    answers out) as a Python-backend model; encoder-decoders also get a streaming model.
+    answers out) as a Python-backend model; models that generate also get a streaming model. A
+    language model's end-to-end models run its graph themselves, from the export they carry.
     """
     from edgeattn.serving.repository import RepositoryOptions, write_repository
 

@@ -11,12 +11,15 @@
   <name>/                          the task end to end (Python backend): text in, answers out
     config.pbtxt
     1/model.py, 1/edgeattn.json, 1/tokenizer.json, 1/vendor/edgeattn/...
-  <name>_stream/                   encoder-decoders: generation streamed (decoupled mode)
+  <name>_stream/                   models that generate: the answer streamed (decoupled mode)
 ```
 The end-to-end model calls the graph models through Triton (business logic scripting) by
 default, or runs the same ONNX files in its own process (``graphs: "in-process"``), which needs
-no ONNX Runtime backend. It carries the torch-free part of edgeattn with it, so the server's
-Python needs only numpy, onnxruntime and tokenizers. Torch-free.
+no ONNX Runtime backend. A language model's graph writes its cache in place between steps, which
+a stateless graph model cannot hold: its end-to-end models carry the export itself
+(``1/export/``: the files of the served precision and their manifest) and always run it in
+process. The end-to-end model carries the torch-free part of edgeattn with it, so the server's
+Python needs only numpy, onnxruntime and tokenizers (and jinja2 for a chat template). Torch-free.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ import edgeattn
 from edgeattn.errors import ConfigError, EdgeattnError
 from edgeattn.exporters.rowwise import row_independent
 from edgeattn.runtime.families import task_family
-from edgeattn.runtime.layout import TRITON_SETTINGS
-from edgeattn.runtime.manifest import Manifest, check_file, read_manifest
+from edgeattn.runtime.layout import TRITON_SETTINGS, WEIGHTS, external_data_file
+from edgeattn.runtime.manifest import DataFile, FileEntry, Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
 from edgeattn.runtime.specs import GraphSpec, graph_spec
-from edgeattn.serving.tasks import TRITON_TYPES, ServedTensor, task_inputs, task_of, task_outputs
+from edgeattn.serving.tasks import TRITON_TYPES, ServedTensor, generates, task_inputs, task_of, task_outputs
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,13 @@ KINDS = ("cpu", "gpu")
 ACCELERATORS = ("cuda", "tensorrt")
 #: Where the end-to-end model's graphs run.
 GRAPH_MODES = ("bls", "in-process")
+#: Where an end-to-end model that carries its export keeps it (in its version directory).
+CARRIED_EXPORT = "export"
+
+
+def carried_path(name: str) -> str:
+    """Where the end-to-end model ``name`` keeps the export it runs, relative to the repository."""
+    return f"{name}/1/{CARRIED_EXPORT}"
 #: Sequence length of the warm-up requests.
 WARMUP_LEN = 16
 _NUMPY_TYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
@@ -78,7 +88,9 @@ class RepositoryOptions:
     name: str | None = None
     #: the served task (default: what the model's head says)
     task: str | None = None
-    graphs: str = "bls"
+    #: where the end-to-end model's graphs run (default: "bls", or "in-process" for graphs that
+    #: keep state in place, which only it can run)
+    graphs: str | None = None
     #: keep ONNX Runtime's one activation scale per batch in dynamic int8 graphs (faster; a row's
     #: answer then depends on the rows batched with it)
     per_tensor_scales: bool = False
@@ -103,7 +115,7 @@ class RepositoryOptions:
                 "--fp16 sets TensorRT's precision mode and needs --accelerator tensorrt; for float16 graphs on "
                 "the CUDA provider export --precision fp16 and serve it with --precision fp16"
             )
-        if self.graphs not in GRAPH_MODES:
+        if self.graphs is not None and self.graphs not in GRAPH_MODES:
             raise ConfigError(f"graphs must be one of {', '.join(GRAPH_MODES)}, not {self.graphs!r}")
         if self.name is not None and not _valid_name(self.name):
             raise ConfigError(f"model name {self.name!r} may hold only letters, digits, '.', '_' and '-'")
@@ -116,6 +128,24 @@ def _valid_name(name: str) -> bool:
 def graphs_for(task: str) -> list[str]:
     """The graphs a served task runs (its family's say)."""
     return list(task_family(task).task_graphs(task))
+
+
+def carries_export(task: str) -> bool:
+    """Whether ``task``'s graphs keep state written in place between calls (a language model's
+    cache), so that only the end-to-end model, running them in its own process, can serve them."""
+    family = task_family(task)
+    return any(family.role(g).in_place for g in graphs_for(task))
+
+
+def graph_mode(task: str, options: RepositoryOptions) -> str:
+    """Where the end-to-end model of ``task`` runs its graphs, as ``options`` ask and the task allows."""
+    if not carries_export(task):
+        return options.graphs or "bls"
+    if options.graphs == "bls":
+        raise ConfigError(f"a {task_family(task).name} model's graph writes its cache in place between steps, which "
+                          "Triton's ONNX Runtime backend cannot keep between calls; its repository always runs the "
+                          "graph inside the end-to-end model (drop --graphs bls)")  # fmt: skip
+    return "in-process"
 
 
 # -------------------------------------------------------------------------------- config.pbtxt
@@ -176,6 +206,7 @@ def _served(tensors: tuple[ServedTensor, ...], batched: bool) -> list[str]:
 
 def task_config(model_name: str, task: str, config: object, options: RepositoryOptions, decoupled: bool) -> str:
     """The config.pbtxt of the end-to-end Python-backend model."""
+    graphs = graph_mode(task, options)
     lines = [
         f"name: {_quote(model_name)}",
         'backend: "python"',
@@ -183,7 +214,7 @@ def task_config(model_name: str, task: str, config: object, options: RepositoryO
         _block("input", _served(task_inputs(task), options.max_batch_size > 0)),
         _block("output", _served(task_outputs(task, config), options.max_batch_size > 0)),
         *_common(options, gpu_capable=False),
-        f'parameters {{ key: "graphs" value: {{ string_value: "{options.graphs}" }} }}',
+        f'parameters {{ key: "graphs" value: {{ string_value: "{graphs}" }} }}',
     ]
     if decoupled:
         lines.append("model_transaction_policy { decoupled: true }")
@@ -269,6 +300,8 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
     manifest = read_manifest(export_dir)
     config = manifest.config
     task = task_of(config, options.task, manifest.task)
+    carried = carries_export(task)
+    graph_mode(task, options)  # refuses bls where the graphs keep state
     name = options.name or _clean_name(export_dir.resolve().name)
     needed = graphs_for(task)
     missing = [g for g in needed if g not in manifest.graphs]
@@ -284,7 +317,7 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
     graph_models = {}
     checked: set[tuple[str, str]] = set()  # the checkpoint several graphs read is hashed once
     rewritten: dict[str, dict[str, int]] = {}
-    for graph in needed:
+    for graph in [] if carried else needed:
         entry = manifest.entry(graph, options.precision)
         src = check_file(export_dir, entry, checked)
         model_name = f"{name}_{graph}"
@@ -297,14 +330,18 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
         (model_dir / "config.pbtxt").write_text(graph_config(model_name, spec, options, warmup), encoding="utf-8")
         models[model_name] = "onnxruntime"
         graph_models[graph] = model_name
-    variants = [(name, False)] + ([(f"{name}_stream", True)] if task == "generate" else [])
+    variants = [(name, False)] + ([(f"{name}_stream", True)] if generates(task) else [])
+    if carried:  # one copy, which the streaming model reads too
+        rewritten = carry_export(export_dir, manifest, options.precision, needed, repo / carried_path(name),
+                                 options.per_tensor_scales)  # fmt: skip
     for model_name, decoupled in variants:
-        _write_task_model(repo / model_name, export_dir, manifest, task, graph_models, options, decoupled, rewritten)
+        _write_task_model(repo / model_name, export_dir, manifest, task, graph_models, options, decoupled, rewritten,
+                          carried_path(name) if carried else None)  # fmt: skip
         (repo / model_name / "config.pbtxt").write_text(
             task_config(model_name, task, config, options, decoupled), encoding="utf-8"
         )
         models[model_name] = "python"
-    (repo / "README.md").write_text(_readme(name, task, models, options, bool(rewritten)), encoding="utf-8")
+    (repo / "README.md").write_text(_readme(name, task, models, options, bool(rewritten), carried), encoding="utf-8")
     (repo / "kserve.yaml").write_text(_kserve(name), encoding="utf-8")
     log.info("wrote Triton repository %s: %s", repo, ", ".join(models))
     return Repository(repo, name, task, models)
@@ -316,10 +353,10 @@ def _clean_name(text: str) -> str:
 
 
 def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, task: str, graph_models: dict[str, str],
-                      options: RepositoryOptions, decoupled: bool, rewritten: dict[str, dict[str, int]]
-                      ) -> None:  # fmt: skip
+                      options: RepositoryOptions, decoupled: bool, rewritten: dict[str, dict[str, int]],
+                      export: str | None = None) -> None:  # fmt: skip
     version = model_dir / "1"
-    version.mkdir(parents=True)
+    version.mkdir(parents=True, exist_ok=True)
     (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
     assert manifest.tokenizer is not None
     shutil.copy2(check_file(export_dir, manifest.tokenizer), version / "tokenizer.json")
@@ -331,6 +368,8 @@ def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, tas
         "pooling": None if manifest.pooling is None else {"mode": manifest.pooling.mode,
                                                           "normalize": manifest.pooling.normalize},
         "graph_models": graph_models,
+        #: the export the model runs itself, relative to the repository (graphs that keep state)
+        "export": export,
         "decoupled": decoupled,
         "row_independent_int8": rewritten,
         "edgeattn_version": edgeattn.__version__,
@@ -339,16 +378,70 @@ def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, tas
     _vendor(version / "vendor")
 
 
-def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOptions, rows: bool) -> str:
+def carry_export(export_dir: Path, manifest: Manifest, precision: str, graphs: list[str], dst: Path,
+                 per_tensor_scales: bool) -> dict[str, dict[str, int]]:  # fmt: skip
+    """The export's files that serving ``graphs`` at ``precision`` reads (each checked against its
+    sha256), written to ``dst`` with a manifest trimmed to them. Dynamic int8 graphs get one
+    activation scale per row unless ``per_tensor_scales`` (their manifest entries describe the
+    rewritten files); returns what changed, by graph."""
+    carried = Manifest.from_json(manifest.to_json())  # a copy to trim
+    carried.graphs = {g: carried.graphs[g] for g in graphs}
+    dst.mkdir(parents=True)
+    checked: set[tuple[str, str]] = set()
+    copied: set[str] = set()
+    rewritten: dict[str, dict[str, int]] = {}
+
+    def copy(entry: FileEntry | DataFile) -> None:
+        if entry.file not in copied:
+            shutil.copy2(check_file(export_dir, entry, checked), dst / entry.file)
+            copied.add(entry.file)
+
+    for graph, base in carried.graphs.items():
+        entry = base.at(precision)  # ManifestError where the export lacks it
+        base.precisions = {} if entry is base else {precision: entry}
+        src = check_file(export_dir, entry, checked)
+        model = None if per_tensor_scales else onnx.load(str(src), load_external_data=False)
+        if model is not None and any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node):
+            model = onnx.load(str(src), load_external_data=True)
+            rewritten[graph] = row_independent(model)
+            onnx.checker.check_model(model)
+            path = dst / entry.file
+            onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=external_data_file(entry.file), size_threshold=1024)  # fmt: skip
+            fresh = FileEntry.describe(path)
+            entry.sha256, entry.bytes, entry.external_data = fresh.sha256, fresh.bytes, fresh.external_data
+            entry.quantization = {**(entry.quantization or {}), "activation_scales": "per row (edgeattn triton)"}
+            copied.update([entry.file, *(d.file for d in fresh.external_data)])
+            continue
+        copy(entry)
+        for data in entry.external_data:
+            copy(data)
+    if not any(d.file == WEIGHTS for g in carried.graphs.values() for d in g.at(precision).external_data):
+        carried.weights = None  # no carried graph reads the checkpoint
+    carried.gates = {p: gate for p, gate in carried.gates.items() if p == precision}
+    for extra in (carried.tokenizer, carried.chat_template, carried.weights):
+        if extra is not None:
+            copy(extra)
+    carried.write(dst)
+    return rewritten
+
+
+def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOptions, rows: bool,
+            carried: bool) -> str:  # fmt: skip
     listing = "\n".join(f"- `{m}` ({backend})" for m, backend in models.items())
     outputs = {"classify": "label, score, probabilities", "tag": "entities (JSON)", "embed": "embedding",
-               "encode": "last_hidden_state, attention_mask", "generate": "answer, tokens"}[task]  # fmt: skip
+               "encode": "last_hidden_state, attention_mask", "generate": "answer, tokens",
+               "complete": "answer, tokens"}[task]  # fmt: skip
     stream = (
         f"\n`{name}_stream` streams the answer as it grows (decoupled mode: call it over gRPC streaming, "
         "one request, one response per piece of text).\n"
-        if task == "generate"
+        if generates(task)
         else ""
     )
+    if task == "complete":
+        stream += CHAT
+    where = CARRIED.format(name=name, precision=options.precision) if carried else IN_PROCESS.format(name=name)
+    packages = "numpy onnxruntime tokenizers" + (" jinja2" if carried else "")
     return f"""# Triton repository for `{name}` ({task}, {options.precision})
 
 Written by edgeattn {edgeattn.__version__}. Models:
@@ -356,18 +449,16 @@ Written by edgeattn {edgeattn.__version__}. Models:
 {listing}
 
 Clients call `{name}` with `text` (strings, one per row) and get {outputs}.{stream}
-The graph models serve the ONNX graphs alone (their config names every tensor; -1 marks a dynamic axis).
+{where}
 {ROWS if rows else ""}
 ## Start it
 ```bash
 docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v $PWD:/models \\
   nvcr.io/nvidia/tritonserver:24.08-py3 \\
-  bash -c "pip install numpy onnxruntime tokenizers && tritonserver --model-repository /models"
+  bash -c "pip install {packages} && tritonserver --model-repository /models"
 ```
 The Python-backend model carries edgeattn's torch-free runtime (`1/vendor`); the server's Python needs
-numpy, onnxruntime and tokenizers. Without the ONNX Runtime backend (or to keep everything in one
-process) set the `graphs` parameter of `{name}/config.pbtxt` to `"in-process"` and start only it:
-`tritonserver --model-repository /models --model-control-mode explicit --load-model {name}`.
+{packages.replace(" ", ", ")}.
 
 ## Call it
 ```python
@@ -383,6 +474,23 @@ print(client.infer("{name}", [text]).as_numpy("{outputs.split(",")[0]}"))
 names (`storageUri`) and `kubectl apply -f kserve.yaml`.
 """
 
+
+IN_PROCESS = """The graph models serve the ONNX graphs alone (their config names every tensor; -1 marks a dynamic axis).
+Without the ONNX Runtime backend (or to keep everything in one process) set the `graphs` parameter of
+`{name}/config.pbtxt` to `"in-process"` and start only it:
+`tritonserver --model-repository /models --model-control-mode explicit --load-model {name}`."""
+
+CARRIED = """The language model's graph writes its cache in place between decoding steps, which a stateless
+graph model cannot keep: each end-to-end model (and each of its instances) loads it into its own
+process from `{name}/1/export/` (the export's files at {precision}, each checked against the sha256
+its trimmed manifest records)."""
+
+CHAT = """
+A request may also send `chat` (BOOL: each text is a conversation, a JSON list of
+`{"role": ..., "content": ...}` messages or one user message, rendered by the model's chat template),
+`stop` (BYTES: a JSON list of stop strings, or one), and the decoding settings `max_new_tokens`,
+`strategy`, `num_beams`, `temperature`, `top_k`, `top_p`, `seed`, `repetition_penalty`.
+"""
 
 ROWS = """
 The int8 graphs quantise each row's activations with that row's own scale (ONNX Runtime's dynamic

@@ -3,10 +3,12 @@ requests, shared by the Triton repository's Python-backend model and ``edgeattn 
 
 Every task takes ``text`` (strings, one per row; the batch axis is Triton's). What comes back
 depends on the task (:func:`task_of`): labels and probabilities (classify), entities as JSON
-(tag), pooled vectors (embed), token vectors (encode), or the answer and its tokens (generate,
-with optional decoding settings as extra inputs). Requests are answered together in one call of
-the model where their settings agree; a request that fails is answered with its own error and
-the others still get theirs. Torch-free (numpy + the runtime).
+(tag), pooled vectors (embed), token vectors (encode), or the answer and its tokens (generate
+and complete, with optional decoding settings as extra inputs; a language model's ``chat`` flag
+takes each text as a conversation, JSON messages or one user message, and ``stop`` as stop
+strings). Requests are answered together in one call of the model where their settings agree; a
+request that fails is answered with its own error and the others still get theirs. Torch-free
+(numpy + the runtime).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ TASKS = all_tasks()
 
 #: numpy dtype name -> Triton data type
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
-                "bytes": "TYPE_STRING"}  # fmt: skip
+                "bool": "TYPE_BOOL", "bytes": "TYPE_STRING"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,23 @@ GENERATION_INPUTS = (
     ServedTensor("top_k", "int32", (1,), True),
     ServedTensor("top_p", "float32", (1,), True),
     ServedTensor("seed", "int64", (1,), True),
+    ServedTensor("repetition_penalty", "float32", (1,), True),
 )
+
+#: What a language model's request may send besides: whether each text is a conversation (JSON
+#: messages, or one user message rendered by the chat template), and stop strings (a JSON list, or
+#: one string).
+COMPLETION_INPUTS = (
+    ServedTensor("chat", "bool", (1,), True),
+    ServedTensor("stop", "bytes", (1,), True),
+)
+
+#: The tasks that generate, and the settings their requests may send.
+_SETTINGS = {"generate": GENERATION_INPUTS, "complete": GENERATION_INPUTS + COMPLETION_INPUTS}
 
 
 #: the tasks a served model can do
-_SERVED = ("generate", "classify", "tag", "embed", "encode")
+_SERVED = ("generate", "complete", "classify", "tag", "embed", "encode")
 
 
 def task_of(config: Any, task: str | None = None, recorded: str | None = None) -> str:
@@ -72,13 +86,12 @@ def task_of(config: Any, task: str | None = None, recorded: str | None = None) -
     natural = (next(iter(family.tasks)) if len(family.tasks) == 1 else "classify" if config.head == "sequence"
                else "tag" if config.head == "token" else "embed")  # fmt: skip
     if natural not in _SERVED:
-        raise EdgeattnError(f"serving a {family.name} export ({natural}) is not built yet: its decoding state is a "
-                            "cache written in place, which Triton's graph models do not hold; run it with edgeattn "
-                            "run / chat or edgeattn.runtime.load")  # fmt: skip
+        raise EdgeattnError(f"serving a {family.name} export ({natural}) is not built; run it with edgeattn run or "
+                            "edgeattn.runtime.load")  # fmt: skip
     if task in (None, "", natural):
         return natural
-    possible = {"generate": {"generate"}, "classify": {"classify", "encode"}, "tag": {"tag", "encode"},
-                "embed": {"embed", "encode"}}[natural]  # fmt: skip
+    possible = {"generate": {"generate"}, "complete": {"complete"}, "classify": {"classify", "encode"},
+                "tag": {"tag", "encode"}, "embed": {"embed", "encode"}}[natural]  # fmt: skip
     if task not in possible:
         raise EdgeattnError(f"this model cannot serve task {task!r}; it serves {', '.join(sorted(possible))}")
     return task
@@ -86,8 +99,7 @@ def task_of(config: Any, task: str | None = None, recorded: str | None = None) -
 
 def task_inputs(task: str) -> tuple[ServedTensor, ...]:
     """What a request of ``task`` sends."""
-    text = ServedTensor("text", "bytes", (1,))
-    return (text, *GENERATION_INPUTS) if task == "generate" else (text,)
+    return (ServedTensor("text", "bytes", (1,)), *_SETTINGS.get(task, ()))
 
 
 def task_outputs(task: str, config: Any) -> tuple[ServedTensor, ...]:
@@ -101,7 +113,13 @@ def task_outputs(task: str, config: Any) -> tuple[ServedTensor, ...]:
         "encode": (ServedTensor("last_hidden_state", "float32", (-1, d)),
                    ServedTensor("attention_mask", "int64", (-1,))),
         "generate": (ServedTensor("answer", "bytes", (1,)), ServedTensor("tokens", "int64", (-1,))),
+        "complete": (ServedTensor("answer", "bytes", (1,)), ServedTensor("tokens", "int64", (-1,))),
     }[task]  # fmt: skip
+
+
+def generates(task: str) -> bool:
+    """Whether ``task`` generates text (its requests may carry decoding settings; it can stream)."""
+    return task in _SETTINGS
 
 
 # ------------------------------------------------------------------------------------- requests
@@ -125,10 +143,10 @@ def request_texts(inputs: dict[str, np.ndarray]) -> list[str]:
     return out
 
 
-def generation_options(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The decoding settings a generate request sent (scalars; the first row's where it sends several)."""
+def generation_options(inputs: dict[str, np.ndarray], task: str = "generate") -> dict[str, Any]:
+    """The decoding settings a request of ``task`` sent (scalars; the first row's where it sends several)."""
     options: dict[str, Any] = {}
-    for t in GENERATION_INPUTS:
+    for t in _SETTINGS[task]:
         if t.name not in inputs:
             continue
         value = np.asarray(inputs[t.name]).reshape(-1)
@@ -137,11 +155,43 @@ def generation_options(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
         item = value[0]
         if t.dtype == "bytes":
             options[t.name] = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+        elif t.dtype == "bool":
+            options[t.name] = bool(item)
         elif t.dtype.startswith("float"):
             options[t.name] = float(item)
         else:
             options[t.name] = int(item)
+    if "stop" in options:
+        options["stop"] = stop_strings(options["stop"])
     return options
+
+
+def stop_strings(value: str) -> list[str]:
+    """A request's ``stop``: a JSON list of strings, or one string as it is."""
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            found = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EdgeattnError(f"'stop' looks like a JSON list but is not one: {exc}") from exc
+        if not all(isinstance(s, str) for s in found):
+            raise EdgeattnError("'stop' must be a JSON list of strings")
+        return [s for s in found if s]
+    return [value] if value else []
+
+
+def conversation(text: str) -> list[dict[str, Any]]:
+    """A chat request's text as a conversation: JSON messages (``[{"role": ..., "content": ...}]``),
+    or any other text as one user message."""
+    if text.lstrip().startswith("["):
+        try:
+            messages = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EdgeattnError(f"a chat text that starts with '[' must be JSON messages: {exc}") from exc
+        if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise EdgeattnError('chat messages must be a non-empty JSON list of {"role": ..., "content": ...}')
+        return messages
+    return [{"role": "user", "content": text}]
 
 
 def decoding(options: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
@@ -155,6 +205,14 @@ def decoding(options: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         for key in ("temperature", "top_k", "top_p", "seed"):
             options.pop(key, None)
     return steps, options
+
+
+def prompts(texts: list[str], options: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A generating request's prompts (conversations where it set ``chat``) and the rest of its options."""
+    options = dict(options)
+    if options.pop("chat", False):
+        return [conversation(t) for t in texts], options
+    return list(texts), options
 
 
 def _strings(values: Sequence[str]) -> np.ndarray:
@@ -181,7 +239,8 @@ def answer_texts(model: Any, task: str, texts: list[str], options: dict[str, Any
         hidden = model.encode(batch.ids, batch.mask, batch.type_ids if model.config.token_types else None)
         return {"last_hidden_state": hidden, "attention_mask": batch.mask}
     steps, options = decoding(options)
-    found = model.generate_answers(texts, steps, **options)
+    asked, options = prompts(texts, options)
+    found = model.generate_answers(asked, steps, **options)
     width = max(len(tokens) for _, tokens in found)
     rows = np.full((len(found), width), model.config.pad_id, np.int64)
     for i, (_, tokens) in enumerate(found):
@@ -205,7 +264,7 @@ def answer(model: Any, task: str, requests: list[dict[str, np.ndarray]]) -> list
     for i, request in enumerate(requests):
         try:
             texts = request_texts(request)
-            options = generation_options(request) if task == "generate" else {}
+            options = generation_options(request, task) if generates(task) else {}
         except EdgeattnError as exc:
             results[i] = exc
             continue
@@ -239,7 +298,7 @@ def _answer_group(model: Any, task: str, members: list[tuple[int, list[str]]], o
         own = {name: value[rows] for name, value in outputs.items()}
         if task == "encode":
             own = _trim_encoded(own)
-        elif task == "generate":
+        elif generates(task):
             own["tokens"] = _trim_tokens(own["tokens"], model.config.pad_id)
         results[index] = own
 

@@ -4,9 +4,10 @@ to end, text in and answers out.
 Its graphs run either as the repository's ONNX Runtime backend models, called through Triton's
 business logic scripting (``graphs: "bls"``, the default: each graph batched and placed by
 Triton), or in this process (``graphs: "in-process"``: the same ONNX files through ONNX Runtime,
-for a server without the ONNX Runtime backend). Either way the edgeattn runtime's own decoding
-and text handling run over them, so answers match ``edgeattn run``. A ``decoupled`` model streams
-each generated piece of text as its own response. Torch-free; imports Triton's
+for a server without the ONNX Runtime backend); a language model, whose graph keeps its cache in
+place, runs the export the repository carries for it (``export``) in this process. Either way the
+edgeattn runtime's own decoding and text handling run over them, so answers match ``edgeattn
+run``. A ``decoupled`` model streams each generated piece of text as its own response. Torch-free; imports Triton's
 ``triton_python_backend_utils`` only inside the server.
 """
 
@@ -26,7 +27,15 @@ from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.tokenizer import load_tokenizer
-from edgeattn.serving.tasks import answer, decoding, generation_options, request_texts, task_inputs, task_outputs
+from edgeattn.serving.tasks import (
+    answer,
+    decoding,
+    generation_options,
+    prompts,
+    request_texts,
+    task_inputs,
+    task_outputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +81,12 @@ def served_model(version_dir: Path, graphs: str, max_batch: int) -> tuple[Export
     settings = json.loads((version_dir / TRITON_SETTINGS).read_text(encoding="utf-8"))
     config = ModelConfig.from_dict(settings["config"])
     repo = version_dir.parent.parent
+    if settings.get("export"):  # graphs that keep state: only this process can run them
+        from edgeattn.runtime import load
+
+        if graphs != "in-process":
+            raise EdgeattnError(f"this model's graphs keep their cache in place and run in-process, not {graphs!r}")
+        return load(repo / settings["export"], providers=[CPU], precision=settings["precision"]), settings
     if graphs == "bls":
         sessions: dict[str, Any] = {g: BlsSession(m, max_batch) for g, m in settings["graph_models"].items()}
     elif graphs == "in-process":
@@ -139,8 +154,9 @@ class TritonPythonModel:
             texts = request_texts(inputs)
             if len(texts) != 1:
                 raise EdgeattnError(f"a streamed request takes one text, not {len(texts)}")
-            steps, options = decoding(generation_options(inputs))
-            for piece in self.model.stream_text(texts[0], steps, **options):
+            steps, options = decoding(generation_options(inputs, self.task))
+            asked, options = prompts(texts, options)
+            for piece in self.model.stream_text(asked[0], steps, **options):
                 sender.send(pb.InferenceResponse(output_tensors=[
                     pb.Tensor("answer", np.array([[piece.encode("utf-8")]], dtype=np.object_)),
                     pb.Tensor("tokens", np.zeros((1, 0), np.int64)),
