@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
+from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import load
 from edgeattn.runtime.session import CPU
 from edgeattn.serving.repository import RepositoryOptions, write_repository
-from edgeattn.serving.tasks import answer, task_of
+from edgeattn.serving.tasks import answer, task_inputs, task_of
 from edgeattn.serving.triton_server import TritonServer
 
 log = logging.getLogger(__name__)
@@ -109,9 +110,29 @@ def _row(export: str, task: str, path: str, concurrency: int, result: tuple[list
                    None if mean_batch is None else round(mean_batch, 2), errors)  # fmt: skip
 
 
+def grpc_type(value: np.ndarray) -> str:
+    """The Triton client's type name of an array."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    return str(np_to_triton_dtype(value.dtype))
+
+
 def _stats(client: Any, model: str) -> tuple[int, int]:
     stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
     return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+
+def request_settings(task: str, values: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Settings every request of ``task`` sends besides its text (``max_new_tokens`` ...), as one
+    row of the types the served model declares; an input the task does not take is an error."""
+    declared = {t.name: t for t in task_inputs(task)}
+    out = {}
+    for name, value in values.items():
+        if name not in declared or name == "text":
+            raise EdgeattnError(f"a {task} request takes no setting {name!r}; it takes {', '.join(declared)}")
+        dtype = np.object_ if declared[name].dtype == "bytes" else np.dtype(declared[name].dtype)
+        out[name] = np.array([[value.encode() if isinstance(value, str) else value]], dtype=dtype)
+    return out
 
 
 def bench_serving(
@@ -123,18 +144,23 @@ def bench_serving(
     max_queue_delay_us: int = 2000,
     precision: str = "fp32",
     threads: int | None = None,
+    settings: dict[str, dict[str, Any]] | None = None,
 ) -> ServingBench:
     """Every export through a Triton server with dynamic batching on and off and through the
-    embedded runtime, at every concurrency."""
+    embedded runtime, at every concurrency; ``settings``: by export, what each of its requests
+    sends besides the text (see :func:`request_settings`)."""
     import tritonclient.grpc as grpc  # thread-safe; the HTTP client's gevent is not
 
+    settings = settings or {}
     bench = ServingBench(settings={"concurrencies": list(concurrencies), "seconds_per_cell": duration,
                                    "max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
-                                   "precision": precision, "threads": threads}, machine=machine_info())  # fmt: skip
+                                   "precision": precision, "threads": threads, "requests": settings},
+                         machine=machine_info())  # fmt: skip
     for label, export in exports.items():
         model = load(export, providers=[CPU], threads=threads, precision=precision)
         task = task_of(model.config, recorded=model.manifest.task if model.manifest else None)
         batch_texts = texts[label]
+        extra = request_settings(task, settings.get(label, {}))
         for batching in (True, False):
             with tempfile.TemporaryDirectory(prefix="edgeattn-load-") as work:
                 options = RepositoryOptions(precision=precision, max_batch_size=max_batch_size, name=label,
@@ -145,10 +171,13 @@ def bench_serving(
                     for concurrency in concurrencies:
                         clients = [grpc.InferenceServerClient(server.grpc_url) for _ in range(concurrency)]
 
-                        def call(thread: int, text: str, clients: list[Any] = clients, name: str = label) -> None:
-                            item = grpc.InferInput("text", [1, 1], "BYTES")
-                            item.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
-                            clients[thread].infer(name, [item])
+                        def call(thread: int, text: str, clients: list[Any] = clients, name: str = label,
+                                 extra: dict[str, np.ndarray] = extra) -> None:  # fmt: skip
+                            items = []
+                            for key, value in {"text": np.array([[text.encode()]], dtype=object), **extra}.items():
+                                items.append(grpc.InferInput(key, list(value.shape), grpc_type(value)))
+                                items[-1].set_data_from_numpy(value)
+                            clients[thread].infer(name, items)
 
                         drive(call, batch_texts, concurrency, min(1.0, duration))  # warm-up
                         before = _stats(clients[0], label)
@@ -161,8 +190,9 @@ def bench_serving(
                         log.info("%s", bench.rows[-1])
         for concurrency in concurrencies:
 
-            def direct(thread: int, text: str, model: Any = model, task: str = task) -> None:
-                result = answer(model, task, [{"text": np.array([[text.encode()]], dtype=object)}])[0]
+            def direct(thread: int, text: str, model: Any = model, task: str = task,
+                       extra: dict[str, np.ndarray] = extra) -> None:  # fmt: skip
+                result = answer(model, task, [{"text": np.array([[text.encode()]], dtype=object), **extra}])[0]
                 if isinstance(result, Exception):
                     raise result
 

@@ -231,3 +231,15 @@ def _stream(grpc, url: str, text: str, chat: bool = False, stop: str | None = No
     assert done.wait(120)
     client.stop_stream()
     return pieces
+
+
+def test_load_requests_carry_settings_of_the_declared_types():
+    from edgeattn.serving.load import request_settings
+
+    found = request_settings("complete", {"max_new_tokens": 32, "stop": "\n", "chat": True, "top_p": 0.9})
+    assert {k: (v.dtype, v.shape) for k, v in found.items()} == {
+        "max_new_tokens": (np.int32, (1, 1)), "stop": (np.object_, (1, 1)), "chat": (np.bool_, (1, 1)),
+        "top_p": (np.float32, (1, 1))}  # fmt: skip
+    assert found["stop"][0, 0] == b"\n"
+    with pytest.raises(EdgeattnError, match="a classify request takes no setting 'max_new_tokens'"):
+        request_settings("classify", {"max_new_tokens": 4})
