@@ -23,6 +23,7 @@ from edgeattn.exporters.compact import CheckpointIndex, share_weights
 from edgeattn.exporters.gate import GateResult, heldout_sources
 from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
+from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import TransformerModel
@@ -36,7 +37,6 @@ from edgeattn.runtime.layout import (
     external_data_file,
     graph_file,
     partial_prefix,
-    previous_name,
     previous_prefix,
 )
 from edgeattn.runtime.manifest import EmbeddingPooling, FileEntry, GraphEntry, GreedyParity, Manifest, Parity
@@ -58,20 +58,6 @@ class ExportResult:
     report: VerifyReport | None
     seconds: float
     gates: dict[str, GateResult] = field(default_factory=dict)
-
-
-def check_output_dir(out_dir: Path, force: bool) -> None:
-    """Refuse an output directory that cannot be written, or that holds files, unless ``force``."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"output {out_dir} exists and is not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise ExportError(f"output directory {out_dir} is not empty; choose another or pass --force to replace it")
-    parent = out_dir.resolve().parent
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ExportError(f"cannot write the output directory {out_dir}: {probe} is not writable")
 
 
 def export_model(
@@ -170,7 +156,7 @@ def export_model(
                     raise VerificationError("exported graphs disagree with eager PyTorch:\n" + report.table())
             gates = build_precisions(tmp, model, manifest, wanted[1:], precision_options, heldout_texts, progress)
             manifest.write(tmp)
-            _move_into_place(tmp, out_dir)
+            move_into_place(tmp, out_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -269,7 +255,7 @@ def _quantize_locked(
                 entry.precisions.pop(precision, None)
         gates = build_precisions(tmp, model, manifest, wanted, options, heldout_texts, progress)
         manifest.write(tmp)
-        _move_into_place(tmp, export_dir)
+        move_into_place(tmp, export_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -293,23 +279,3 @@ def recover_interrupted(out_dir: Path) -> list[str]:
     for line in done:
         log.warning("%s", line)
     return done
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` by the finished ``tmp`` with renames on the same filesystem."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o666 & ~umask)
-    if out_dir.exists():
-        old = out_dir.with_name(previous_name(out_dir.name, os.getpid()))
-        os.replace(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:
-            os.replace(old, out_dir)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
