@@ -165,6 +165,17 @@ def load_table(data: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def bundle_table(data: dict[str, Any]) -> str:
+    """Per model and ORT file: sizes beside the self-contained ONNX graph, kernels, session
+    creation from each, answers against the export, and the packaging time."""
+    header = ["model", "file", "ONNX MB", "ORT MB", "kernels", "session ONNX ms", "session ORT ms",
+              "max abs err", "packaged in s"]  # fmt: skip
+    body = [[r["model"], r["file"], f"{r['onnx_bytes'] / 1e6:.1f}", f"{r['ort_bytes'] / 1e6:.1f}", str(r["kernels"]),
+             _number(r["load_ms_onnx"]), _number(r["load_ms_ort"]), f"{r['max_abs']:.1e}",
+             _number(r["package_seconds"])] for r in data["rows"]]  # fmt: skip
+    return _table(header, body)
+
+
 def table(path: Path) -> str:
     """A results file's figures as a markdown table."""
     return section(path).split("\n\n", 2)[2].rstrip("\n")
@@ -185,6 +196,8 @@ def section(path: Path) -> str:
         body = causal_table(data)
     elif rows and "rps" in rows[0]:
         body = load_table(data)
+    elif rows and data.get("benchmark") == "mobile bundle":
+        body = bundle_table(data)
     else:
         scalars = {k: v for k, v in data.items() if isinstance(v, int | float | str) and not k.endswith("_dir")}
         body = _table(["figure", "value"], [[k, _number(v) if isinstance(v, float) else str(v)]
