@@ -396,20 +396,26 @@ def quantize(
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
-@click.option("--target", type=click.Choice(["mobile"]), required=True,
-              help="mobile: ORT-format files and the operator config of a reduced ONNX Runtime build.")
+@click.option("--target", type=click.Choice(["mobile", "web", "node"]), required=True,
+              help="mobile: ORT-format files and the operator config of a reduced ONNX Runtime build; web, node: "
+              "an encoder with its tokenizer and an ES module for onnxruntime-web / onnxruntime-node.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the bundle.")
 @click.option("--precision", "precisions", default=None,
               help="Comma-separated precisions to package (default: every CPU precision the export holds).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @_needs("export", "onnx")
 def package(export_dir: Path, target: str, output: Path, precisions: str | None, force: bool) -> None:  # fmt: skip
-    """Package an export for a device, proven to load and to answer as the export does. Needs onnx,
-    not torch."""
-    from edgeattn.exporters.mobile import package_mobile
+    """Package an export for a device: mobile (proven to load and to answer as the export does) or a
+    browser / Node.js bundle of an encoder. Needs onnx, not torch."""
+    if target == "mobile":
+        from edgeattn.exporters.mobile import package_mobile
 
-    bundle = package_mobile(export_dir, output, _split(precisions), force=force, progress=sys.stderr.isatty())
-    click.echo(bundle.table())
+        bundle = package_mobile(export_dir, output, _split(precisions), force=force, progress=sys.stderr.isatty())
+        click.echo(bundle.table())
+    else:
+        from edgeattn.exporters.web import package_web
+
+        bundle = package_web(export_dir, output, target, _split(precisions), force=force)
     click.echo(f"wrote {output} ({target}: {len(bundle.files)} files, {bundle.total_bytes / 1e6:.2f} MB)")
 
 

@@ -119,7 +119,7 @@ class MobileBundle:
         return "\n".join(lines)
 
 
-def mobile_precisions(manifest: Manifest, asked: list[str] | None = None) -> list[str]:
+def cpu_precisions(manifest: Manifest, asked: list[str] | None = None) -> list[str]:
     """The precisions to package: those asked for (each held by the export and made for the CPU
     provider), else every such one the export holds."""
     held = [FP32, *dict.fromkeys(p for g in manifest.graphs.values() for p in g.precisions)]
@@ -137,7 +137,7 @@ def mobile_precisions(manifest: Manifest, asked: list[str] | None = None) -> lis
         if not runs_on_cpu(name):
             record = PRECISIONS.get(name)
             what = record.summary if record else "a precision this edgeattn does not know"
-            raise ExportError(f"{name} is {what}; a phone's ONNX Runtime runs the CPU provider: package fp32, "
+            raise ExportError(f"{name} is {what}; the target's ONNX Runtime runs on the CPU: package fp32, "
                               "int8, int8-static or int4")  # fmt: skip
     return list(dict.fromkeys(asked))
 
@@ -149,7 +149,7 @@ def package_mobile(export_dir: str | Path, out_dir: str | Path, precisions: list
     converted, loaded or does not answer as the export does, leaving ``out_dir`` as it was."""
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     manifest = read_manifest(export_dir)
-    chosen = mobile_precisions(manifest, precisions)
+    chosen = cpu_precisions(manifest, precisions)
     check_output_dir(out_dir, force)
     parent = out_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,245 @@
+"""The browser and Node.js targets: an encoder export as a folder a page or a Node.js program loads
+with no build step, answering as the Python runtime does.
+
+```
+<out>/
+  bundle.json             what it holds: files and sha256, the model's sizes, labels, pooling, inputs
+  model.onnx              the encoder graph, self-contained (model.<precision>.onnx for others)
+  tokenizer.json          the export's Hugging Face tokenizer
+  edgeattn.mjs            the ES module: load(base, ort) -> embed / classify / encode / tokenize
+  tokenizers.min.mjs      tokenizers.js (Hugging Face's JavaScript tokenizers, Apache-2.0), vendored
+  package.json            the ONNX Runtime for JavaScript it runs on (onnxruntime-web or -node)
+```
+
+Encoders only, and not their token-classification head: entity spans need each token's character
+offsets, which tokenizers.js does not give. :func:`check_bundle` runs a bundle under Node.js and
+compares its tokens and answers with the Python runtime's. Torch-free (onnx).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgeattn import __version__
+from edgeattn.errors import ExportError
+from edgeattn.exporters.mobile import cpu_precisions
+from edgeattn.exporters.outdir import check_output_dir, move_into_place
+from edgeattn.runtime.layout import partial_prefix
+from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
+from edgeattn.runtime.text import label_names
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("web", "node")
+#: the npm package each target runs on, at the version the bundle is tested with
+ORT_PACKAGES = {"web": ("onnxruntime-web", "1.30.0"), "node": ("onnxruntime-node", "1.30.0")}
+BUNDLE = "bundle.json"
+MODULE = "edgeattn.mjs"
+TOKENIZERS_JS = ("tokenizers.min.mjs", "tokenizers.LICENSE")
+#: protobuf and the browser's ArrayBuffer both stop near 2 GB
+WEB_LIMIT = (1 << 31) - 1
+ASSETS = Path(__file__).resolve().parent / "js"
+
+
+@dataclass
+class WebBundle:
+    """What :func:`package_web` wrote."""
+
+    path: Path
+    target: str
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["bytes"] for f in self.files)
+
+
+def model_file(precision: str) -> str:
+    return "model.onnx" if precision == "fp32" else f"model.{precision}.onnx"
+
+
+def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web", precisions: list[str] | None = None,
+                force: bool = False) -> WebBundle:  # fmt: skip
+    """Write the ``target`` (web or node) bundle of the encoder export ``export_dir`` at
+    ``precisions`` (default fp32) to ``out_dir``; :class:`ExportError` for an export the target
+    cannot run yet, leaving ``out_dir`` as it was."""
+    if target not in TARGETS:
+        raise ExportError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
+    export_dir, out_dir = Path(export_dir), Path(out_dir)
+    manifest = read_manifest(export_dir)
+    _check_runs(manifest)
+    chosen = cpu_precisions(manifest, precisions or ["fp32"])
+    check_output_dir(out_dir, force)
+    parent = out_dir.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir.name), dir=parent))
+    try:
+        bundle = WebBundle(out_dir, target)
+        checked: set[tuple[str, str]] = set()
+        for precision in chosen:
+            model = onnx.load(str(check_file(export_dir, manifest.entry("encoder", precision), checked)))
+            if model.ByteSize() > WEB_LIMIT:
+                raise ExportError(f"the {precision} encoder is {model.ByteSize() / 1e9:.2f} GB; a browser takes one "
+                                  "model file under 2 GB: package int8")  # fmt: skip
+            path = tmp / model_file(precision)
+            onnx.save_model(model, str(path))
+            bundle.files.append({"file": path.name, "precision": precision, "sha256": sha256_file(path),
+                                 "bytes": path.stat().st_size})  # fmt: skip
+        assert manifest.tokenizer is not None
+        shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
+        for name in (MODULE, *TOKENIZERS_JS):
+            shutil.copy2(ASSETS / name, tmp / name)
+        package, version = ORT_PACKAGES[target]
+        npm = {"name": _npm_name(out_dir.name), "private": True, "type": "module", "main": MODULE,
+               "dependencies": {package: version}}  # fmt: skip
+        (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
+        (tmp / BUNDLE).write_text(json.dumps(_describe(bundle, manifest, export_dir, tmp), indent=2) + "\n")
+        move_into_place(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote the %s bundle %s (%s)", target, out_dir, ", ".join(f["file"] for f in bundle.files))
+    return bundle
+
+
+def _check_runs(manifest: Manifest) -> None:
+    """An ExportError saying why the web and node targets cannot run this export, if they cannot."""
+    if manifest.family_name != "encoder":
+        raise ExportError(f"the web and node targets run encoder exports (embed, classify, encode) today; this is a "
+                          f"{manifest.family_name} export: package it for --target mobile, or serve it")  # fmt: skip
+    if manifest.config.head == "token":
+        raise ExportError("the web and node targets do not tag yet: entity spans need each token's character "
+                          "offsets, which tokenizers.js does not give")  # fmt: skip
+    if manifest.tokenizer is None or not manifest.tokenizer.file.endswith(".json"):
+        raise ExportError("the web and node targets take text through the export's Hugging Face tokenizer.json, "
+                          "which this export lacks")  # fmt: skip
+
+
+def _npm_name(text: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-._" else "-" for c in text.lower()).strip("-._")
+    return cleaned or "edgeattn-bundle"
+
+
+def _closing_specials(tokenizer_path: Path) -> int:
+    """How many special tokens the tokenizer's template closes a text with ([SEP], </s>): what
+    truncation keeps, as the Python runtime does."""
+    from tokenizers import Tokenizer
+
+    encoding = Tokenizer.from_file(str(tokenizer_path)).encode("a")
+    special = list(encoding.special_tokens_mask)
+    tail = 0
+    while tail < len(special) and special[len(special) - 1 - tail]:
+        tail += 1
+    return tail
+
+
+def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path) -> dict[str, Any]:
+    config = manifest.config
+    task = manifest.task or ("classify" if config.head == "sequence" else "embed")
+    pooling = manifest.pooling
+    return {
+        "target": bundle.target,
+        "edgeattn_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "export": {"path": str(export_dir.resolve()), "source": manifest.source, "architecture": manifest.architecture,
+                   "created": manifest.created},  # fmt: skip
+        "task": task,
+        "model": {"max_len": config.max_len, "pad_id": config.pad_id, "head": config.head,
+                  "num_labels": config.num_labels, "token_types": config.token_types, "d_model": config.d_model},
+        "labels": label_names(manifest.labels, config.num_labels) if config.head == "sequence" else None,
+        "pooling": {"mode": pooling.mode if pooling else "mean", "normalize": pooling.normalize if pooling else True},
+        "tokenizer": "tokenizer.json",
+        "tokenizer_config": {},
+        "closing_special_tokens": _closing_specials(tmp / "tokenizer.json"),
+        "runtime": dict(zip(("package", "version"), ORT_PACKAGES[bundle.target], strict=True)),
+        "inputs": [asdict(t) for t in manifest.graphs["encoder"].inputs],
+        "outputs": [asdict(t) for t in manifest.graphs["encoder"].outputs],
+        "files": bundle.files,
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ checking
+RUNNER = """
+import * as ort from "{package}";
+import {{ load }} from "{module}";
+import {{ writeFile }} from "node:fs/promises";
+if (ort.env?.wasm) ort.env.wasm.numThreads = 1;
+const texts = {texts};
+const out = {{}};
+for (const precision of {precisions}) {{
+  const model = await load({base}, ort, {{ precision }});
+  const tokens = model.tokenize(texts);
+  const row = {{ ids: Array.from(tokens.ids, Number), width: tokens.width }};
+  row.embed = (await model.embed(texts)).map((v) => Array.from(v));
+  if (model.bundle.model.head === "sequence") row.classify = await model.classify(texts);
+  out[precision] = row;
+}}
+await writeFile({result}, JSON.stringify(out));
+"""
+
+
+@dataclass
+class BundleCheck:
+    """One precision of a bundle run under Node.js against the Python runtime."""
+
+    runtime: str
+    precision: str
+    tokens_equal: bool
+    max_abs: float
+    worst_cosine: float
+    labels_equal: bool | None
+    passed: bool
+
+
+def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: str | Path, texts: list[str],
+                 runtime: str = "onnxruntime-node", node: str = "node", timeout: float = 300.0
+                 ) -> list[BundleCheck]:  # fmt: skip
+    """Run the bundle under Node.js on ``runtime`` (an npm package installed in ``node_modules``:
+    onnxruntime-node, or onnxruntime-web's wasm backend) on ``texts``, and compare the token ids and
+    answers with the Python runtime's at each precision: float32 embeddings within 1e-4, others at
+    a worst cosine of 0.999; the same labels."""
+    from edgeattn.runtime import load
+
+    bundle_dir, node_modules = Path(bundle_dir).resolve(), Path(node_modules).resolve()
+    described = json.loads((bundle_dir / BUNDLE).read_text())
+    precisions = [f["precision"] for f in described["files"]]
+    with tempfile.TemporaryDirectory(dir=node_modules.parent) as work_name:
+        work = Path(work_name)
+        result = work / "result.json"
+        (work / "run.mjs").write_text(RUNNER.format(package=runtime, module=(bundle_dir / MODULE).as_uri(),
+                                                    texts=json.dumps(texts), precisions=json.dumps(precisions),
+                                                    base=json.dumps(str(bundle_dir) + "/"),
+                                                    result=json.dumps(str(result))))  # fmt: skip
+        done = subprocess.run([node, str(work / "run.mjs")], capture_output=True, text=True, timeout=timeout,
+                              cwd=work)  # fmt: skip
+        if done.returncode != 0:
+            raise ExportError(f"the bundle failed under Node.js ({runtime}): {done.stderr.strip()[-2000:]}")
+        got = json.loads(result.read_text())
+    checks = []
+    for precision in precisions:
+        model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
+        batch = model.text_batch(texts)
+        row = got[precision]
+        ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
+        tokens_equal = ids.shape == batch.ids.shape and bool((ids == batch.ids).all())
+        want, have = model.embed(texts), np.array(row["embed"], np.float32)
+        diff = float(np.abs(want - have).max())
+        cosine = float(((want * have).sum(-1) / np.linalg.norm(want, axis=-1) / np.linalg.norm(have, axis=-1)).min())
+        labels_equal = None
+        if "classify" in row:
+            labels_equal = [c.label for c in model.classify(texts)] == [c["label"] for c in row["classify"]]
+        close = diff <= 1e-4 if precision in ("fp32", "fp32-opt") else cosine >= 0.999
+        checks.append(BundleCheck(runtime, precision, tokens_equal, diff, cosine, labels_equal,
+                                  tokens_equal and close and labels_equal is not False))  # fmt: skip
+    return checks

@@ -1,0 +1,153 @@
+"""The browser and Node.js targets (``edgeattn package --target web|node``): an encoder bundle whose
+ES module, run under Node.js on onnxruntime-node and on onnxruntime-web's wasm backend, gives the
+token ids, embeddings and labels the Python runtime gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers")
+from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer  # noqa: E402
+
+from edgeattn.cli import cli  # noqa: E402
+from edgeattn.errors import ExportError  # noqa: E402
+from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.web import ORT_PACKAGES, check_bundle, package_web  # noqa: E402
+from edgeattn.runtime.manifest import sha256_file  # noqa: E402
+from edgeattn.sources import resolve_model  # noqa: E402
+
+TEXTS = ["Angela Merkel visited Warsaw in May.", "Edge devices run.",
+         "Ada Lovelace wrote notes about Paris today, and about the sea."]  # fmt: skip
+#: where the tests keep the npm packages they install (reused between runs)
+NPM_CACHE = Path(os.environ.get("EDGEATTN_NPM_DIR", Path.home() / ".cache" / "edgeattn-tests" / "npm"))
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> Path:
+    """onnxruntime-node and onnxruntime-web from npm (``--ignore-scripts``: onnxruntime-node's install
+    script fetches CUDA parts from outside; its CPU binding is in the package)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("Node.js and npm are not installed")
+    wanted = [f"{name}@{version}" for name, version in ORT_PACKAGES.values()]
+    modules = NPM_CACHE / "node_modules"
+    have = all((modules / name / "package.json").is_file() and json.loads((modules / name / "package.json").read_text())
+               ["version"] == version for name, version in ORT_PACKAGES.values())  # fmt: skip
+    if not have:
+        NPM_CACHE.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--prefix",
+                               str(NPM_CACHE), *wanted], capture_output=True, text=True, timeout=600)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"npm could not install {', '.join(wanted)}: {done.stderr.strip()[-300:]}")
+    return modules
+
+
+def _export(root: Path, head: str) -> Path:
+    _checkpoint("Bert", head).save_pretrained(root / "hf")
+    _tokenizer(*BERT_SPECIALS).save_pretrained(root / "hf")
+    source = resolve_model(from_hf=root / "hf")
+    fields = {k: v for k, v in source.export_fields().items() if k != "heldout_texts"}
+    export_model(source.model, root / "out", graphs=["encoder"], precisions=["int8"], verify=False, **fields)
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> Path:
+    return _export(tmp_path_factory.mktemp("classifier"), "ForSequenceClassification")
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory) -> Path:
+    return _export(tmp_path_factory.mktemp("embedder"), "Model")
+
+
+@pytest.mark.parametrize("target", ["node", "web"])
+def test_a_classifier_bundle_answers_as_the_python_runtime_on_both_runtimes(classifier, node_modules, tmp_path,
+                                                                           target):  # fmt: skip
+    out = tmp_path / target
+    bundle = package_web(classifier, out, target, ["fp32", "int8"])
+    assert {p.name for p in out.iterdir()} == {"bundle.json", "package.json", "tokenizer.json", "edgeattn.mjs",
+                                               "tokenizers.min.mjs", "tokenizers.LICENSE", "model.onnx",
+                                               "model.int8.onnx"}  # fmt: skip
+    described = json.loads((out / "bundle.json").read_text())
+    assert described["task"] == "classify" and described["labels"] and described["closing_special_tokens"] == 1
+    assert all(f["sha256"] == sha256_file(out / f["file"]) for f in described["files"])
+    package = ORT_PACKAGES[target][0]
+    assert json.loads((out / "package.json").read_text())["dependencies"] == {package: ORT_PACKAGES[target][1]}
+    assert bundle.total_bytes == sum(f["bytes"] for f in described["files"])
+    for runtime in ("onnxruntime-node", "onnxruntime-web"):  # either runs the same module
+        checks = check_bundle(out, classifier, node_modules, TEXTS, runtime)
+        assert [c.precision for c in checks] == ["fp32", "int8"]
+        for c in checks:
+            assert c.passed and c.tokens_equal and c.labels_equal, c
+            if c.precision == "fp32":
+                assert c.max_abs < 1e-4, c
+
+
+def test_an_embedding_bundle_pools_as_the_export_says(embedder, node_modules, tmp_path):
+    out = tmp_path / "web"
+    package_web(embedder, out, "web")
+    described = json.loads((out / "bundle.json").read_text())
+    assert described["task"] == "encode" and described["pooling"] == {"mode": "mean", "normalize": True}
+    checks = check_bundle(out, embedder, node_modules, TEXTS, "onnxruntime-web")
+    assert len(checks) == 1 and checks[0].passed and checks[0].worst_cosine > 0.99999, checks
+
+
+def test_a_check_that_differs_fails(embedder, node_modules, tmp_path, monkeypatch):
+    """The same bundle judged against answers 1e-2 away fails: the check can fail."""
+    import numpy as np
+
+    import edgeattn.runtime as rt
+
+    out = tmp_path / "node"
+    package_web(embedder, out, "node")
+    real = rt.load
+
+    def shifted(*args, **kwargs):
+        model = real(*args, **kwargs)
+        embed = model.embed
+        model.embed = lambda texts: embed(texts) + np.float32(1e-2)
+        return model
+
+    monkeypatch.setattr(rt, "load", shifted)
+    checks = check_bundle(out, embedder, node_modules, TEXTS, "onnxruntime-node")
+    assert not checks[0].passed and checks[0].max_abs > 5e-3, checks
+
+
+def test_what_the_targets_cannot_run_is_refused_with_the_reason(tmp_path):
+    source = resolve_model()
+    export_model(source.model, tmp_path / "sorter", verify=False, tokenizer=source.tokenizer, task=source.task)
+    with pytest.raises(ExportError, match="run encoder exports .* this is a seq2seq export"):
+        package_web(tmp_path / "sorter", tmp_path / "x", "web")
+    tagger = _export(tmp_path / "tagger", "ForTokenClassification")
+    with pytest.raises(ExportError, match="do not tag yet: entity spans need each token's character offsets"):
+        package_web(tagger, tmp_path / "y", "node")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_the_command_line_writes_a_node_bundle(embedder, tmp_path):
+    result = CliRunner().invoke(cli, ["package", str(embedder), "--target", "node", "-o", str(tmp_path / "n"),
+                                      "--precision", "int8"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"wrote {tmp_path / 'n'} (node: 1 files" in result.output
+    assert (tmp_path / "n" / "model.int8.onnx").is_file() and not (tmp_path / "n" / "model.onnx").exists()
+
+
+def test_packaging_for_the_web_needs_no_torch(embedder, tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # any 'import torch' now fails\n"
+        "from edgeattn.exporters.web import package_web\n"
+        f"package_web({str(embedder)!r}, {str(tmp_path / 'web')!r}, 'web', ['int8'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "web" / "model.int8.onnx").is_file()
