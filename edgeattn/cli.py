@@ -419,6 +419,28 @@ def package(export_dir: Path, target: str, output: Path, precisions: str | None,
     click.echo(f"wrote {output} ({target}: {len(bundle.files)} files, {bundle.total_bytes / 1e6:.2f} MB)")
 
 
+@cli.command("serve-web")
+@click.argument("bundle_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True)
+@click.option("--ort-dist", type=click.Path(path_type=Path), default=None,
+              help="onnxruntime-web's dist folder to serve the runtime from (default: the page loads it from "
+              "jsDelivr).")
+def serve_web(bundle_dir: Path, host: str, port: int, ort_dist: Path | None) -> None:
+    """Serve a web bundle's page (type text, see labels or nearest texts, load and inference times),
+    cross-origin isolated so onnxruntime-web may use threads. Stops on Ctrl-C."""
+    from edgeattn.serving.web_page import WebPageServer
+
+    server = WebPageServer(bundle_dir, host, port, ort_dist)
+    click.echo(f"serving {bundle_dir} at {server.url}; Ctrl-C stops")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        click.echo("stopping")
+    finally:
+        server.server.server_close()
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def providers(as_json: bool) -> None:

@@ -9,6 +9,7 @@ with no build step, answering as the Python runtime does.
   edgeattn.mjs            the ES module: load(base, ort) -> embed / classify / encode / tokenize
   tokenizers.min.mjs      tokenizers.js (Hugging Face's JavaScript tokenizers, Apache-2.0), vendored
   package.json            the ONNX Runtime for JavaScript it runs on (onnxruntime-web or -node)
+  index.html              web: a page that runs it (edgeattn serve-web)
 ```
 
 Encoders only, and not their token-classification head: entity spans need each token's character
@@ -46,6 +47,8 @@ TARGETS = ("web", "node")
 ORT_PACKAGES = {"web": ("onnxruntime-web", "1.30.0"), "node": ("onnxruntime-node", "1.30.0")}
 BUNDLE = "bundle.json"
 MODULE = "edgeattn.mjs"
+#: the web bundle's page (``edgeattn serve-web`` serves it; any server with cross-origin isolation can)
+PAGE = "index.html"
 TOKENIZERS_JS = ("tokenizers.min.mjs", "tokenizers.LICENSE")
 #: protobuf and the browser's ArrayBuffer both stop near 2 GB
 WEB_LIMIT = (1 << 31) - 1
@@ -98,7 +101,7 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
                                  "bytes": path.stat().st_size})  # fmt: skip
         assert manifest.tokenizer is not None
         shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
-        for name in (MODULE, *TOKENIZERS_JS):
+        for name in (MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])):
             shutil.copy2(ASSETS / name, tmp / name)
         package, version = ORT_PACKAGES[target]
         npm = {"name": _npm_name(out_dir.name), "private": True, "type": "module", "main": MODULE,

@@ -74,9 +74,10 @@ def test_a_classifier_bundle_answers_as_the_python_runtime_on_both_runtimes(clas
                                                                            target):  # fmt: skip
     out = tmp_path / target
     bundle = package_web(classifier, out, target, ["fp32", "int8"])
+    page = ["index.html"] if target == "web" else []
     assert {p.name for p in out.iterdir()} == {"bundle.json", "package.json", "tokenizer.json", "edgeattn.mjs",
                                                "tokenizers.min.mjs", "tokenizers.LICENSE", "model.onnx",
-                                               "model.int8.onnx"}  # fmt: skip
+                                               "model.int8.onnx", *page}  # fmt: skip
     described = json.loads((out / "bundle.json").read_text())
     assert described["task"] == "classify" and described["labels"] and described["closing_special_tokens"] == 1
     assert all(f["sha256"] == sha256_file(out / f["file"]) for f in described["files"])
@@ -151,3 +152,23 @@ def test_packaging_for_the_web_needs_no_torch(embedder, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "web" / "model.int8.onnx").is_file()
+
+
+def test_serve_web_serves_the_page_cross_origin_isolated_and_refuses_other_bundles(embedder, tmp_path):
+    import urllib.request
+
+    from edgeattn.errors import EdgeattnError
+    from edgeattn.serving.web_page import WebPageServer, cdn_module
+
+    package_web(embedder, tmp_path / "node", "node")
+    with pytest.raises(EdgeattnError, match="is a 'node' bundle; serve-web serves --target web bundles"):
+        WebPageServer(tmp_path / "node", port=0)
+    package_web(embedder, tmp_path / "web", "web")
+    with WebPageServer(tmp_path / "web", port=0) as server:
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            page = response.read().decode()
+            assert response.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+            assert response.headers["Cross-Origin-Opener-Policy"] == "same-origin"
+        assert cdn_module("1.30.0") in page and "__ORT_MODULE__" not in page  # no local runtime: the CDN's
+        with urllib.request.urlopen(server.url + "edgeattn.mjs", timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/javascript")

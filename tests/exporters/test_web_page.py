@@ -1,0 +1,97 @@
+"""The web bundle in a real browser: ``edgeattn serve-web``'s page in headless Chromium (Debian's
+chromium, driven by Playwright), cross-origin isolated, giving the labels, probabilities and
+nearest texts the Python runtime gives; a screenshot of what it shows."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+from test_package_web import TEXTS, _export, node_modules  # noqa: E402,F401 - the npm fixture
+
+from edgeattn.exporters.web import package_web  # noqa: E402
+from edgeattn.runtime import load  # noqa: E402
+from edgeattn.serving.web_page import WebPageServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Chromium's executable: found, or installed with apt where this runs as root."""
+    pytest.importorskip("playwright.sync_api")
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None and shutil.which("apt-get") and Path("/").stat().st_uid == 0:
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900)
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.skip("Chromium is not installed and apt could not install it")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def _open(browser, server: WebPageServer):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url)
+    page.wait_for_function("window.edgeattnReady === true || window.edgeattnError !== undefined", timeout=60000)
+    assert page.evaluate("window.edgeattnError") is None and not errors, (page.inner_text("#status"), errors)
+    return page
+
+
+def _run(page, texts: list[str]) -> dict:
+    page.evaluate("window.edgeattnResult = undefined")
+    page.fill("#texts", "\n".join(texts))
+    page.click("#run")
+    page.wait_for_function("window.edgeattnResult !== undefined", timeout=60000)
+    return page.evaluate("window.edgeattnResult")
+
+
+def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_modules, browser):  # noqa: F811
+    export = _export(tmp_path / "classifier", "ForSequenceClassification")
+    package_web(export, tmp_path / "web", "web", ["fp32", "int8"])
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = _open(browser, server)
+        status = page.inner_text("#status")
+        assert "loaded model.onnx" in status and "not cross-origin isolated" not in status, status
+        for precision in ("fp32", "int8"):
+            if precision != "fp32":
+                page.select_option("#precision", precision)
+                page.wait_for_function(f"document.querySelector('#status').textContent.includes('model.{precision}')")
+            shown = _run(page, TEXTS)
+            want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(TEXTS)
+            assert [c["label"] for c in shown["classify"]] == [c.label for c in want]
+            for got, expected in zip(shown["classify"], want, strict=True):
+                assert max(abs(got["scores"][k] - v) for k, v in expected.scores.items()) < 1e-4
+            cells = page.locator("td.label").all_inner_texts()
+            assert cells == [c.label for c in want]  # what the page shows
+        page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+        assert (tmp_path / "page.png").stat().st_size > 5000
+        assert "text(s) in" in page.inner_text("#timing")
+
+
+def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+    export = _export(tmp_path / "embedder", "Model")
+    package_web(export, tmp_path / "web", "web")
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = _open(browser, server)
+        shown = _run(page, TEXTS)
+        want = load(export, providers=["CPUExecutionProvider"]).embed(TEXTS)
+        np.testing.assert_allclose(np.array(shown["embed"], np.float32), want, atol=1e-4)
+        cosine = want @ want.T
+        np.fill_diagonal(cosine, -np.inf)
+        nearest = [TEXTS[j] for j in cosine.argmax(1)]
+        assert page.locator("td.label").all_inner_texts() == nearest
