@@ -30,8 +30,11 @@ def move_into_place(tmp: Path, out_dir: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)
-    for f in tmp.iterdir():
-        os.chmod(f, 0o666 & ~umask)
+    for folder, dirs, files in os.walk(tmp):
+        for name in dirs:
+            os.chmod(Path(folder) / name, 0o777 & ~umask)
+        for name in files:
+            os.chmod(Path(folder) / name, 0o666 & ~umask)
     if out_dir.exists():
         old = out_dir.with_name(previous_name(out_dir.name, os.getpid()))
         os.replace(out_dir, old)

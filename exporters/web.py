@@ -4,7 +4,10 @@ with no build step, answering as the Python runtime does.
 ```
 <out>/
   bundle.json             what it holds: files and sha256, the model's sizes, labels, pooling, inputs
-  model.onnx              the encoder graph, self-contained (model.<precision>.onnx for others)
+  onnx/model.onnx         the encoder graph, self-contained; int8 as onnx/model_quantized.onnx and
+                          int4 as onnx/model_q4.onnx (the names transformers.js loads), others as
+                          onnx/model.<precision>.onnx
+  config.json, tokenizer_config.json   what transformers.js reads beside them
   tokenizer.json          the export's Hugging Face tokenizer
   edgeattn.mjs            the ES module: load(base, ort) -> embed / classify / encode / tokenize
   tokenizers.min.mjs      tokenizers.js (Hugging Face's JavaScript tokenizers, Apache-2.0), vendored
@@ -68,8 +71,15 @@ class WebBundle:
         return sum(f["bytes"] for f in self.files)
 
 
+#: a precision's file name where transformers.js has one (its ``dtype``: fp32, q8, q4)
+TRANSFORMERS_JS_NAMES = {"fp32": "model.onnx", "int8": "model_quantized.onnx", "int4": "model_q4.onnx"}
+#: the ``dtype`` transformers.js loads each of those files with
+TRANSFORMERS_JS_DTYPES = {"fp32": "fp32", "int8": "q8", "int4": "q4"}
+
+
 def model_file(precision: str) -> str:
-    return "model.onnx" if precision == "fp32" else f"model.{precision}.onnx"
+    """Where a precision's graph lies in the bundle (transformers.js's layout)."""
+    return "onnx/" + TRANSFORMERS_JS_NAMES.get(precision, f"model.{precision}.onnx")
 
 
 def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web", precisions: list[str] | None = None,
@@ -96,9 +106,11 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
                 raise ExportError(f"the {precision} encoder is {model.ByteSize() / 1e9:.2f} GB; a browser takes one "
                                   "model file under 2 GB: package int8")  # fmt: skip
             path = tmp / model_file(precision)
+            path.parent.mkdir(exist_ok=True)
             onnx.save_model(model, str(path))
-            bundle.files.append({"file": path.name, "precision": precision, "sha256": sha256_file(path),
-                                 "bytes": path.stat().st_size})  # fmt: skip
+            bundle.files.append({"file": model_file(precision), "precision": precision, "sha256": sha256_file(path),
+                                 "bytes": path.stat().st_size,
+                                 "transformers_js_dtype": TRANSFORMERS_JS_DTYPES.get(precision)})  # fmt: skip
         assert manifest.tokenizer is not None
         shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
         for name in (MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])):
@@ -108,6 +120,7 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
                "dependencies": {package: version}}  # fmt: skip
         (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
         (tmp / BUNDLE).write_text(json.dumps(_describe(bundle, manifest, export_dir, tmp), indent=2) + "\n")
+        _transformers_js_files(manifest, tmp)
         move_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -127,6 +140,32 @@ def _check_runs(manifest: Manifest) -> None:
     if manifest.tokenizer is None or not manifest.tokenizer.file.endswith(".json"):
         raise ExportError("the web and node targets take text through the export's Hugging Face tokenizer.json, "
                           "which this export lacks")  # fmt: skip
+
+
+def _transformers_js_files(manifest: Manifest, out: Path) -> None:
+    """``config.json`` and ``tokenizer_config.json`` as transformers.js reads them beside ``onnx/``:
+    the architecture, the labels, the tokenizer's padding token and length."""
+    from tokenizers import Tokenizer
+
+    config = manifest.config
+    architecture = manifest.architecture or ("BertForSequenceClassification" if config.head == "sequence"
+                                             else "BertModel")  # fmt: skip
+    model_type = {"Bert": "bert", "Roberta": "roberta", "XLMRoberta": "xlm-roberta", "DistilBert": "distilbert",
+                  "Electra": "electra", "MPNet": "mpnet"}  # fmt: skip
+    found = next((t for prefix, t in sorted(model_type.items(), key=lambda kv: -len(kv[0]))
+                  if architecture.startswith(prefix)), "bert")  # fmt: skip
+    described: dict[str, Any] = {"model_type": found, "architectures": [architecture], "hidden_size": config.d_model,
+                                 "num_attention_heads": config.n_heads, "num_hidden_layers": config.n_encoder_layers,
+                                 "max_position_embeddings": config.max_len, "pad_token_id": config.pad_id}  # fmt: skip
+    if config.head in ("sequence", "token"):
+        labels = label_names(manifest.labels, config.num_labels)
+        described["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        described["label2id"] = {name: i for i, name in enumerate(labels)}
+    (out / "config.json").write_text(json.dumps(described, indent=2) + "\n")
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    pad = tokenizer.id_to_token(config.pad_id)
+    (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": config.max_len, "pad_token": pad},
+                                                          indent=2) + "\n")  # fmt: skip
 
 
 def _npm_name(text: str) -> str:

@@ -176,6 +176,23 @@ def bundle_table(data: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def targets_table(data: dict[str, Any]) -> str:
+    """Per model, precision and runtime: the median inference at each size (ms, and the ratio to
+    native ONNX Runtime), and session creation."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in data["rows"]:
+        groups.setdefault((r["model"], r["precision"], r["runtime"]), []).append(r)
+    sizes = list(dict.fromkeys(r["size"] for r in data["rows"]))
+    header = ["model", "precision", "runtime", *(f"{s} ms (x native)" for s in sizes), "session ms"]
+    body = []
+    for (model, precision, runtime), rows in groups.items():
+        by_size = {r["size"]: r for r in rows}
+        cells = [f"{_number(by_size[s]['ms'])} ({by_size[s]['vs_native']:.2f}x)" if s in by_size else "-"
+                 for s in sizes]  # fmt: skip
+        body.append([model, precision, runtime, *cells, _number(rows[0]["create_ms"])])
+    return _table(header, body)
+
+
 def table(path: Path) -> str:
     """A results file's figures as a markdown table."""
     return section(path).split("\n\n", 2)[2].rstrip("\n")
@@ -198,6 +215,8 @@ def section(path: Path) -> str:
         body = load_table(data)
     elif rows and data.get("benchmark") == "mobile bundle":
         body = bundle_table(data)
+    elif rows and data.get("benchmark") == "targets":
+        body = targets_table(data)
     else:
         scalars = {k: v for k, v in data.items() if isinstance(v, int | float | str) and not k.endswith("_dir")}
         body = _table(["figure", "value"], [[k, _number(v) if isinstance(v, float) else str(v)]

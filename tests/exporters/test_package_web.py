@@ -4,11 +4,13 @@ token ids, embeddings and labels the Python runtime gives."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ from edgeattn.sources import resolve_model  # noqa: E402
 
 TEXTS = ["Angela Merkel visited Warsaw in May.", "Edge devices run.",
          "Ada Lovelace wrote notes about Paris today, and about the sea."]  # fmt: skip
+#: transformers.js, which must load a bundle as its own layout
+TRANSFORMERS_JS = ("@huggingface/transformers", "4.3.2")
 #: where the tests keep the npm packages they install (reused between runs)
 NPM_CACHE = Path(os.environ.get("EDGEATTN_NPM_DIR", Path.home() / ".cache" / "edgeattn-tests" / "npm"))
 
@@ -37,17 +41,32 @@ def node_modules() -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
         pytest.skip("Node.js and npm are not installed")
-    wanted = [f"{name}@{version}" for name, version in ORT_PACKAGES.values()]
+    packages = [*ORT_PACKAGES.values(), TRANSFORMERS_JS]
+    wanted = [f"{name}@{version}" for name, version in packages]
     modules = NPM_CACHE / "node_modules"
-    have = all((modules / name / "package.json").is_file() and json.loads((modules / name / "package.json").read_text())
-               ["version"] == version for name, version in ORT_PACKAGES.values())  # fmt: skip
-    if not have:
-        NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--prefix",
-                               str(NPM_CACHE), *wanted], capture_output=True, text=True, timeout=600)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"npm could not install {', '.join(wanted)}: {done.stderr.strip()[-300:]}")
+    NPM_CACHE.mkdir(parents=True, exist_ok=True)
+    with exclusive(NPM_CACHE / ".lock"):  # test workers in parallel install once
+        have = all((modules / name / "package.json").is_file() and json.loads((modules / name / "package.json")
+                   .read_text())["version"] == version for name, version in packages)  # fmt: skip
+        if not have:
+            done = subprocess.run([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--prefix",
+                                   str(NPM_CACHE), *wanted], capture_output=True, text=True, timeout=600)  # fmt: skip
+            if done.returncode != 0:
+                pytest.skip(f"npm could not install {', '.join(wanted)}: {done.stderr.strip()[-300:]}")
     return modules
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (one process at a time, across test workers)."""
+    import fcntl
+
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _export(root: Path, head: str) -> Path:
@@ -76,8 +95,9 @@ def test_a_classifier_bundle_answers_as_the_python_runtime_on_both_runtimes(clas
     bundle = package_web(classifier, out, target, ["fp32", "int8"])
     page = ["index.html"] if target == "web" else []
     assert {p.name for p in out.iterdir()} == {"bundle.json", "package.json", "tokenizer.json", "edgeattn.mjs",
-                                               "tokenizers.min.mjs", "tokenizers.LICENSE", "model.onnx",
-                                               "model.int8.onnx", *page}  # fmt: skip
+                                               "tokenizers.min.mjs", "tokenizers.LICENSE", "onnx", "config.json",
+                                               "tokenizer_config.json", *page}  # fmt: skip
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model.onnx", "model_quantized.onnx"]
     described = json.loads((out / "bundle.json").read_text())
     assert described["task"] == "classify" and described["labels"] and described["closing_special_tokens"] == 1
     assert all(f["sha256"] == sha256_file(out / f["file"]) for f in described["files"])
@@ -139,7 +159,8 @@ def test_the_command_line_writes_a_node_bundle(embedder, tmp_path):
                                       "--precision", "int8"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert f"wrote {tmp_path / 'n'} (node: 1 files" in result.output
-    assert (tmp_path / "n" / "model.int8.onnx").is_file() and not (tmp_path / "n" / "model.onnx").exists()
+    assert (tmp_path / "n" / "onnx" / "model_quantized.onnx").is_file()
+    assert not (tmp_path / "n" / "onnx" / "model.onnx").exists()
 
 
 def test_packaging_for_the_web_needs_no_torch(embedder, tmp_path):
@@ -151,7 +172,7 @@ def test_packaging_for_the_web_needs_no_torch(embedder, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "web" / "model.int8.onnx").is_file()
+    assert (tmp_path / "web" / "onnx" / "model_quantized.onnx").is_file()
 
 
 def test_serve_web_serves_the_page_cross_origin_isolated_and_refuses_other_bundles(embedder, tmp_path):
@@ -172,3 +193,51 @@ def test_serve_web_serves_the_page_cross_origin_isolated_and_refuses_other_bundl
         assert cdn_module("1.30.0") in page and "__ORT_MODULE__" not in page  # no local runtime: the CDN's
         with urllib.request.urlopen(server.url + "edgeattn.mjs", timeout=10) as response:
             assert response.headers["Content-Type"].startswith("text/javascript")
+
+
+TRANSFORMERS_RUNNER = """
+import {{ pipeline, env }} from "@huggingface/transformers";
+import {{ writeFile }} from "node:fs/promises";
+env.allowRemoteModels = false;
+env.localModelPath = {root};
+const out = {{}};
+for (const dtype of ["fp32", "q8"]) {{
+  const pipe = await pipeline({task}, {name}, {{ dtype }});
+  out[dtype] = {task} === "text-classification" ? await pipe({texts}, {{ top_k: null }})
+             : (await pipe({texts}, {{ pooling: "mean", normalize: true }})).tolist();
+}}
+await writeFile({result}, JSON.stringify(out));
+"""
+
+
+@pytest.mark.parametrize("which", ["classifier", "embedder"])
+def test_transformers_js_loads_the_bundle_and_agrees(which, request, node_modules, tmp_path):
+    """transformers.js (npm @huggingface/transformers) takes the bundle as a model folder of its own:
+    its text-classification and feature-extraction pipelines, fp32 and q8, answer as the Python
+    runtime does."""
+    import numpy as np
+
+    from edgeattn.runtime import load
+
+    export = request.getfixturevalue(which)
+    package_web(export, tmp_path / "bundle", "node", ["fp32", "int8"])
+    task = "text-classification" if which == "classifier" else "feature-extraction"
+    result = tmp_path / "result.json"
+    script = node_modules.parent / f"run-{os.getpid()}-{which}.mjs"  # beside node_modules, to resolve the package
+    script.write_text(TRANSFORMERS_RUNNER.format(root=json.dumps(str(tmp_path) + "/"), name=json.dumps("bundle"),
+                                                 task=json.dumps(task), texts=json.dumps(TEXTS),
+                                                 result=json.dumps(str(result))))  # fmt: skip
+    try:
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=300)
+    finally:
+        script.unlink()
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(result.read_text())
+    for dtype, precision in (("fp32", "fp32"), ("q8", "int8")):
+        model = load(export, providers=["CPUExecutionProvider"], precision=precision)
+        if which == "classifier":
+            for found, want in zip(got[dtype], model.classify(TEXTS), strict=True):
+                assert found[0]["label"] == want.label
+                assert max(abs(f["score"] - want.scores[f["label"]]) for f in found) < 1e-4
+        else:
+            np.testing.assert_allclose(np.array(got[dtype], np.float32), model.embed(TEXTS), atol=1e-4)
