@@ -80,3 +80,18 @@ def quiet_quantization() -> Iterator[None]:
         for handler in root.handlers[:]:
             if handler not in handlers:  # handlers a module's logging.basicConfig() added meanwhile
                 root.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def loggers_at(names: tuple[str, ...], level: int) -> Iterator[None]:
+    """The loggers ``names`` held at ``level`` at least while the block runs (a tool's chatter kept
+    back), then as they were."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), level))
+    try:
+        yield
+    finally:
+        for lg, before in zip(loggers, levels, strict=True):
+            lg.setLevel(before)

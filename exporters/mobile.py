@@ -46,6 +46,7 @@ from edgeattn import __version__
 from edgeattn.errors import ExportError
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.host import loggers_at
 from edgeattn.runtime.families import family_of
 from edgeattn.runtime.layout import graph_file, partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
@@ -194,21 +195,11 @@ def _bar(jobs: list[Any], progress: bool) -> Any:
     return tqdm(jobs, desc="mobile", unit="file", disable=not progress)
 
 
-@contextlib.contextmanager
-def _quiet_tools() -> Any:
+def _quiet_tools() -> contextlib.AbstractContextManager[None]:
     """ONNX Runtime's tools' INFO lines held back unless edgeattn's own log is at DEBUG."""
     import onnxruntime.tools.convert_onnx_models_to_ort  # noqa: F401 - its loggers set their level on import
 
-    loggers = [logging.getLogger(name) for name in _TOOL_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    if not log.isEnabledFor(logging.DEBUG):
-        for lg in loggers:
-            lg.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    return loggers_at(_TOOL_LOGGERS, logging.DEBUG if log.isEnabledFor(logging.DEBUG) else logging.WARNING)
 
 
 def _stage(export_dir: Path, manifest: Manifest, precisions: list[str], work: Path) -> dict[tuple[str, str], Path]:

@@ -17,7 +17,6 @@ import json
 import logging
 import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.host import loggers_at
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import external_data_file
@@ -261,18 +261,9 @@ def finalize(proto: onnx.ModelProto, config: ModelConfig, spec: GraphSpec, preci
         proto.metadata_props.add(key=key, value=value)
 
 
-@contextlib.contextmanager
-def _quiet_torch_onnx() -> Iterator[None]:
+def _quiet_torch_onnx() -> contextlib.AbstractContextManager[None]:
     """Silence torch.onnx's own warnings (deprecation notices, missing torchvision)."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "torch.fx")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    return loggers_at(("torch.onnx", "torch.export", "torch._export", "torch.fx"), logging.ERROR)
 
 
 def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = PROTOBUF_LIMIT) -> list[Path]:

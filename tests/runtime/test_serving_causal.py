@@ -5,8 +5,6 @@ batched, chat and stop requests, and a real server streaming them."""
 from __future__ import annotations
 
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 
 pytest.importorskip("transformers")
 import causal_folders  # noqa: E402
+from test_triton import ask_concurrently, stream_pieces  # noqa: E402
 
 from edgeattn.errors import ConfigError, EdgeattnError  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
@@ -182,16 +181,7 @@ def test_a_real_server_answers_and_streams_a_language_model(lm_export, tmp_path)
                     zip(PROMPTS, answer(served_model(repo.path / "lm" / "1", "in-process", 8)[0], "complete",
                                         [{"text": _texts(p)} for p in PROMPTS]), strict=True)}  # fmt: skip
 
-        def ask(i: int) -> tuple[str, str]:
-            prompt = PROMPTS[i % len(PROMPTS)]
-            module, url = (http, server.http_url) if i % 2 else (grpc, server.grpc_url)
-            client = module.InferenceServerClient(url)
-            text = module.InferInput("text", [1, 1], "BYTES")
-            text.set_data_from_numpy(_texts(prompt))
-            return prompt, client.infer("lm", [text]).as_numpy("answer")[0, 0].decode()
-
-        with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(ask, range(24)))
+        got = ask_concurrently(server, "lm", PROMPTS, requests=24, threads=8)
         assert all(text == expected[p]["answer"][0, 0].decode() for p, text in got)
         stats = http.InferenceServerClient(server.http_url).get_inference_statistics("lm")["model_stats"][0]
         assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 1  # requests were batched
@@ -204,33 +194,13 @@ def test_a_real_server_answers_and_streams_a_language_model(lm_export, tmp_path)
 
 
 def _stream(grpc, url: str, text: str, chat: bool = False, stop: str | None = None) -> list[str]:
-    """The pieces ``lm_stream`` sends for one text over gRPC streaming ("ERROR ..." for an error)."""
-    pieces: list[str] = []
-    done = threading.Event()
-
-    def callback(result, error):
-        if error is not None:
-            pieces.append(f"ERROR {error}")
-            done.set()
-        elif result.get_response().parameters["triton_final_response"].bool_param:
-            done.set()
-        else:
-            pieces.append(result.as_numpy("answer")[0, 0].decode())
-
-    client = grpc.InferenceServerClient(url)
-    client.start_stream(callback)
-    inputs = [grpc.InferInput("text", [1, 1], "BYTES")]
-    inputs[0].set_data_from_numpy(_texts(text))
+    """The pieces ``lm_stream`` sends for one text ("ERROR ..." for an error)."""
+    inputs = {"text": _texts(text)}
     if chat:
-        inputs.append(grpc.InferInput("chat", [1, 1], "BOOL"))
-        inputs[-1].set_data_from_numpy(_flag(True))
+        inputs["chat"] = _flag(True)
     if stop is not None:
-        inputs.append(grpc.InferInput("stop", [1, 1], "BYTES"))
-        inputs[-1].set_data_from_numpy(_texts(stop))
-    client.async_stream_infer("lm_stream", inputs, enable_empty_final_response=True)
-    assert done.wait(120)
-    client.stop_stream()
-    return pieces
+        inputs["stop"] = _texts(stop)
+    return stream_pieces(url, "lm_stream", inputs)
 
 
 def test_load_requests_carry_settings_of_the_declared_types():

@@ -249,17 +249,7 @@ def test_a_real_server_batches_concurrent_requests_and_answers_as_the_runtime(de
     reference = load(demo_export, providers=CPU)
     expected = {s: reference.generate_text([s])[0] for s in SOURCES}
     with server_class(repo.path, ["sorter", "sorter_stream"], log_file=tmp_path / "server.log") as server:
-
-        def ask(i: int) -> tuple[str, str]:
-            source = SOURCES[i % len(SOURCES)]
-            module, url = (http, server.http_url) if i % 2 else (grpc, server.grpc_url)
-            client = module.InferenceServerClient(url)
-            text = module.InferInput("text", [1, 1], "BYTES")
-            text.set_data_from_numpy(_texts(source))
-            return source, client.infer("sorter", [text]).as_numpy("answer")[0, 0].decode()
-
-        with ThreadPoolExecutor(16) as pool:
-            got = list(pool.map(ask, range(48)))
+        got = ask_concurrently(server, "sorter", SOURCES, requests=48, threads=16)
         assert all(answer_ == expected[source] for source, answer_ in got)
         client = http.InferenceServerClient(server.http_url)
         stats = client.get_inference_statistics("sorter")["model_stats"][0]
@@ -273,12 +263,30 @@ def test_a_real_server_batches_concurrent_requests_and_answers_as_the_runtime(de
             wrong = http.InferInput("texts", [1, 1], "BYTES")
             wrong.set_data_from_numpy(_texts("3 1"))
             client.infer("sorter", [wrong])
-        assert ask(1)[1] == expected[SOURCES[1]]  # still serving
+        assert ask_concurrently(server, "sorter", SOURCES[1:2], requests=1, threads=1)[0][1] == expected[SOURCES[1]]
         assert "nv_inference_request_success" in _get(server.metrics_url)
         pieces = _stream(grpc, server.grpc_url, SOURCES[4])
         assert len(pieces) > 1 and "".join(pieces) == expected[SOURCES[4]]
         beam = _stream(grpc, server.grpc_url, SOURCES[4], strategy="beam", num_beams=3)
         assert "".join(beam) == reference.generate_text([SOURCES[4]], strategy="beam", num_beams=3)[0]
+
+
+def ask_concurrently(server, model: str, texts: list[str], requests: int, threads: int) -> list[tuple[str, str]]:
+    """``requests`` one-text requests of ``texts`` in turn from ``threads`` threads, over HTTP and gRPC
+    alternately: (text, answer) each."""
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+
+    def ask(i: int) -> tuple[str, str]:
+        text = texts[i % len(texts)]
+        module, url = (http, server.http_url) if i % 2 else (grpc, server.grpc_url)
+        client = module.InferenceServerClient(url)
+        item = module.InferInput("text", [1, 1], "BYTES")
+        item.set_data_from_numpy(_texts(text))
+        return text, client.infer(model, [item]).as_numpy("answer")[0, 0].decode()
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(ask, range(requests)))
 
 
 def _get(url: str) -> str:
@@ -288,8 +296,12 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
-def _stream(grpc, url: str, source: str, strategy: str | None = None, num_beams: int | None = None) -> list[str]:
-    """The pieces the streaming model sends for one text over gRPC streaming."""
+def stream_pieces(url: str, model: str, inputs: dict[str, np.ndarray], timeout: float = 120) -> list[str]:
+    """The pieces a decoupled model sends for one request over gRPC streaming ("ERROR ..." for an
+    error), ``inputs`` by name as one row each."""
+    import tritonclient.grpc as grpc
+    from tritonclient.utils import np_to_triton_dtype
+
     pieces: list[str] = []
     done = threading.Event()
 
@@ -297,27 +309,31 @@ def _stream(grpc, url: str, source: str, strategy: str | None = None, num_beams:
         if error is not None:
             pieces.append(f"ERROR {error}")
             done.set()
-        elif result.get_response().parameters.get("triton_final_response", None) is not None and \
-                result.get_response().parameters["triton_final_response"].bool_param:  # fmt: skip
+        elif result.get_response().parameters["triton_final_response"].bool_param:
             done.set()
         else:
             pieces.append(result.as_numpy("answer")[0, 0].decode())
 
     client = grpc.InferenceServerClient(url)
     client.start_stream(callback)
-    text = grpc.InferInput("text", [1, 1], "BYTES")
-    text.set_data_from_numpy(_texts(source))
-    inputs = [text]
-    if strategy is not None:
-        inputs.append(grpc.InferInput("strategy", [1, 1], "BYTES"))
-        inputs[-1].set_data_from_numpy(np.array([[strategy.encode()]], dtype=object))
-    if num_beams is not None:
-        inputs.append(grpc.InferInput("num_beams", [1, 1], "INT32"))
-        inputs[-1].set_data_from_numpy(np.array([[num_beams]], np.int32))
-    client.async_stream_infer("sorter_stream", inputs, enable_empty_final_response=True)
-    assert done.wait(60)
+    items = []
+    for name, value in inputs.items():
+        items.append(grpc.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype)))
+        items[-1].set_data_from_numpy(value)
+    client.async_stream_infer(model, items, enable_empty_final_response=True)
+    assert done.wait(timeout)
     client.stop_stream()
     return pieces
+
+
+def _stream(grpc, url: str, source: str, strategy: str | None = None, num_beams: int | None = None) -> list[str]:
+    """The pieces ``sorter_stream`` sends for one text."""
+    inputs = {"text": _texts(source)}
+    if strategy is not None:
+        inputs["strategy"] = np.array([[strategy.encode()]], dtype=object)
+    if num_beams is not None:
+        inputs["num_beams"] = np.array([[num_beams]], np.int32)
+    return stream_pieces(url, "sorter_stream", inputs)
 
 
 def _line_with(process: subprocess.Popen, word: str, timeout: float) -> str:
