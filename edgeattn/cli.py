@@ -403,19 +403,27 @@ def quantize(
 @click.option("--precision", "precisions", default=None,
               help="Comma-separated precisions to package (default: every CPU precision the export holds).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--check-with", "node_modules", type=click.Path(path_type=Path), default=None,
+              help="web, node: a node_modules folder with onnxruntime-node and/or onnxruntime-web; the bundle is "
+              "run under Node.js on each and checked against the Python runtime (a table, kept in bundle.json).")
 @_needs("export", "onnx")
-def package(export_dir: Path, target: str, output: Path, precisions: str | None, force: bool) -> None:  # fmt: skip
+def package(export_dir: Path, target: str, output: Path, precisions: str | None, force: bool,
+            node_modules: Path | None) -> None:  # fmt: skip
     """Package an export for a device: mobile (proven to load and to answer as the export does) or a
     browser / Node.js bundle of an encoder. Needs onnx, not torch."""
     if target == "mobile":
         from edgeattn.exporters.mobile import package_mobile
 
+        if node_modules is not None:
+            raise click.UsageError("--check-with is for the web and node targets (a mobile bundle is checked always)")
         bundle = package_mobile(export_dir, output, _split(precisions), force=force, progress=sys.stderr.isatty())
         click.echo(bundle.table())
     else:
-        from edgeattn.exporters.web import package_web
+        from edgeattn.exporters.web import check_and_record, package_web, parity_table
 
         bundle = package_web(export_dir, output, target, _split(precisions), force=force)
+        if node_modules is not None:
+            click.echo(parity_table(check_and_record(output, export_dir, node_modules)))
     click.echo(f"wrote {output} ({target}: {len(bundle.files)} files, {bundle.total_bytes / 1e6:.2f} MB)")
 
 

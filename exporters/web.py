@@ -231,6 +231,11 @@ await writeFile({result}, JSON.stringify(out));
 """
 
 
+#: texts a bundle is checked on when none are given (any tokenizer takes them)
+SAMPLE_TEXTS = ["The sea is calm tonight.", "A small model runs in the browser, and answers at once.",
+                "Angela Merkel visited Paris in May 2019.", "ok"]  # fmt: skip
+
+
 @dataclass
 class BundleCheck:
     """One precision of a bundle run under Node.js against the Python runtime."""
@@ -242,6 +247,40 @@ class BundleCheck:
     worst_cosine: float
     labels_equal: bool | None
     passed: bool
+
+
+def parity_table(checks: list[BundleCheck]) -> str:
+    """The checks as a plain-text table (one row per runtime and precision)."""
+    rows = [("runtime", "precision", "tokens", "max abs err", "worst cosine", "labels", "result")]
+    for c in checks:
+        labels = "-" if c.labels_equal is None else "equal" if c.labels_equal else "DIFFER"
+        rows.append((c.runtime, c.precision, "equal" if c.tokens_equal else "DIFFER", f"{c.max_abs:.2e}",
+                     f"{c.worst_cosine:.6f}", labels, "ok" if c.passed else "FAIL"))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def check_and_record(bundle_dir: str | Path, export_dir: str | Path, node_modules: str | Path,
+                     texts: list[str] | None = None) -> list[BundleCheck]:  # fmt: skip
+    """:func:`check_bundle` on every ONNX Runtime for JavaScript installed in ``node_modules``
+    (onnxruntime-node, onnxruntime-web), recorded in the bundle's ``bundle.json`` (``parity``);
+    ExportError naming the table when a check fails."""
+    bundle_dir = Path(bundle_dir)
+    runtimes = [name for name in ("onnxruntime-node", "onnxruntime-web") if (Path(node_modules) / name).is_dir()]
+    if not runtimes:
+        raise ExportError(f"{node_modules} holds neither onnxruntime-node nor onnxruntime-web: npm install "
+                          "--ignore-scripts onnxruntime-node@1.30.0 onnxruntime-web@1.30.0 there")  # fmt: skip
+    checks = [c for runtime in runtimes for c in check_bundle(bundle_dir, export_dir, node_modules,
+                                                              texts or SAMPLE_TEXTS, runtime)]  # fmt: skip
+    described = json.loads((bundle_dir / BUNDLE).read_text())
+    described["parity"] = {"texts": texts or SAMPLE_TEXTS, "against": "the Python runtime (ONNX Runtime CPU)",
+                           "checks": [asdict(c) for c in checks]}  # fmt: skip
+    (bundle_dir / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
+    if not all(c.passed for c in checks):
+        raise ExportError("the bundle does not answer as the Python runtime does:\n" + parity_table(checks))
+    return checks
 
 
 def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: str | Path, texts: list[str],

@@ -35,6 +35,20 @@ function baseUrl(base) {
   return new URL(base.endsWith("/") ? base : `${base}/`, globalThis.location?.href);
 }
 
+/**
+ * Session options: the given ones over edgeattn's defaults. int8 products with signed weights beyond
+ * 7 bits saturate in the u8 x s8 kernels of x86 CPUs without VNNI (onnxruntime-node on an AVX2
+ * machine: an int8 export made on a VNNI machine 0.025 off in its logits); ONNX Runtime's
+ * `session.x64quantprecision` makes those weights unsigned, the same products without saturating
+ * (nothing changes elsewhere; the wasm kernels do not saturate).
+ */
+export function createOptions(ort, executionProviders, sessionOptions = {}) {
+  const extra = { ...(sessionOptions.extra ?? {}) };
+  extra.session = { x64quantprecision: "1", ...(extra.session ?? {}) };
+  return { executionProviders: executionProviders ?? [ort.env?.versions?.web ? "wasm" : "cpu"],
+           ...sessionOptions, extra };
+}
+
 /** The bundle at `base` (a URL or, in Node, a directory path) on `ort`, at `precision`. */
 export async function load(base, ort, { precision, executionProviders, sessionOptions = {} } = {}) {
   const root = baseUrl(base);
@@ -45,9 +59,8 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
     throw new Error(`edgeattn: this bundle holds no ${precision} model (it has ${held})`);
   }
   const tokenizer = new Tokenizer(await readJson(new URL(bundle.tokenizer, root)), bundle.tokenizer_config);
-  const providers = executionProviders ?? [ort.env?.versions?.web ? "wasm" : "cpu"];
   const session = await ort.InferenceSession.create(await readBytes(new URL(file.file, root)),
-    { executionProviders: providers, ...sessionOptions });
+    createOptions(ort, executionProviders, sessionOptions));
   return new EncoderModel(bundle, file, tokenizer, session, ort);
 }
 

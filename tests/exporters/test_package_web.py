@@ -241,3 +241,63 @@ def test_transformers_js_loads_the_bundle_and_agrees(which, request, node_module
                 assert max(abs(f["score"] - want.scores[f["label"]]) for f in found) < 1e-4
         else:
             np.testing.assert_allclose(np.array(got[dtype], np.float32), model.embed(TEXTS), atol=1e-4)
+
+
+SATURATING = """
+import * as ort from "onnxruntime-node";
+import {{ readFile, writeFile }} from "node:fs/promises";
+import {{ createOptions }} from "{module}";
+const session = await ort.InferenceSession.create(await readFile({model}), createOptions(ort));
+const a = new ort.Tensor("uint8", Uint8Array.from({a}), [{rows}, 64]);
+const out = await session.run({{ a }});
+await writeFile({result}, JSON.stringify(Array.from(out.y.data)));
+"""
+
+
+def test_the_module_keeps_signed_int8_from_saturating_on_onnxruntime_node(node_modules, tmp_path):
+    """The bundle's session options ask ONNX Runtime to turn signed int8 weights unsigned where the
+    CPU lacks VNNI: products of 255 x 127 come out exact (on an AVX2 CPU without the option they
+    saturate: 410,032 instead of 922,080)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeattn.exporters.web import ASSETS
+
+    weights = np.tile(np.array([[127], [127], [-128], [100]], np.int8), (16, 8))
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "saturate",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [None, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [None, 8])],
+        [numpy_helper.from_array(weights, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)  # ONNX Runtime 1.30
+    onnx.save_model(model, str(tmp_path / "m.onnx"))
+    a = np.full((2, 64), 255, np.uint8)
+    a[1] = np.arange(64, dtype=np.uint8) * 4
+    script = node_modules.parent / f"saturate-{os.getpid()}.mjs"
+    script.write_text(SATURATING.format(module=(ASSETS / "edgeattn.mjs").as_uri(),
+                                        model=json.dumps(str(tmp_path / "m.onnx")), a=json.dumps(a.ravel().tolist()),
+                                        rows=2, result=json.dumps(str(tmp_path / "y.json"))))  # fmt: skip
+    try:
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=120)
+    finally:
+        script.unlink()
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = np.array(json.loads((tmp_path / "y.json").read_text())).reshape(2, 8)
+    np.testing.assert_array_equal(got, a.astype(np.int32) @ weights.astype(np.int32))
+
+
+def test_the_command_line_checks_a_bundle_on_both_runtimes_and_keeps_the_table(classifier, node_modules, tmp_path):
+    out = tmp_path / "w"
+    result = CliRunner().invoke(cli, ["package", str(classifier), "--target", "web", "-o", str(out), "--precision",
+                                      "fp32,int8", "--check-with", str(node_modules)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("onnxruntime-")]
+    assert len(rows) == 4 and all(line.rstrip().endswith("ok") for line in rows), result.output
+    parity = json.loads((out / "bundle.json").read_text())["parity"]
+    assert {(c["runtime"], c["precision"]) for c in parity["checks"]} == {
+        (r, p) for r in ("onnxruntime-node", "onnxruntime-web") for p in ("fp32", "int8")}  # fmt: skip
+    refused = CliRunner().invoke(cli, ["package", str(classifier), "--target", "mobile", "-o", str(tmp_path / "m"),
+                                       "--check-with", str(node_modules)])  # fmt: skip
+    assert refused.exit_code == 2 and "--check-with is for the web and node targets" in refused.output
