@@ -115,7 +115,8 @@ def test_a_classifier_bundle_answers_as_the_python_runtime_on_both_runtimes(clas
 
 def test_an_embedding_bundle_pools_as_the_export_says(embedder, node_modules, tmp_path):
     out = tmp_path / "web"
-    package_web(embedder, out, "web")
+    bundle = package_web(embedder, out, "web")
+    assert [f["precision"] for f in bundle.files] == ["int8"]  # the gated int8 by default
     described = json.loads((out / "bundle.json").read_text())
     assert described["task"] == "encode" and described["pooling"] == {"mode": "mean", "normalize": True}
     checks = check_bundle(out, embedder, node_modules, TEXTS, "onnxruntime-web")
@@ -301,3 +302,19 @@ def test_the_command_line_checks_a_bundle_on_both_runtimes_and_keeps_the_table(c
     refused = CliRunner().invoke(cli, ["package", str(classifier), "--target", "mobile", "-o", str(tmp_path / "m"),
                                        "--check-with", str(node_modules)])  # fmt: skip
     assert refused.exit_code == 2 and "--check-with is for the web and node targets" in refused.output
+
+
+def test_the_default_precision_is_the_gated_int8_else_fp32(embedder, tmp_path):
+    from edgeattn.exporters.web import default_precision
+    from edgeattn.runtime.manifest import read_manifest
+
+    assert default_precision(read_manifest(embedder)) == "int8"
+    plain = tmp_path / "plain"
+    source = resolve_model(from_hf=embedder.parent / "hf")
+    export_model(source.model, plain, graphs=["encoder"], verify=False, tokenizer=source.tokenizer, task=source.task)
+    assert default_precision(read_manifest(plain)) == "fp32"
+    manifest = json.loads((embedder / "manifest.json").read_text())
+    manifest["graphs"]["encoder"]["precisions"]["int8"]["degraded"] = True
+    (tmp_path / "degraded").mkdir()
+    (tmp_path / "degraded" / "manifest.json").write_text(json.dumps(manifest))
+    assert default_precision(read_manifest(tmp_path / "degraded")) == "fp32"

@@ -91,11 +91,12 @@ def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_mo
 
 def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
     export = _export(tmp_path / "embedder", "Model")
-    package_web(export, tmp_path / "web", "web")
+    bundle = package_web(export, tmp_path / "web", "web")  # the default: the gated int8
+    assert [f["precision"] for f in bundle.files] == ["int8"]
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(browser, server)
         shown = _run(page, TEXTS)
-        want = load(export, providers=["CPUExecutionProvider"]).embed(TEXTS)
+        want = load(export, providers=["CPUExecutionProvider"], precision="int8").embed(TEXTS)
         np.testing.assert_allclose(np.array(shown["embed"], np.float32), want, atol=1e-4)
         cosine = want @ want.T
         np.fill_diagonal(cosine, -np.inf)
