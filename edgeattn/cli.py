@@ -435,7 +435,7 @@ def package(export_dir: Path, target: str, output: Path, precisions: str | None,
               help="onnxruntime-web's dist folder to serve the runtime from (default: the page loads it from "
               "jsDelivr).")
 def serve_web(bundle_dir: Path, host: str, port: int, ort_dist: Path | None) -> None:
-    """Serve a web bundle's page (type text, see labels or nearest texts, load and inference times),
+    """Serve a web bundle's page (type text, see labels, entities or nearest texts, load and run times),
     cross-origin isolated so onnxruntime-web may use threads. Stops on Ctrl-C."""
     from edgeattn.serving.web_page import WebPageServer
 

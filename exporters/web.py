@@ -15,9 +15,10 @@ with no build step, answering as the Python runtime does.
   index.html              web: a page that runs it (edgeattn serve-web)
 ```
 
-Encoders only, and not their token-classification head: entity spans need each token's character
-offsets, which tokenizers.js does not give. :func:`check_bundle` runs a bundle under Node.js and
-compares its tokens and answers with the Python runtime's. Torch-free (onnx).
+Encoders only; tagging with WordPiece tokenizers (BERT, DistilBERT, ELECTRA), whose pieces the
+module aligns to the text itself (tokenizers.js gives no character offsets). :func:`check_bundle`
+runs a bundle under Node.js and compares its tokens and answers with the Python runtime's.
+Torch-free (onnx).
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
     parent = out_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir.name), dir=parent))
+    assert manifest.tokenizer is not None
+    tagging = None
+    if manifest.config.head == "token":
+        tagging = tagging_settings(check_file(export_dir, manifest.tokenizer))
     try:
         bundle = WebBundle(out_dir, target)
         checked: set[tuple[str, str]] = set()
@@ -119,7 +124,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         npm = {"name": _npm_name(out_dir.name), "private": True, "type": "module", "main": MODULE,
                "dependencies": {package: version}}  # fmt: skip
         (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
-        (tmp / BUNDLE).write_text(json.dumps(_describe(bundle, manifest, export_dir, tmp), indent=2) + "\n")
+        described = {**_describe(bundle, manifest, export_dir, tmp), "tagging": tagging}
+        (tmp / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
         _transformers_js_files(manifest, tmp)
         move_into_place(tmp, out_dir)
     except BaseException:
@@ -143,12 +149,23 @@ def _check_runs(manifest: Manifest) -> None:
     if manifest.family_name != "encoder":
         raise ExportError(f"the web and node targets run encoder exports (embed, classify, encode) today; this is a "
                           f"{manifest.family_name} export: package it for --target mobile, or serve it")  # fmt: skip
-    if manifest.config.head == "token":
-        raise ExportError("the web and node targets do not tag yet: entity spans need each token's character "
-                          "offsets, which tokenizers.js does not give")  # fmt: skip
     if manifest.tokenizer is None or not manifest.tokenizer.file.endswith(".json"):
         raise ExportError("the web and node targets take text through the export's Hugging Face tokenizer.json, "
                           "which this export lacks")  # fmt: skip
+
+
+def tagging_settings(tokenizer_path: Path) -> dict[str, Any]:
+    """What the module needs to give each token its character span (tokenizers.js gives none): the
+    WordPiece settings and the Bert normalizer's; ExportError for a tokenizer it cannot align."""
+    described = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+    model, normalizer = described.get("model") or {}, described.get("normalizer") or {}
+    if model.get("type") != "WordPiece" or normalizer.get("type") not in ("BertNormalizer", None):
+        raise ExportError("the web and node targets tag with WordPiece tokenizers (BERT, DistilBERT, ELECTRA), "
+                          f"whose pieces they align to the text; this one is {model.get('type')} with "
+                          f"{normalizer.get('type')}")  # fmt: skip
+    return {"specials": [t["content"] for t in described.get("added_tokens", []) if t.get("special")],
+            "prefix": model.get("continuing_subword_prefix", "##"), "unk": model.get("unk_token"),
+            "lowercase": bool(normalizer.get("lowercase", False)), "strip_accents": normalizer.get("strip_accents")}
 
 
 def _transformers_js_files(manifest: Manifest, out: Path) -> None:
@@ -197,7 +214,7 @@ def _closing_specials(tokenizer_path: Path) -> int:
 
 def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path) -> dict[str, Any]:
     config = manifest.config
-    task = manifest.task or ("classify" if config.head == "sequence" else "embed")
+    task = manifest.task or {"sequence": "classify", "token": "tag"}.get(config.head or "", "embed")
     pooling = manifest.pooling
     return {
         "target": bundle.target,
@@ -208,7 +225,7 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
         "task": task,
         "model": {"max_len": config.max_len, "pad_id": config.pad_id, "head": config.head,
                   "num_labels": config.num_labels, "token_types": config.token_types, "d_model": config.d_model},
-        "labels": label_names(manifest.labels, config.num_labels) if config.head == "sequence" else None,
+        "labels": label_names(manifest.labels, config.num_labels) if config.head in ("sequence", "token") else None,
         "pooling": {"mode": pooling.mode if pooling else "mean", "normalize": pooling.normalize if pooling else True},
         "tokenizer": "tokenizer.json",
         "tokenizer_config": {},
@@ -234,6 +251,10 @@ for (const precision of {precisions}) {{
   const row = {{ ids: Array.from(tokens.ids, Number), width: tokens.width }};
   row.embed = (await model.embed(texts)).map((v) => Array.from(v));
   if (model.bundle.model.head === "sequence") row.classify = await model.classify(texts);
+  if (model.bundle.model.head === "token") {{
+    row.tag = await model.tag(texts);
+    row.tag_first = await model.tag(texts, {{ aggregation: "first" }});
+  }}
   out[precision] = row;
 }}
 await writeFile({result}, JSON.stringify(out));
@@ -256,6 +277,15 @@ class BundleCheck:
     worst_cosine: float
     labels_equal: bool | None
     passed: bool
+
+
+def _same_entities(want: list[list[Any]], got: list[list[dict[str, Any]]]) -> bool:
+    """The same entities (type, span, word) in every text, their scores within 1e-4."""
+    if len(want) != len(got) or any(len(w) != len(g) for w, g in zip(want, got, strict=True)):
+        return False
+    return all(e.entity_group == f["entity_group"] and (e.start, e.end, e.word) == (f["start"], f["end"], f["word"])
+               and abs(e.score - f["score"]) <= 1e-4
+               for w, g in zip(want, got, strict=True) for e, f in zip(w, g, strict=True))  # fmt: skip
 
 
 def parity_table(checks: list[BundleCheck]) -> str:
@@ -329,6 +359,9 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
         labels_equal = None
         if "classify" in row:
             labels_equal = [c.label for c in model.classify(texts)] == [c["label"] for c in row["classify"]]
+        if "tag" in row:
+            labels_equal = all(_same_entities(model.tag(texts, aggregation=how), row[key])
+                               for how, key in (("simple", "tag"), ("first", "tag_first")))  # fmt: skip
         close = diff <= 1e-4 if precision in ("fp32", "fp32-opt") else cosine >= 0.999
         checks.append(BundleCheck(runtime, precision, tokens_equal, diff, cosine, labels_equal,
                                   tokens_equal and close and labels_equal is not False))  # fmt: skip

@@ -86,6 +86,7 @@ export class EncoderModel {
       const encoded = this.tokenizer.encode(text, { return_token_type_ids: true });
       let ids = encoded.ids.map(Number);
       let types = (encoded.token_type_ids ?? ids.map(() => 0)).map(Number);
+      let kept = ids.map((_, k) => k);
       if (ids.length > maxLen) {
         if (!truncate) {
           throw new Error(`edgeattn: text ${i} is ${ids.length} tokens long; this model takes at most ${maxLen}: ` +
@@ -95,8 +96,9 @@ export class EncoderModel {
         const keep = [...Array(maxLen - tail).keys(), ...Array.from({ length: tail }, (_, k) => ids.length - tail + k)];
         ids = keep.map((k) => ids[k]);
         types = keep.map((k) => types[k]);
+        kept = keep;
       }
-      return { ids, types };
+      return { ids, types, kept };
     });
     const width = Math.max(...rows.map((r) => r.ids.length));
     const ids = new BigInt64Array(rows.length * width).fill(BigInt(padId));
@@ -107,7 +109,7 @@ export class EncoderModel {
       mask[i * width + j] = 1n;
       types[i * width + j] = BigInt(r.types[j]);
     }));
-    return { ids, mask, types, batch: rows.length, width };
+    return { ids, mask, types, batch: rows.length, width, kept: rows.map((r) => r.kept) };
   }
 
   async run(tokens) {
@@ -163,6 +165,103 @@ export class EncoderModel {
         for (let k = 0; k < d; k++) out[k] /= norm;
       }
       return Float32Array.from(out);
+    });
+  }
+
+  /**
+   * Each text's entities (a token-classification head): {entity_group, score, word, start, end},
+   * B-/I- tags merged as transformers' "simple" aggregation merges them, or each word labelled by
+   * its first piece ({aggregation: "first"}); spans count characters (code points) of the text.
+   */
+  async tag(texts, { aggregation = "simple", truncate = false } = {}) {
+    if (this.bundle.model.head !== "token") {
+      throw new Error(`edgeattn: this model has no token-classification head (head=${this.bundle.model.head})`);
+    }
+    if (!["simple", "first"].includes(aggregation)) {
+      throw new Error(`edgeattn: aggregation ${aggregation} is not one of simple, first`);
+    }
+    const list = typeof texts === "string" ? [texts] : texts;
+    const tokens = this.tokenize(list, { truncate });
+    const logits = (await this.run(tokens)).logits;
+    const [, width, count] = logits.dims;
+    const tagOf = (label) => (label.includes("-") ? label.slice(label.indexOf("-") + 1) : label);
+    const split = (label) => (label.startsWith("B-") || label.startsWith("I-") ? [label[0], label.slice(2)]
+      : ["I", label]);
+    return list.map((text, i) => {
+      const chars = Array.from(text);
+      const all = this.pieces(text);
+      const pieces = tokens.kept[i].map((k) => all[k]);
+      const found = [];
+      let previous = null;
+      pieces.forEach((piece, k) => {
+        if (piece.special) {
+          previous = null;
+          return;
+        }
+        if (aggregation === "first" && found.length && piece.word === previous) {
+          found[found.length - 1].end = piece.end;  // a later piece widens its word's span
+          return;
+        }
+        previous = piece.word;
+        const row = Array.from(logits.data.slice((i * width + k) * count, (i * width + k + 1) * count), Number);
+        const top = Math.max(...row);
+        const exp = row.map((v) => Math.exp(v - top));
+        const sum = exp.reduce((a, v) => a + v, 0);
+        const best = exp.indexOf(Math.max(...exp));
+        found.push({ label: this.labels[best], score: exp[best] / sum, start: piece.start, end: piece.end });
+      });
+      const groups = [];
+      for (const token of found) {
+        const [bi, tag] = split(token.label);
+        const last = groups.at(-1);
+        if (last && tag === split(last.at(-1).label)[1] && bi !== "B") last.push(token);
+        else groups.push([token]);
+      }
+      return groups.filter((g) => tagOf(g[0].label) !== "O").map((g) => {
+        const start = g[0].start, end = g.at(-1).end;
+        return { entity_group: tagOf(g[0].label), score: g.reduce((a, t) => a + t.score, 0) / g.length,
+                 word: chars.slice(start, end).join(""), start, end };
+      });
+    });
+  }
+
+  /**
+   * Each token of `text` with its span (code points of the text), whether it is special, and its
+   * word's index: WordPiece tokens aligned to the text as the Bert normalizer sees it (lowercased,
+   * accents and control characters removed), as the Python tokenizers library gives offsets.
+   */
+  pieces(text) {
+    const { specials, prefix, unk, lowercase, strip_accents: stripAccents } = this.bundle.tagging;
+    const view = [];  // [normalized character, its character index in the text]
+    Array.from(text).forEach((ch, index) => {
+      if (ch === "\u0000" || ch === "\ufffd" || (/\p{Cc}/u.test(ch) && !/\s/u.test(ch))) return;
+      let n = /\s/u.test(ch) ? " " : ch;
+      if (lowercase) n = n.toLowerCase();
+      if (stripAccents ?? lowercase) n = n.normalize("NFD").replace(/\p{Mn}/gu, "");
+      for (const c of n) view.push([c, index]);
+    });
+    const isPunct = (c) => /[\p{P}\p{S}]/u.test(c);
+    // the Bert pre-tokenizer's own words: a punctuation mark, or a CJK ideograph (handle_chinese_chars)
+    const isCjk = (c) => /[\u4E00-\u9FFF\u3400-\u4DBF\uF900-\uFAFF\u{20000}-\u{2A6DF}\u{2A700}-\u{2B81F}\u{2B820}-\u{2CEAF}\u{2F800}-\u{2FA1F}]/u.test(c);
+    const alone = (c) => isPunct(c) || isCjk(c);
+    let cursor = 0;
+    let word = -1;
+    return this.tokenizer.encode(text).tokens.map((token) => {
+      if (token !== unk && specials.includes(token)) return { special: true, start: 0, end: 0, word: null };
+      while (cursor < view.length && view[cursor][0] === " ") cursor++;
+      const continuing = !!prefix && token.startsWith(prefix) && token !== prefix;
+      if (!continuing) word++;
+      const start = cursor;
+      if (token === unk) {  // a whole word the vocabulary lacks: up to the next space or punctuation
+        if (cursor < view.length && alone(view[cursor][0])) cursor++;
+        else while (cursor < view.length && view[cursor][0] !== " " && !alone(view[cursor][0])) cursor++;
+      } else {
+        for (const c of Array.from(continuing ? token.slice(prefix.length) : token)) {
+          if (cursor < view.length && view[cursor][0] === c) cursor++;
+        }
+      }
+      if (cursor === start) return { special: false, start: view[start]?.[1] ?? 0, end: view[start]?.[1] ?? 0, word };
+      return { special: false, start: view[start][1], end: view[cursor - 1][1] + 1, word };
     });
   }
 

@@ -22,7 +22,7 @@ from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer  # noqa: E402
 from edgeattn.cli import cli  # noqa: E402
 from edgeattn.errors import ExportError  # noqa: E402
 from edgeattn.exporters.package import export_model  # noqa: E402
-from edgeattn.exporters.web import ORT_PACKAGES, check_bundle, package_web  # noqa: E402
+from edgeattn.exporters.web import ORT_PACKAGES, check_and_record, check_bundle, package_web  # noqa: E402
 from edgeattn.runtime.manifest import sha256_file  # noqa: E402
 from edgeattn.sources import resolve_model  # noqa: E402
 
@@ -149,10 +149,34 @@ def test_what_the_targets_cannot_run_is_refused_with_the_reason(tmp_path):
     export_model(source.model, tmp_path / "sorter", verify=False, tokenizer=source.tokenizer, task=source.task)
     with pytest.raises(ExportError, match="run encoder exports .* this is a seq2seq export"):
         package_web(tmp_path / "sorter", tmp_path / "x", "web")
-    tagger = _export(tmp_path / "tagger", "ForTokenClassification")
-    with pytest.raises(ExportError, match="do not tag yet: entity spans need each token's character offsets"):
-        package_web(tagger, tmp_path / "y", "node")
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    assert not (tmp_path / "x").exists()
+
+
+def test_tagging_needs_a_wordpiece_tokenizer(tmp_path):
+    from edgeattn.exporters.web import tagging_settings
+
+    bpe = tmp_path / "tokenizer.json"
+    bpe.write_text(json.dumps({"model": {"type": "BPE"}, "normalizer": None, "added_tokens": []}))
+    with pytest.raises(ExportError, match="tag with WordPiece tokenizers .* this one is BPE"):
+        tagging_settings(bpe)
+
+
+#: texts whose pieces are hard to place: accents, an unknown word, CJK ideographs, tabs and runs of spaces
+HARD_TEXTS = [*TEXTS, "Zoë visited Kraków, then 東京!  Ünïcode   spaces\tand\ttabs.", "ok"]
+
+
+def test_a_tagger_bundle_finds_the_entities_the_python_runtime_finds(node_modules, tmp_path):
+    """Entities (type, character span, word, score within 1e-4), simple and first aggregation, on
+    both runtimes: the module places each WordPiece piece in the text itself."""
+    from test_hf import _text_export
+
+    _, _, runtime = _text_export(tmp_path, "Bert", "ForTokenClassification")
+    assert sum(len(found) for found in runtime.tag(HARD_TEXTS)) > 5
+    package_web(tmp_path / "out", tmp_path / "node", "node")
+    described = json.loads((tmp_path / "node" / "bundle.json").read_text())
+    assert described["task"] == "tag" and described["tagging"]["prefix"] == "##"
+    checks = check_and_record(tmp_path / "node", tmp_path / "out", node_modules, HARD_TEXTS)
+    assert len(checks) == 2 and all(c.passed and c.labels_equal for c in checks), checks
 
 
 def test_the_command_line_writes_a_node_bundle(embedder, tmp_path):

@@ -102,3 +102,19 @@ def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browse
         np.fill_diagonal(cosine, -np.inf)
         nearest = [TEXTS[j] for j in cosine.argmax(1)]
         assert page.locator("td.label").all_inner_texts() == nearest
+
+
+def test_the_page_shows_the_entities_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+    from test_hf import _text_export
+    from test_package_web import HARD_TEXTS
+
+    _, _, runtime = _text_export(tmp_path, "Bert", "ForTokenClassification")
+    package_web(tmp_path / "out", tmp_path / "web", "web", ["fp32"])
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = _open(browser, server)
+        shown = _run(page, HARD_TEXTS)
+        want = runtime.tag(HARD_TEXTS)
+        assert [[(e["entity_group"], e["start"], e["end"], e["word"]) for e in row] for row in shown["tag"]] == [
+            [(e.entity_group, e.start, e.end, e.word) for e in row] for row in want]  # fmt: skip
+        cells = page.locator("td.label").all_inner_texts()
+        assert cells[0] == (", ".join(f"{e.entity_group}: {e.word}" for e in want[0]) or "-")
