@@ -53,6 +53,7 @@ from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha25
 from edgeattn.runtime.precisions import FP32, PRECISIONS
 from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.specs import graph_spec
+from edgeattn.tables import table_lines
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,7 @@ class MobileBundle:
         for f in self.files:
             rows.append((f.file, f"{f.bytes / 1e6:.2f}", str(len(f.operators)), str(len(f.runtime_added)),
                          f"{f.max_abs:.2e}", f"{f.worst_cosine:.6f}", "ok" if f.passed else "FAIL"))  # fmt: skip
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = table_lines(rows)
         lines.append(f"config: {len(self.operators)} kernels in {CONFIG}; files {self.total_bytes / 1e6:.2f} MB; a "
                      f"minimal arm64 build starts under {MINIMAL_BUILD_BYTES / 1e6:.2f} MB before kernels")  # fmt: skip
         return "\n".join(lines)

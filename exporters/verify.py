@@ -26,6 +26,7 @@ from edgeattn.runtime.layout import WEIGHTS
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, float32_precisions
 from edgeattn.runtime.session import CPU
+from edgeattn.tables import table_lines
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,7 @@ class VerifyReport:
             g = self.greedy
             verdict = "tokens identical" if g.passed else f"FAIL rows {g.mismatched_rows}"
             rows.append(("greedy decode", f"{g.rows}x{g.tokens}", "-", "-", verdict))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = table_lines(rows)
         lines.append(f"tolerance: |onnx - eager| <= {self.atol:g} + {self.rtol:g}·|eager|")
         if any(c.against == "float64" for c in self.cases):
             lines.append(

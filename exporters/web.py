@@ -43,6 +43,7 @@ from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.runtime.layout import partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
 from edgeattn.runtime.text import label_names
+from edgeattn.tables import table_lines
 
 log = logging.getLogger(__name__)
 
@@ -295,10 +296,7 @@ def parity_table(checks: list[BundleCheck]) -> str:
         labels = "-" if c.labels_equal is None else "equal" if c.labels_equal else "DIFFER"
         rows.append((c.runtime, c.precision, "equal" if c.tokens_equal else "DIFFER", f"{c.max_abs:.2e}",
                      f"{c.worst_cosine:.6f}", labels, "ok" if c.passed else "FAIL"))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(table_lines(rows))
 
 
 def check_and_record(bundle_dir: str | Path, export_dir: str | Path, node_modules: str | Path,

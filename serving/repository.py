@@ -51,11 +51,6 @@ ACCELERATORS = ("cuda", "tensorrt")
 GRAPH_MODES = ("bls", "in-process")
 #: Where an end-to-end model that carries its export keeps it (in its version directory).
 CARRIED_EXPORT = "export"
-
-
-def carried_path(name: str) -> str:
-    """Where the end-to-end model ``name`` keeps the export it runs, relative to the repository."""
-    return f"{name}/1/{CARRIED_EXPORT}"
 #: Sequence length of the warm-up requests.
 WARMUP_LEN = 16
 _NUMPY_TYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
@@ -128,6 +123,11 @@ def _valid_name(name: str) -> bool:
 def graphs_for(task: str) -> list[str]:
     """The graphs a served task runs (its family's say)."""
     return list(task_family(task).task_graphs(task))
+
+
+def carried_path(name: str) -> str:
+    """Where the end-to-end model ``name`` keeps the export it runs, relative to the repository."""
+    return f"{name}/1/{CARRIED_EXPORT}"
 
 
 def carries_export(task: str) -> bool:
@@ -254,14 +254,26 @@ def _copy_graph(src: Path, dst_dir: Path, per_tensor_scales: bool) -> dict[str, 
     whatever layout the export keeps them in. Dynamic int8 graphs get one activation scale per
     row unless ``per_tensor_scales`` (see :mod:`edgeattn.exporters.rowwise`); returns what changed."""
     model = onnx.load(str(src), load_external_data=True)
-    changed = None
-    if not per_tensor_scales and any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node):
-        changed = row_independent(model)
-        onnx.checker.check_model(model)
+    changed = None if per_tensor_scales else _rows_alone(model)
     dst_dir.mkdir(parents=True)
     large = model.ByteSize() > (1 << 30)
     onnx.save_model(model, str(dst_dir / "model.onnx"), save_as_external_data=large,
                     all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)  # fmt: skip
+    return changed
+
+
+def _dynamic_int8(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` quantises activations on the fly, one scale a tensor (ONNX Runtime's dynamic int8)."""
+    return any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
+
+
+def _rows_alone(model: onnx.ModelProto) -> dict[str, int] | None:
+    """``model`` rewritten in place so that each row's dynamic int8 activations get their own scale
+    (see :mod:`edgeattn.exporters.rowwise`): what changed, or None where it quantises none."""
+    if not _dynamic_int8(model):
+        return None
+    changed = row_independent(model)
+    onnx.checker.check_model(model)
     return changed
 
 
@@ -400,11 +412,9 @@ def carry_export(export_dir: Path, manifest: Manifest, precision: str, graphs: l
         entry = base.at(precision)  # ManifestError where the export lacks it
         base.precisions = {} if entry is base else {precision: entry}
         src = check_file(export_dir, entry, checked)
-        model = None if per_tensor_scales else onnx.load(str(src), load_external_data=False)
-        if model is not None and any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node):
-            model = onnx.load(str(src), load_external_data=True)
-            rewritten[graph] = row_independent(model)
-            onnx.checker.check_model(model)
+        if not per_tensor_scales and _dynamic_int8(onnx.load(str(src), load_external_data=False)):
+            model = onnx.load(str(src), load_external_data=True)  # the weights only where they are rewritten
+            rewritten[graph] = _rows_alone(model) or {}
             path = dst / entry.file
             onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=external_data_file(entry.file), size_threshold=1024)  # fmt: skip

@@ -40,6 +40,7 @@ from edgeattn.runtime.manifest import ManifestError
 from edgeattn.runtime.precisions import get_precision
 from edgeattn.runtime.providers import Provider, provider_name, provider_options
 from edgeattn.runtime.specs import encoder_feeds
+from edgeattn.tables import table_lines
 
 Runner = Callable[[np.ndarray, np.ndarray], object]
 #: How long eager PyTorch's OpenMP threads spin after a CPU run returns (measured ~10 ms; an ONNX
@@ -124,9 +125,7 @@ class LatencyReport:
             cells += [f"{best_gflops:.0f}", f"{info['cold_start_ms']:.0f}", f"{info['file_bytes'] / 1e6:.1f}",
                       "-" if peak is None else f"{peak:.0f}"]  # fmt: skip
             lines.append(cells)
-        widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-        text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines]
-        text.insert(1, "  ".join("-" * w for w in widths))
+        text = table_lines(lines)
         text.append(
             f"median of interleaved runs, {self.threads} threads; ratio = median / {self.baseline}'s"
             + (f"; fp32 GEMM ceiling {self.gemm_ceiling_gflops:.0f} GFLOP/s" if self.gemm_ceiling_gflops else "")

@@ -145,15 +145,8 @@ def test_the_command_line_and_its_refusals(demo, tmp_path):
 
 
 def test_packaging_needs_no_torch(demo, tmp_path):
-    import subprocess
-    import sys
+    from torch_free import run_without_torch
 
-    code = (
-        "import sys\n"
-        "sys.modules['torch'] = None  # any 'import torch' now fails\n"
-        "from edgeattn.exporters.mobile import package_mobile\n"
-        f"package_mobile({str(demo)!r}, {str(tmp_path / 'phone')!r}, ['int8'])\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    run_without_torch("from edgeattn.exporters.mobile import package_mobile\n"
+                      f"package_mobile({str(demo)!r}, {str(tmp_path / 'phone')!r}, ['int8'])\n")  # fmt: skip
     assert (tmp_path / "phone" / "encoder.int8.ort").is_file()

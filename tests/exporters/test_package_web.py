@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,14 +188,10 @@ def test_the_command_line_writes_a_node_bundle(embedder, tmp_path):
 
 
 def test_packaging_for_the_web_needs_no_torch(embedder, tmp_path):
-    code = (
-        "import sys\n"
-        "sys.modules['torch'] = None  # any 'import torch' now fails\n"
-        "from edgeattn.exporters.web import package_web\n"
-        f"package_web({str(embedder)!r}, {str(tmp_path / 'web')!r}, 'web', ['int8'])\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    from torch_free import run_without_torch
+
+    run_without_torch("from edgeattn.exporters.web import package_web\n"
+                      f"package_web({str(embedder)!r}, {str(tmp_path / 'web')!r}, 'web', ['int8'])\n")  # fmt: skip
     assert (tmp_path / "web" / "onnx" / "model_quantized.onnx").is_file()
 
 
@@ -285,32 +280,23 @@ def test_the_module_keeps_signed_int8_from_saturating_on_onnxruntime_node(node_m
     saturate: 410,032 instead of 922,080)."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from saturation import saturating_product
 
     from edgeattn.exporters.web import ASSETS
 
-    weights = np.tile(np.array([[127], [127], [-128], [100]], np.int8), (16, 8))
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "saturate",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [None, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [None, 8])],
-        [numpy_helper.from_array(weights, "w")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)  # ONNX Runtime 1.30
+    model, a, want = saturating_product()
     onnx.save_model(model, str(tmp_path / "m.onnx"))
-    a = np.full((2, 64), 255, np.uint8)
-    a[1] = np.arange(64, dtype=np.uint8) * 4
     script = node_modules.parent / f"saturate-{os.getpid()}.mjs"
     script.write_text(SATURATING.format(module=(ASSETS / "edgeattn.mjs").as_uri(),
                                         model=json.dumps(str(tmp_path / "m.onnx")), a=json.dumps(a.ravel().tolist()),
-                                        rows=2, result=json.dumps(str(tmp_path / "y.json"))))  # fmt: skip
+                                        rows=len(a), result=json.dumps(str(tmp_path / "y.json"))))  # fmt: skip
     try:
         done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=120)
     finally:
         script.unlink()
     assert done.returncode == 0, done.stderr[-2000:]
-    got = np.array(json.loads((tmp_path / "y.json").read_text())).reshape(2, 8)
-    np.testing.assert_array_equal(got, a.astype(np.int32) @ weights.astype(np.int32))
+    got = np.array(json.loads((tmp_path / "y.json").read_text())).reshape(want.shape)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_the_command_line_checks_a_bundle_on_both_runtimes_and_keeps_the_table(classifier, node_modules, tmp_path):

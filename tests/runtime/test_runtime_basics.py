@@ -103,23 +103,11 @@ def test_signed_int8_weights_do_not_saturate_on_any_cpu():
     """Products of activations 255 and signed weights 127 overflow the 16-bit pair sums of the
     u8 x s8 kernels of CPUs without VNNI/AMX (an int8 export made on a VNNI machine, run on an AVX2
     one): the runtime's sessions give the exact integer products on every CPU."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from saturation import saturating_product
 
     from edgeattn.host import cpu_flags
     from edgeattn.runtime.session import create_session
 
-    weights = np.tile(np.array([[127], [127], [-128], [100]], np.int8), (16, 8))  # (64, 8)
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "saturate",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [None, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [None, 8])],
-        [numpy_helper.from_array(weights, "w")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    a = np.full((3, 64), 255, np.uint8)
-    a[1] = np.arange(64, dtype=np.uint8) * 4
-    want = a.astype(np.int32) @ weights.astype(np.int32)
+    model, a, want = saturating_product()
     got = create_session(model.SerializeToString()).run(["y"], {"a": a})[0]
     np.testing.assert_array_equal(got, want, err_msg=f"CPU flags {cpu_flags()}")
