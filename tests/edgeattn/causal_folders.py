@@ -107,3 +107,25 @@ def save_folder(name: str, out: Path, tokenizer: bool = False, seed: int = 0, tr
         model.save_pretrained(out)
         write_tokenizer(out)  # save_pretrained wrote its generation_config.json again
     return out, model
+
+
+def heldout_notes(path: Path) -> Path:
+    """A held-out file for the gate: 30 pairs of the corpus's lines never seen together, one a line."""
+    lines = sorted(set(CORPUS))
+    path.write_text("\n".join(f"{a} {b}" for a in lines for b in lines if a != b) + "\n")
+    return path
+
+
+def export_trained(root: Path, precision: str = "int8") -> Path:
+    """A trained Llama with a tokenizer and ChatML template, exported by the command line at fp32
+    and ``precision`` (gated on :func:`heldout_notes`): ``root / "lm"``."""
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    folder, _ = save_folder("llama-gqa-tied", root / "hf", trained=True)
+    out = root / "lm"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", precision,
+                                      "--heldout", str(heldout_notes(root / "notes.txt"))])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out

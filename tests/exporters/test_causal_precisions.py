@@ -32,9 +32,7 @@ def test_int8_and_int4_pass_the_gate_on_held_out_text(folder, tmp_path):
 
     from edgeattn.cli import cli
 
-    notes = tmp_path / "notes.txt"
-    lines = sorted(set(causal_folders.CORPUS))
-    notes.write_text("\n".join(f"{a} {b}" for a in lines for b in lines if a != b) + "\n")  # 30 unseen pairs
+    notes = causal_folders.heldout_notes(tmp_path / "notes.txt")  # 30 unseen pairs
     out = tmp_path / "lm"
     result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", "int8,int4",
                                       "--heldout", str(notes)])  # fmt: skip
