@@ -170,7 +170,8 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         return g("Mul", g("Mul", x, g.scalar(0.5)), g("Add", g("Tanh", inner), g.scalar(1.0)))
 
     split_q, split_kv = g.const("split_q", i64(0, 0, heads, dim)), g.const("split_kv", i64(0, 0, kv, dim))
-    flat_q, flat_kv = g.const("flat_q", i64(0, 0, heads * dim)), g.const("flat_kv", i64(0, 0, kv * dim))
+    if c.qk_norm:  # each head's q/k norm works on (B, T, heads, D): back to (B, T, heads * D) after it
+        flat_q, flat_kv = g.const("flat_q", i64(0, 0, heads * dim)), g.const("flat_kv", i64(0, 0, kv * dim))
     by_kv_head = g.const("by_kv_head", i64(0, kv, -1, dim))
     by_head = g.const("by_head", i64(0, heads, -1, dim))
     merge = g.const("merge_heads", i64(0, 0, heads * dim))
