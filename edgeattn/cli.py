@@ -398,10 +398,12 @@ def quantize(
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--target", type=click.Choice(["mobile", "web", "node"]), required=True,
               help="mobile: ORT-format files and the operator config of a reduced ONNX Runtime build; web, node: "
-              "an encoder with its tokenizer and an ES module for onnxruntime-web / onnxruntime-node.")
+              "an encoder or a language model with its tokenizer and an ES module for onnxruntime-web / "
+              "onnxruntime-node.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the bundle.")
 @click.option("--precision", "precisions", default=None,
-              help="Comma-separated precisions to package (default: every CPU precision the export holds).")
+              help="Comma-separated precisions to package (default: mobile, every CPU precision the export holds; "
+              "web and node, the gated int8 of an encoder, int4 else int8 of a language model, else fp32).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--check-with", "node_modules", type=click.Path(path_type=Path), default=None,
               help="web, node: a node_modules folder with onnxruntime-node and/or onnxruntime-web; the bundle is "
@@ -410,7 +412,8 @@ def quantize(
 def package(export_dir: Path, target: str, output: Path, precisions: str | None, force: bool,
             node_modules: Path | None) -> None:  # fmt: skip
     """Package an export for a device: mobile (proven to load and to answer as the export does) or a
-    browser / Node.js bundle of an encoder. Needs onnx, not torch."""
+    browser / Node.js bundle of an encoder or a language model (its graphs linted against the
+    targets' ONNX Runtime first). Needs onnx, not torch."""
     if target == "mobile":
         from edgeattn.exporters.mobile import package_mobile
 

@@ -1,23 +1,28 @@
-"""The browser and Node.js targets: an encoder export as a folder a page or a Node.js program loads
-with no build step, answering as the Python runtime does.
+"""The browser and Node.js targets: an encoder or language-model export as a folder a page or a
+Node.js program loads with no build step, answering as the Python runtime does.
 
 ```
 <out>/
   bundle.json             what it holds: files and sha256, the model's sizes, labels, pooling, inputs
-  onnx/model.onnx         the encoder graph, self-contained; int8 as onnx/model_quantized.onnx and
-                          int4 as onnx/model_q4.onnx (the names transformers.js loads), others as
-                          onnx/model.<precision>.onnx
-  config.json, tokenizer_config.json   what transformers.js reads beside them
+  onnx/model.onnx         the family's graph (encoder, causal_decoder), self-contained up to 2 GB,
+                          else its weights in onnx/model.onnx_data, _data_1, ... files under 2 GB
+                          each; int8 as onnx/model_quantized.onnx and int4 as onnx/model_q4.onnx
+                          (the names transformers.js loads), others as onnx/model.<precision>.onnx
+  config.json, tokenizer_config.json   what transformers.js reads beside them (encoders)
   tokenizer.json          the export's Hugging Face tokenizer
-  edgeattn.mjs            the ES module: load(base, ort) -> embed / classify / encode / tokenize
+  chat_template.json      a language model's chat template, rendered by jinja.mjs (MIT, vendored)
+  edgeattn.mjs            the ES module: load(base, ort) -> embed / classify / tag / encode, or
+                          generate / stream / chat
   tokenizers.min.mjs      tokenizers.js (Hugging Face's JavaScript tokenizers, Apache-2.0), vendored
   package.json            the ONNX Runtime for JavaScript it runs on (onnxruntime-web or -node)
   index.html              web: a page that runs it (edgeattn serve-web)
 ```
 
-Encoders only; tagging with WordPiece tokenizers (BERT, DistilBERT, ELECTRA), whose pieces the
-module aligns to the text itself (tokenizers.js gives no character offsets). :func:`check_bundle`
-runs a bundle under Node.js and compares its tokens and answers with the Python runtime's.
+Encoders (embed, classify, tag, encode) and decoder-only language models (greedy and sampled
+generation, stop strings, streaming, chat); tagging with WordPiece tokenizers (BERT, DistilBERT,
+ELECTRA), whose pieces the module aligns to the text itself (tokenizers.js gives no character
+offsets). :func:`check_bundle` runs a bundle under Node.js and compares its tokens and answers with
+the Python runtime's.
 Torch-free (onnx).
 """
 
@@ -55,8 +60,15 @@ MODULE = "edgeattn.mjs"
 #: the web bundle's page (``edgeattn serve-web`` serves it; any server with cross-origin isolation can)
 PAGE = "index.html"
 TOKENIZERS_JS = ("tokenizers.min.mjs", "tokenizers.LICENSE")
-#: protobuf and the browser's ArrayBuffer both stop near 2 GB
+#: @huggingface/jinja 0.5.13 (MIT), which renders a language model's chat template in JavaScript
+JINJA_JS = ("jinja.mjs", "jinja.LICENSE")
+CHAT_TEMPLATE = "chat_template.json"
+#: protobuf and the browser's ArrayBuffer both stop near 2 GB: no file of a bundle passes this
 WEB_LIMIT = (1 << 31) - 1
+#: what a page's wasm32 memory can address: a web bundle's graph and weights must fit in it
+WASM_MEMORY = 1 << 32
+#: the graph a bundle carries for each family the targets run (seq2seq's two-graph loop is not written in JS yet)
+BUNDLE_GRAPHS = {"encoder": "encoder", "causal": "causal_decoder"}
 ASSETS = Path(__file__).resolve().parent / "js"
 
 
@@ -70,7 +82,8 @@ class WebBundle:
 
     @property
     def total_bytes(self) -> int:
-        return sum(f["bytes"] for f in self.files)
+        """The graph files and their external data."""
+        return sum(f["bytes"] + sum(d["bytes"] for d in f.get("external_data", [])) for f in self.files)
 
 
 #: a precision's file name where transformers.js has one (its ``dtype``: fp32, q8, q4)
@@ -85,15 +98,17 @@ def model_file(precision: str) -> str:
 
 
 def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web", precisions: list[str] | None = None,
-                force: bool = False) -> WebBundle:  # fmt: skip
-    """Write the ``target`` (web or node) bundle of the encoder export ``export_dir`` at
-    ``precisions`` (default: :func:`default_precision`) to ``out_dir``; :class:`ExportError` for an export the target
-    cannot run yet, leaving ``out_dir`` as it was."""
+                force: bool = False, file_limit: int = WEB_LIMIT) -> WebBundle:  # fmt: skip
+    """Write the ``target`` (web or node) bundle of the encoder or language-model export
+    ``export_dir`` at ``precisions`` (default: :func:`default_precision`) to ``out_dir``, no file
+    over ``file_limit`` bytes; :class:`ExportError` for an export the target cannot run yet,
+    leaving ``out_dir`` as it was."""
     if target not in TARGETS:
         raise ExportError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     manifest = read_manifest(export_dir)
     _check_runs(manifest)
+    graph = BUNDLE_GRAPHS[manifest.family_name]
     chosen = cpu_precisions(manifest, precisions or [default_precision(manifest)])
     check_output_dir(out_dir, force)
     parent = out_dir.resolve().parent
@@ -107,19 +122,23 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         bundle = WebBundle(out_dir, target)
         checked: set[tuple[str, str]] = set()
         for precision in chosen:
-            model = onnx.load(str(check_file(export_dir, manifest.entry("encoder", precision), checked)))
-            if model.ByteSize() > WEB_LIMIT:
-                raise ExportError(f"the {precision} encoder is {model.ByteSize() / 1e9:.2f} GB; a browser takes one "
-                                  "model file under 2 GB: package int8")  # fmt: skip
-            path = tmp / model_file(precision)
-            path.parent.mkdir(exist_ok=True)
-            onnx.save_model(model, str(path))
-            bundle.files.append({"file": model_file(precision), "precision": precision, "sha256": sha256_file(path),
-                                 "bytes": path.stat().st_size,
-                                 "transformers_js_dtype": TRANSFORMERS_JS_DTYPES.get(precision)})  # fmt: skip
-        assert manifest.tokenizer is not None
+            model, made = runnable_graph(export_dir, manifest, graph, precision, checked, tmp)
+            entry = write_graph(model, tmp, model_file(precision), file_limit)
+            if made is not None:
+                entry["made_for_target"] = made
+            weight = entry["bytes"] + sum(d["bytes"] for d in entry.get("external_data", []))
+            if target == "web" and weight > WASM_MEMORY:
+                raise ExportError(f"the {precision} {graph} weighs {weight / 1e9:.2f} GB; a page's wasm memory "
+                                  "addresses 4 GB in all: package int4 or int8, or --target node")  # fmt: skip
+            bundle.files.append({**entry, "precision": precision,
+                                 "transformers_js_dtype": TRANSFORMERS_JS_DTYPES.get(precision)
+                                 if graph == "encoder" else None})  # fmt: skip
         shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
-        for name in (MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])):
+        assets = [MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])]
+        if manifest.chat_template is not None:
+            shutil.copy2(check_file(export_dir, manifest.chat_template, checked), tmp / CHAT_TEMPLATE)
+            assets += JINJA_JS
+        for name in assets:
             shutil.copy2(ASSETS / name, tmp / name)
         package, version = ORT_PACKAGES[target]
         npm = {"name": _npm_name(out_dir.name), "private": True, "type": "module", "main": MODULE,
@@ -127,7 +146,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
         described = {**_describe(bundle, manifest, export_dir, tmp), "tagging": tagging}
         (tmp / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
-        _transformers_js_files(manifest, tmp)
+        if graph == "encoder":  # transformers.js's decoders take past_key_values, not edgeattn's in-place cache
+            _transformers_js_files(manifest, tmp)
         move_into_place(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -136,20 +156,155 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
     return bundle
 
 
+def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: str, checked: set[tuple[str, str]],
+                   work: Path) -> tuple[onnx.ModelProto, dict[str, Any] | None]:  # fmt: skip
+    """``graph`` at ``precision`` as the targets' ONNX Runtime (1.30) runs it: the export's own file
+    where every node passes the lint (:mod:`edgeattn.exporters.target_lint`), else, for a
+    converted precision made from a fused form the target lacks (a language model's
+    GroupQueryAttention takes an input ONNX Runtime 1.32 added), the same conversion of the
+    export's plain float32 graph, held to the export's gated graph (:func:`hold_to_export`); with
+    what was remade and measured, or None. ExportError naming the nodes otherwise."""
+    from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
+    from edgeattn.exporters.target_lint import lint, summary
+    from edgeattn.runtime.precisions import get_precision
+
+    model = onnx.load(str(check_file(export_dir, manifest.entry(graph, precision), checked)))
+    findings = lint(model)
+    if not findings:
+        return model, None
+    release = f"ONNX Runtime {ORT_PACKAGES['node'][1]} (onnxruntime-web and -node)"
+    plain_path = check_file(export_dir, manifest.entry(graph, "fp32"), checked)
+    if get_precision(precision).build != "convert" or precision not in CONVERTERS or lint(onnx.load(str(plain_path))):
+        raise ExportError(f"the {precision} {graph} holds nodes {release} cannot run:\n{summary(findings)}")
+    variant = manifest.graphs[graph].precisions[precision]
+    quantization = variant.quantization or {}
+    job = ConversionJob(block_size=int(quantization.get("block_size", 32)),
+                        int8_activations=quantization.get("accuracy_level") == 4)  # fmt: skip
+    dst = work / "remade" / f"{graph}.{precision}.onnx"
+    dst.parent.mkdir(exist_ok=True)
+    info = CONVERTERS[precision](plain_path, dst, job)
+    remade = onnx.load(str(dst))
+    still = lint(remade)
+    if still:
+        raise ExportError(f"the {precision} {graph} remade from the plain graph still holds nodes {release} cannot "
+                          f"run:\n{summary(still)}")  # fmt: skip
+    held = hold_to_export(export_dir, precision, dst, degraded=variant.degraded)
+    shutil.rmtree(dst.parent)
+    log.info("%s %s: the export's graph holds nodes the target cannot run (%s); remade from the plain fp32 graph",
+             graph, precision, findings[0])  # fmt: skip
+    return remade, {"from": "the export's plain fp32 graph, by the same conversion", "because": str(findings[0]),
+                    "quantization": info, **held}  # fmt: skip
+
+
+def hold_to_export(export_dir: Path, precision: str, remade: Path, texts: list[str] | None = None,
+                   degraded: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The remade ``precision`` graph and the export's gated one against fp32 on the next-token
+    logits of ``texts`` (teacher forced): top-1 agreement and worst cosine of each. ExportError
+    where the remade graph's agreement is below the accuracy gate's own floor for that precision
+    (``teacher_top1``: 0.95 for int8, 0.85 for int4), unless the export kept its own graph
+    ``degraded`` (``--allow-degraded``): the remade one is then marked degraded too."""
+    from edgeattn.runtime import load
+    from edgeattn.runtime.model import ExportedModel
+    from edgeattn.runtime.precisions import get_precision
+
+    reference = load(export_dir, providers=["CPUExecutionProvider"])
+    gated = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
+    made = ExportedModel.from_graphs(reference.config, {"causal_decoder": remade}, precision=precision)
+    ids, mask = reference.encode_prompts(texts or HOLD_TEXTS)
+    want = reference.next_token_logits(ids, mask)
+    real = mask.astype(bool)
+
+    def measure(model: Any) -> tuple[float, float]:
+        got = model.next_token_logits(ids, mask)
+        top1 = float((got.argmax(-1) == want.argmax(-1))[real].mean())
+        cos = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+        return top1, float(cos[real].min())
+
+    (gated_top1, gated_cos), (made_top1, made_cos) = measure(gated), measure(made)
+    held = {"top1_vs_fp32": round(made_top1, 5), "worst_cosine_vs_fp32": round(made_cos, 6),
+            "export_top1_vs_fp32": round(gated_top1, 5), "export_worst_cosine_vs_fp32": round(gated_cos, 6)}
+    thresholds = get_precision(precision).thresholds
+    floor = thresholds.teacher_top1 if thresholds is not None else 1.0
+    if made_top1 < floor and degraded:
+        return {**held, "floor": floor, "degraded": True}
+    if made_top1 < floor:
+        raise ExportError(f"the {precision} graph remade for the target agrees with fp32 on {made_top1:.3f} of next "
+                          f"tokens (the gate asks {floor}; the export's gated graph {gated_top1:.3f}): not packaged")
+    return {**held, "floor": floor}
+
+
+#: texts a language model's remade graph is held to its export's on (any tokenizer takes them)
+HOLD_TEXTS = ["The sea is calm tonight, and the waves fold over the sand under the moon.",
+              "Write a haiku about the sea.", "A small model runs at the edge of the network.",
+              "Hello, how are you today? Stop here and rest."]  # fmt: skip
+
+
+def write_graph(model: onnx.ModelProto, out: Path, name: str, file_limit: int = WEB_LIMIT) -> dict[str, Any]:
+    """Save ``model`` at ``out / name``: self-contained when it fits in ``file_limit`` bytes, else
+    its weights in ``name``_data, ``name``_data_1, ... files of at most ``file_limit`` bytes each
+    (what onnxruntime-web loads through its ``externalData`` option and onnxruntime-node finds
+    beside the model). Returns the bundle's entry: file, sha256, bytes, external_data."""
+    from onnx.external_data_helper import set_external_data, uses_external_data
+
+    path = out / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry: dict[str, Any] = {"file": name}
+    if model.ByteSize() > file_limit:
+        parts: list[tuple[str, int]] = []  # (file name, bytes written)
+        for tensor in sorted(model.graph.initializer, key=lambda t: -len(t.raw_data)):
+            size = len(tensor.raw_data)
+            if size < 1024 or uses_external_data(tensor):
+                continue  # small tensors stay in the graph
+            if size > file_limit:
+                raise ExportError(f"the tensor {tensor.name} alone is {size / 1e9:.2f} GB, over the "
+                                  f"{file_limit / 1e9:.2f} GB a file may hold")  # fmt: skip
+            fits = next((i for i, (_, used) in enumerate(parts) if used + size <= file_limit), None)
+            if fits is None:
+                parts.append((f"{path.name}_data" + (f"_{len(parts)}" if parts else ""), 0))
+                fits = len(parts) - 1
+            data_name, used = parts[fits]
+            with open(path.parent / data_name, "ab") as handle:
+                handle.write(tensor.raw_data)
+            set_external_data(tensor, data_name, offset=used, length=size)
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            parts[fits] = (data_name, used + size)
+        if model.ByteSize() > file_limit:
+            raise ExportError(f"{name} is still {model.ByteSize():,} bytes without its weights of 1 KB and more, over "
+                              f"the {file_limit:,} a file may hold")  # fmt: skip
+        entry["external_data"] = [{"file": str(Path(name).parent / data_name), "bytes": used,
+                                   "sha256": sha256_file(path.parent / data_name)}
+                                  for data_name, used in parts]  # fmt: skip
+    onnx.save_model(model, str(path))
+    entry.update(sha256=sha256_file(path), bytes=path.stat().st_size)
+    return entry
+
+
+#: the precisions a bundle holds when none is named, best first, by graph: the first the export
+#: holds that passed its accuracy gate (else fp32). Measured (benchmarks/results/targets.json):
+#: BERT-base at 1x128 int8 2.4x faster than fp32 in Chromium's wasm on 2 threads, 1.6x on 1, a
+#: quarter of the bytes; a language model's decoding step is memory-bound and int4 a seventh of
+#: fp32's bytes (see docs/web.md for its figures)
+PREFERRED = {"encoder": ("int8",), "causal_decoder": ("int4", "int8")}
+
+
 def default_precision(manifest: Manifest) -> str:
-    """What a web or node bundle holds when no precision is named: the export's int8 encoder where it
-    passed the accuracy gate (measured, benchmarks/results/targets.json: BERT-base at 1x128 2.4x
-    faster than fp32 in Chromium's wasm on 2 threads, 1.6x on 1, and a quarter of the bytes to
-    download), else fp32."""
-    variant = manifest.graphs["encoder"].precisions.get("int8")
-    return "int8" if variant is not None and not variant.degraded else "fp32"
+    """What a web or node bundle holds when no precision is named (see :data:`PREFERRED`)."""
+    role = BUNDLE_GRAPHS[manifest.family_name]
+    for name in PREFERRED[role]:
+        variant = manifest.graphs[role].precisions.get(name)
+        if variant is not None and not variant.degraded:
+            return name
+    return "fp32"
 
 
 def _check_runs(manifest: Manifest) -> None:
     """An ExportError saying why the web and node targets cannot run this export, if they cannot."""
-    if manifest.family_name != "encoder":
-        raise ExportError(f"the web and node targets run encoder exports (embed, classify, encode) today; this is a "
-                          f"{manifest.family_name} export: package it for --target mobile, or serve it")  # fmt: skip
+    if manifest.family_name not in BUNDLE_GRAPHS:
+        raise ExportError(f"the web and node targets run encoder exports (embed, classify, tag, encode) and "
+                          f"language models today; this is a {manifest.family_name} export, whose two-graph "
+                          "decoding loop is not written in JavaScript yet: package it for --target mobile, or "
+                          "serve it")  # fmt: skip
     if manifest.tokenizer is None or not manifest.tokenizer.file.endswith(".json"):
         raise ExportError("the web and node targets take text through the export's Hugging Face tokenizer.json, "
                           "which this export lacks")  # fmt: skip
@@ -215,27 +370,45 @@ def _closing_specials(tokenizer_path: Path) -> int:
 
 def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path) -> dict[str, Any]:
     config = manifest.config
-    task = manifest.task or {"sequence": "classify", "token": "tag"}.get(config.head or "", "embed")
-    pooling = manifest.pooling
-    return {
+    graph = manifest.graphs[BUNDLE_GRAPHS[manifest.family_name]]
+    described: dict[str, Any] = {
         "target": bundle.target,
         "edgeattn_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "export": {"path": str(export_dir.resolve()), "source": manifest.source, "architecture": manifest.architecture,
                    "created": manifest.created},  # fmt: skip
-        "task": task,
-        "model": {"max_len": config.max_len, "pad_id": config.pad_id, "head": config.head,
-                  "num_labels": config.num_labels, "token_types": config.token_types, "d_model": config.d_model},
-        "labels": label_names(manifest.labels, config.num_labels) if config.head in ("sequence", "token") else None,
-        "pooling": {"mode": pooling.mode if pooling else "mean", "normalize": pooling.normalize if pooling else True},
+        "family": manifest.family_name,
         "tokenizer": "tokenizer.json",
         "tokenizer_config": {},
-        "closing_special_tokens": _closing_specials(tmp / "tokenizer.json"),
         "runtime": dict(zip(("package", "version"), ORT_PACKAGES[bundle.target], strict=True)),
-        "inputs": [asdict(t) for t in manifest.graphs["encoder"].inputs],
-        "outputs": [asdict(t) for t in manifest.graphs["encoder"].outputs],
+        "inputs": [asdict(t) for t in graph.inputs],
+        "outputs": [asdict(t) for t in graph.outputs],
         "files": bundle.files,
     }  # fmt: skip
+    if manifest.family_name == "causal":
+        from edgeattn.runtime.causal_runtime import CausalRuntime
+        from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
+
+        c = config.causal
+        assert c is not None
+        return {**described, "task": "complete",
+                "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
+                          "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_layers": c.n_layers,
+                          "n_kv_heads": c.n_kv_heads, "dim": c.dim},
+                "stop_ids": list(manifest.stop_ids or [config.eos_id]),
+                "cache": {"inputs": cache_names(SLOT_CACHE, c.n_layers),
+                          "outputs": cache_names(SLOT_UPDATED, c.n_layers)},
+                "prefill_chunk": CausalRuntime.prefill_chunk,
+                "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
+    pooling = manifest.pooling
+    mode, normalize = (pooling.mode, pooling.normalize) if pooling else ("mean", True)
+    return {**described,
+            "task": manifest.task or {"sequence": "classify", "token": "tag"}.get(config.head or "", "embed"),
+            "model": {"max_len": config.max_len, "pad_id": config.pad_id, "head": config.head,
+                      "num_labels": config.num_labels, "token_types": config.token_types, "d_model": config.d_model},
+            "labels": label_names(manifest.labels, config.num_labels) if config.head in ("sequence", "token") else None,
+            "pooling": {"mode": mode, "normalize": normalize},
+            "closing_special_tokens": _closing_specials(tmp / "tokenizer.json")}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ checking
@@ -262,6 +435,30 @@ await writeFile({result}, JSON.stringify(out));
 """
 
 
+CAUSAL_RUNNER = """
+import * as ort from "{package}";
+import {{ load }} from "{module}";
+import {{ writeFile }} from "node:fs/promises";
+if (ort.env?.wasm) ort.env.wasm.numThreads = 1;
+const texts = {texts};
+const out = {{}};
+for (const precision of {precisions}) {{
+  const model = await load({base}, ort, {{ precision }});
+  const {{ ids, mask }} = await model.encodePrompts(texts, {{ room: {steps} }});
+  const row = {{ ids: ids.flat(), width: ids[0].length }};
+  row.answers = await model.generate(texts, {{ maxNewTokens: {steps} }});
+  row.logits = model.promptLogits.map((r) => Array.from(r));
+  row.stream = [];
+  for await (const piece of model.stream(texts[0], {{ maxNewTokens: {steps} }})) row.stream.push(piece);
+  if (model.chatTemplate) row.chat = await model.chat({chat}, {{ maxNewTokens: {steps} }});
+  out[precision] = row;
+}}
+await writeFile({result}, JSON.stringify(out));
+"""
+#: new tokens a language-model bundle is checked over, and the conversation its chat is checked on
+CHECK_STEPS = 16
+CHECK_CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello how are you"}]
+
 #: texts a bundle is checked on when none are given (any tokenizer takes them)
 SAMPLE_TEXTS = ["The sea is calm tonight.", "A small model runs in the browser, and answers at once.",
                 "Angela Merkel visited Paris in May 2019.", "ok"]  # fmt: skip
@@ -278,6 +475,9 @@ class BundleCheck:
     worst_cosine: float
     labels_equal: bool | None
     passed: bool
+    #: a language model's greedy answers: the share of their tokens equal to the Python runtime's
+    #: (each answer up to where it first differs), and whether streamed and chat answers are equal
+    agreement: float | None = None
 
 
 def _same_entities(want: list[list[Any]], got: list[list[dict[str, Any]]]) -> bool:
@@ -291,9 +491,11 @@ def _same_entities(want: list[list[Any]], got: list[list[dict[str, Any]]]) -> bo
 
 def parity_table(checks: list[BundleCheck]) -> str:
     """The checks as a plain-text table (one row per runtime and precision)."""
-    rows = [("runtime", "precision", "tokens", "max abs err", "worst cosine", "labels", "result")]
+    rows = [("runtime", "precision", "tokens", "max abs err", "worst cosine", "answers", "result")]
     for c in checks:
         labels = "-" if c.labels_equal is None else "equal" if c.labels_equal else "DIFFER"
+        if c.agreement is not None and c.agreement < 1:
+            labels = f"{c.agreement:.3f} agree"
         rows.append((c.runtime, c.precision, "equal" if c.tokens_equal else "DIFFER", f"{c.max_abs:.2e}",
                      f"{c.worst_cosine:.6f}", labels, "ok" if c.passed else "FAIL"))  # fmt: skip
     return "\n".join(table_lines(rows))
@@ -325,42 +527,91 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
                  ) -> list[BundleCheck]:  # fmt: skip
     """Run the bundle under Node.js on ``runtime`` (an npm package installed in ``node_modules``:
     onnxruntime-node, or onnxruntime-web's wasm backend) on ``texts``, and compare the token ids and
-    answers with the Python runtime's at each precision: float32 embeddings within 1e-4, others at
-    a worst cosine of 0.999; the same labels."""
-    from edgeattn.runtime import load
-
+    answers with the Python runtime's over the same files at each precision: float32 outputs
+    (embeddings, or a language model's next-token logits after each prompt) within 1e-4, others at
+    a worst cosine of 0.999; the same labels or entities; a language model's greedy answers, their
+    stream and a chat answer the same (at reduced precisions, 0.9 of the answers' tokens)."""
     bundle_dir, node_modules = Path(bundle_dir).resolve(), Path(node_modules).resolve()
     described = json.loads((bundle_dir / BUNDLE).read_text())
     precisions = [f["precision"] for f in described["files"]]
+    causal = described["task"] == "complete"
     with tempfile.TemporaryDirectory(dir=node_modules.parent) as work_name:
         work = Path(work_name)
         result = work / "result.json"
-        (work / "run.mjs").write_text(RUNNER.format(package=runtime, module=(bundle_dir / MODULE).as_uri(),
-                                                    texts=json.dumps(texts), precisions=json.dumps(precisions),
-                                                    base=json.dumps(str(bundle_dir) + "/"),
-                                                    result=json.dumps(str(result))))  # fmt: skip
+        script = (CAUSAL_RUNNER if causal else RUNNER).format(
+            package=runtime, module=(bundle_dir / MODULE).as_uri(), texts=json.dumps(texts),
+            precisions=json.dumps(precisions), base=json.dumps(str(bundle_dir) + "/"), result=json.dumps(str(result)),
+            steps=CHECK_STEPS, chat=json.dumps(CHECK_CHAT))  # fmt: skip
+        (work / "run.mjs").write_text(script)
         done = subprocess.run([node, str(work / "run.mjs")], capture_output=True, text=True, timeout=timeout,
                               cwd=work)  # fmt: skip
         if done.returncode != 0:
             raise ExportError(f"the bundle failed under Node.js ({runtime}): {done.stderr.strip()[-2000:]}")
         got = json.loads(result.read_text())
-    checks = []
-    for precision in precisions:
-        model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
-        batch = model.text_batch(texts)
-        row = got[precision]
-        ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
-        tokens_equal = ids.shape == batch.ids.shape and bool((ids == batch.ids).all())
-        want, have = model.embed(texts), np.array(row["embed"], np.float32)
-        diff = float(np.abs(want - have).max())
-        cosine = float(((want * have).sum(-1) / np.linalg.norm(want, axis=-1) / np.linalg.norm(have, axis=-1)).min())
-        labels_equal = None
-        if "classify" in row:
-            labels_equal = [c.label for c in model.classify(texts)] == [c["label"] for c in row["classify"]]
-        if "tag" in row:
-            labels_equal = all(_same_entities(model.tag(texts, aggregation=how), row[key])
-                               for how, key in (("simple", "tag"), ("first", "tag_first")))  # fmt: skip
-        close = diff <= 1e-4 if precision in ("fp32", "fp32-opt") else cosine >= 0.999
-        checks.append(BundleCheck(runtime, precision, tokens_equal, diff, cosine, labels_equal,
-                                  tokens_equal and close and labels_equal is not False))  # fmt: skip
-    return checks
+    check = _check_causal if causal else _check_encoder
+    return [check(runtime, precision, bundle_runtime(export_dir, bundle_dir, precision), texts, got[precision])
+            for precision in precisions]  # fmt: skip
+
+
+def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: str) -> Any:
+    """The Python runtime (ONNX Runtime CPU) over the bundle's own graph file at ``precision``, with
+    the export's tokenizer and settings: what the JavaScript runtimes are compared with."""
+    from edgeattn.runtime import load
+    from edgeattn.runtime.session import create_session
+
+    described = json.loads((Path(bundle_dir) / BUNDLE).read_text())
+    graph = BUNDLE_GRAPHS[described.get("family", "encoder")]
+    entry = next(f for f in described["files"] if f["precision"] == precision)
+    model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
+    model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"]))
+    return model
+
+
+def _close(precision: str, diff: float, cosine: float) -> bool:
+    return diff <= 1e-4 if precision in ("fp32", "fp32-opt") else cosine >= 0.999
+
+
+def _compare(want: np.ndarray, have: np.ndarray) -> tuple[float, float]:
+    """Max abs error and worst row cosine."""
+    diff = float(np.abs(want - have).max())
+    cosine = float(((want * have).sum(-1) / np.linalg.norm(want, axis=-1) / np.linalg.norm(have, axis=-1)).min())
+    return diff, cosine
+
+
+def _check_encoder(runtime: str, precision: str, model: Any, texts: list[str], row: dict[str, Any]) -> BundleCheck:
+    batch = model.text_batch(texts)
+    ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
+    tokens_equal = ids.shape == batch.ids.shape and bool((ids == batch.ids).all())
+    diff, cosine = _compare(model.embed(texts), np.array(row["embed"], np.float32))
+    labels_equal = None
+    if "classify" in row:
+        labels_equal = [c.label for c in model.classify(texts)] == [c["label"] for c in row["classify"]]
+    if "tag" in row:
+        labels_equal = all(_same_entities(model.tag(texts, aggregation=how), row[key])
+                           for how, key in (("simple", "tag"), ("first", "tag_first")))  # fmt: skip
+    return BundleCheck(runtime, precision, tokens_equal, diff, cosine, labels_equal,
+                       tokens_equal and _close(precision, diff, cosine) and labels_equal is not False)  # fmt: skip
+
+
+def _check_causal(runtime: str, precision: str, model: Any, texts: list[str], row: dict[str, Any]) -> BundleCheck:
+    ids, mask = model.encode_prompts(texts, room=CHECK_STEPS)
+    have_ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
+    tokens_equal = have_ids.shape == ids.shape and bool((have_ids == ids).all())
+    want_logits = model.state(ids, mask).step(np.zeros(len(texts), np.int64))
+    diff, cosine = _compare(want_logits, np.array(row["logits"], np.float32))
+    answers = model.generate_answers(texts, CHECK_STEPS)
+    shared = []
+    for (_, want), have in zip(answers, row["answers"], strict=True):
+        want, have = want.tolist(), have["tokens"]
+        common = min(len(want), len(have))
+        common = next((k for k, (a, b) in enumerate(zip(want, have, strict=False)) if a != b), common)
+        shared.append(common / max(len(want), len(have)) if want or have else 1.0)
+    agreement = float(np.mean(shared))
+    same_text = [text for text, _ in answers] == [a["text"] for a in row["answers"]]
+    same_stream = "".join(model.stream_text(texts[0], CHECK_STEPS)) == "".join(row["stream"])
+    same_chat = "chat" not in row or model.chat(CHECK_CHAT, CHECK_STEPS) == row["chat"]
+    exact = precision in ("fp32", "fp32-opt")
+    answers_ok = (agreement == 1.0 and same_text and same_stream and same_chat) if exact else agreement >= 0.9
+    equal = agreement == 1.0 and same_text and same_stream and same_chat
+    return BundleCheck(runtime, precision, tokens_equal, diff, cosine, equal,
+                       tokens_equal and _close(precision, diff, cosine) and answers_ok, agreement)  # fmt: skip

@@ -459,6 +459,12 @@ class LazySessions(Mapping[str, Any]):
         """The graphs whose sessions exist so far."""
         return list(self._made)
 
+    def put(self, name: str, session: Any) -> None:
+        """Run ``session`` as graph ``name`` (another file of that graph: a target bundle's)."""
+        with self._lock:
+            self._makers.setdefault(name, lambda: session)
+            self._made[name] = session
+
 
 def shared_initializers(export_dir: Path, graphs: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Weights that several of ``graphs`` keep in the export's checkpoint under the same name and

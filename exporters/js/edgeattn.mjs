@@ -1,13 +1,15 @@
-// edgeattn's encoder bundle for the browser and Node.js: text in, embeddings / labels / hidden
-// states out, as edgeattn's Python runtime gives them. An ES module with no build step; it needs
-// an ONNX Runtime for JavaScript passed in (onnxruntime-web in a page, onnxruntime-node or
-// onnxruntime-web in Node) and reads bundle.json, tokenizer.json and the model beside it.
+// edgeattn's bundle for the browser and Node.js: text in, embeddings / labels / entities / hidden
+// states out (an encoder), or continuations and chat answers (a language model), as edgeattn's
+// Python runtime gives them. An ES module with no build step; it needs an ONNX Runtime for
+// JavaScript passed in (onnxruntime-web in a page, onnxruntime-node or onnxruntime-web in Node) and
+// reads bundle.json, tokenizer.json and the model beside it.
 //
 //   import * as ort from "onnxruntime-node";            // or "onnxruntime-web"
 //   import { load } from "./edgeattn.mjs";
 //   const model = await load(new URL("./", import.meta.url), ort);
 //   const vectors = await model.embed(["a sentence", "another"]);   // Float32Array per text
 //   const labels = await model.classify(["a review"]);             // {label, score, scores}
+//   const [answer] = await model.generateText(["Once upon"], { maxNewTokens: 32 });  // a language model
 import { Tokenizer } from "./tokenizers.min.mjs";
 
 const IS_NODE = typeof process !== "undefined" && !!process.versions?.node;
@@ -49,6 +51,16 @@ export function createOptions(ort, executionProviders, sessionOptions = {}) {
            ...sessionOptions, extra };
 }
 
+/** The model file's bytes and its external data files (a graph over the browser's 2 GB limit is split). */
+async function readModel(root, file) {
+  const bytes = await readBytes(new URL(file.file, root));
+  const externalData = [];
+  for (const part of file.external_data ?? []) {
+    externalData.push({ path: part.file.split("/").at(-1), data: await readBytes(new URL(part.file, root)) });
+  }
+  return { bytes, externalData };
+}
+
 /** The bundle at `base` (a URL or, in Node, a directory path) on `ort`, at `precision`. */
 export async function load(base, ort, { precision, executionProviders, sessionOptions = {} } = {}) {
   const root = baseUrl(base);
@@ -59,8 +71,20 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
     throw new Error(`edgeattn: this bundle holds no ${precision} model (it has ${held})`);
   }
   const tokenizer = new Tokenizer(await readJson(new URL(bundle.tokenizer, root)), bundle.tokenizer_config);
-  const session = await ort.InferenceSession.create(await readBytes(new URL(file.file, root)),
-    createOptions(ort, executionProviders, sessionOptions));
+  const options = createOptions(ort, executionProviders, sessionOptions);
+  let session;
+  if (IS_NODE && root.protocol === "file:" && !ort.env?.versions?.web) {
+    // onnxruntime-node reads the file and its external data itself (no 2 GB Buffer in between)
+    const { fileURLToPath } = await import("node:url");
+    session = await ort.InferenceSession.create(fileURLToPath(new URL(file.file, root)), options);
+  } else {
+    const { bytes, externalData } = await readModel(root, file);
+    session = await ort.InferenceSession.create(bytes, externalData.length ? { ...options, externalData } : options);
+  }
+  if (bundle.task === "complete") {
+    const template = bundle.chat_template ? await readJson(new URL(bundle.chat_template, root)) : null;
+    return new CausalModel(bundle, file, tokenizer, session, ort, template);
+  }
   return new EncoderModel(bundle, file, tokenizer, session, ort);
 }
 
@@ -283,4 +307,323 @@ export class EncoderModel {
       return { label: this.labels[best], score: probs[best], scores };
     });
   }
+}
+
+/** A small seeded generator of uniform numbers in [0, 1) (mulberry32): sampling that repeats with a seed. */
+function uniform(seed) {
+  let a = (seed ?? Math.floor(Math.random() * 2 ** 32)) >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Each row's next token: the largest logit (greedy), or one drawn from the filtered distribution. */
+function choose(row, { strategy, temperature, topK, topP }, random) {
+  if (strategy === "greedy") {
+    let best = 0;
+    for (let k = 1; k < row.length; k++) if (row[k] > row[best]) best = k;
+    return best;
+  }
+  // temperature, then the top-k tokens, then the smallest set whose probability reaches top-p
+  const x = Array.from(row, (v) => v / temperature);
+  if (topK && topK < x.length) {
+    const kth = [...x].sort((a, b) => b - a)[topK - 1];
+    for (let k = 0; k < x.length; k++) if (x[k] < kth) x[k] = -Infinity;
+  }
+  if (topP < 1) {
+    const order = x.map((_, k) => k).sort((a, b) => x[b] - x[a] || a - b);
+    const top = x[order[0]];
+    const exp = order.map((k) => Math.exp(x[k] - top));
+    const total = exp.reduce((s, v) => s + v, 0);
+    let before = 0;
+    order.forEach((k, r) => {
+      if (before >= topP) x[k] = -Infinity;
+      before += exp[r] / total;
+    });
+  }
+  const top = Math.max(...x);
+  const cdf = [];
+  let sum = 0;
+  for (const v of x) cdf.push((sum += Math.exp(v - top)));
+  const u = random() * sum;
+  let picked = 0;
+  while (picked < cdf.length - 1 && cdf[picked] < u) picked++;
+  return picked;
+}
+
+/** The text up to the first stop string in it, or null when it holds none. */
+function cutAtStop(text, stop) {
+  const found = stop.filter((s) => s && text.includes(s)).map((s) => text.indexOf(s));
+  return found.length ? text.slice(0, Math.min(...found)) : null;
+}
+
+/** How many characters at the end of `text` could begin a stop string (not shown yet). */
+function heldBack(text, stop) {
+  let held = 0;
+  for (const s of stop) {
+    for (let k = Math.min(s.length - 1, text.length); k > 0; k--) {
+      if (text.endsWith(s.slice(0, k))) {
+        held = Math.max(held, k);
+        break;
+      }
+    }
+  }
+  return held;
+}
+
+/**
+ * A batch of prompts over the `causal_decoder` graph: one cache buffer of `capacity` slots per layer,
+ * the graph writing each call's keys and values at slots position .. position + t - 1; the attention
+ * mask marks the slots that hold real tokens, so a row padded on the left answers as it would alone.
+ */
+class CausalState {
+  constructor(model, rows, capacity) {
+    const { n_kv_heads: heads, dim } = model.bundle.model;
+    this.model = model;
+    this.rows = rows;
+    this.capacity = capacity;
+    this.position = 0;
+    this.nextPosition = new Array(rows).fill(0);
+    this.slots = new BigInt64Array(rows * capacity);
+    this.cache = Object.fromEntries(model.bundle.cache.inputs.map((name) => [name, new model.ort.Tensor(
+      "float32", new Float32Array(rows * heads * capacity * dim), [rows, heads, capacity, dim])]));
+  }
+
+  /** Run `ids` (rows x t, `mask` marking padding) after what the cache holds: each row's next-token logits. */
+  async feed(ids, mask) {
+    const chunk = this.model.bundle.prefill_chunk;
+    const t = ids[0].length;
+    if (!chunk || t <= chunk) return this.run(ids, mask);
+    const last = mask.map((m) => m.reduce((a, v, j) => (v ? j : a), 0));
+    let logits = await this.run(ids.map((r) => r.slice(0, chunk)), mask.map((r) => r.slice(0, chunk)));
+    for (let start = chunk; start < t; start += chunk) {
+      const part = await this.run(ids.map((r) => r.slice(start, start + chunk)),
+        mask.map((r) => r.slice(start, start + chunk)));
+      logits = logits.map((row, i) => (last[i] >= start ? part[i] : row));
+    }
+    return logits;
+  }
+
+  async run(ids, mask) {
+    const { Tensor } = this.model.ort;
+    const { rows, capacity } = this;
+    const t = ids[0].length;
+    const start = this.position;
+    if (start + t > capacity) throw new Error(`edgeattn: ${start + t} tokens do not fit a cache of ${capacity}`);
+    const flat = new BigInt64Array(rows * t);
+    const positions = new BigInt64Array(rows * t);
+    const last = new BigInt64Array(rows);
+    for (let i = 0; i < rows; i++) {
+      let seen = 0;
+      for (let j = 0; j < t; j++) {
+        flat[i * t + j] = BigInt(ids[i][j]);
+        this.slots[i * capacity + start + j] = BigInt(mask[i][j]);
+        seen += mask[i][j];
+        positions[i * t + j] = BigInt(this.nextPosition[i] + Math.max(seen - 1, 0));
+        if (mask[i][j]) last[i] = BigInt(j);
+      }
+    }
+    const feeds = { input_ids: new Tensor("int64", flat, [rows, t]),
+                    attention_mask: new Tensor("int64", this.slots.slice(), [rows, capacity]),
+                    position_ids: new Tensor("int64", positions, [rows, t]),
+                    position: new Tensor("int64", BigInt64Array.of(BigInt(start)), [1]),
+                    logits_at: new Tensor("int64", last, [rows, 1]), ...this.cache };
+    const out = await this.model.session.run(feeds);
+    // the updated caches are the next call's caches (the graph wrote this call's keys and values)
+    this.model.bundle.cache.inputs.forEach((name, k) => { this.cache[name] = out[this.model.bundle.cache.outputs[k]]; });
+    this.position += t;
+    mask.forEach((m, i) => { this.nextPosition[i] += m.reduce((a, v) => a + v, 0); });
+    const vocab = out.logits.dims[2];
+    return Array.from({ length: rows }, (_, i) => out.logits.data.slice(i * vocab, (i + 1) * vocab));
+  }
+}
+
+/** A decoder-only language model: continue prompts, stream them, answer a conversation. */
+export class CausalModel {
+  constructor(bundle, file, tokenizer, session, ort, chatTemplate = null) {
+    this.bundle = bundle;
+    this.file = file;
+    this.tokenizer = tokenizer;
+    this.session = session;
+    this.ort = ort;
+    this.task = bundle.task;
+    this.chatTemplate = chatTemplate;
+    this.stopIds = bundle.stop_ids;
+  }
+
+  /** The text of token ids, special tokens left out. */
+  decode(tokens) {
+    return tokens.length ? this.tokenizer.decode(tokens, { skip_special_tokens: true }) : "";
+  }
+
+  /** A conversation ([{role, content}, ...]) as the model's prompt text, by the export's chat template. */
+  async renderChat(messages, { addGenerationPrompt = true } = {}) {
+    if (!this.chatTemplate) throw new Error("edgeattn: this model has no chat template; use generateText");
+    const { Template } = await import("./jinja.mjs");
+    this.template ??= new Template(this.chatTemplate.chat_template);
+    // the template's own raise_exception (a builtin of @huggingface/jinja) throws with its message
+    return this.template.render({ ...this.chatTemplate.special_tokens, messages,
+      add_generation_prompt: addGenerationPrompt });
+  }
+
+  /**
+   * Token ids (rows x width) and mask of `prompts`, padded on the left, with `room` new tokens left
+   * within the model's max_len (else an error, or with `truncate` each prompt's last tokens). A
+   * prompt is a text (the tokenizer's special tokens added) or a conversation (rendered by the
+   * chat template, whose markup carries its own).
+   */
+  async encodePrompts(prompts, { room = 0, truncate = false } = {}) {
+    const list = typeof prompts === "string" || isConversation(prompts) ? [prompts] : prompts;
+    if (!Array.isArray(list) || list.length === 0) throw new Error("edgeattn: give a prompt or a non-empty list of prompts");
+    const encoded = [];
+    for (const p of list) {
+      if (typeof p === "string") encoded.push(this.tokenizer.encode(p, { add_special_tokens: true }).ids.map(Number));
+      else if (isConversation(p)) encoded.push(this.tokenizer.encode(await this.renderChat(p), { add_special_tokens: false }).ids.map(Number));
+      else throw new Error("edgeattn: a prompt is a text or a list of messages ({role, content})");
+    }
+    if (encoded.some((e) => e.length === 0)) throw new Error("edgeattn: a prompt encodes to no tokens; give it some text");
+    const { max_len: maxLen, pad_id: padId } = this.bundle.model;
+    const limit = maxLen - room;
+    if (limit < 1) throw new Error(`edgeattn: ${room} new tokens leave no room for a prompt (max_len ${maxLen})`);
+    const rows = truncate ? encoded.map((e) => e.slice(-limit)) : encoded;
+    const width = Math.max(...rows.map((e) => e.length));
+    if (width > limit) {
+      throw new Error(`edgeattn: a prompt is ${width} tokens long; with ${room} new ones this model takes at most ` +
+        `${limit} (max_len ${maxLen}); shorten it or truncate`);
+    }
+    return { ids: rows.map((e) => [...new Array(width - e.length).fill(padId), ...e]),
+             mask: rows.map((e) => [...new Array(width - e.length).fill(0), ...e.map(() => 1)]) };
+  }
+
+  /** New tokens when none are asked for: 64, or 256 where a conversation is among the prompts, within half of max_len. */
+  defaultSteps(prompts) {
+    const list = typeof prompts === "string" || isConversation(prompts) ? [prompts] : prompts;
+    const wanted = Array.isArray(list) && list.some(isConversation) ? 256 : 64;
+    return Math.max(1, Math.min(wanted, Math.floor(this.bundle.model.max_len / 2)));
+  }
+
+  settings({ maxNewTokens = 64, strategy, temperature = 1, topK = 0, topP = 1, seed, repetitionPenalty = 1 } = {}) {
+    const chosen = strategy ?? (temperature !== 1 || topK || topP < 1 || seed !== undefined ? "sample" : "greedy");
+    if (!["greedy", "sample"].includes(chosen)) {
+      throw new Error(`edgeattn: strategy ${chosen} is not greedy or sample (beam search is the Python runtime's)`);
+    }
+    if (!(maxNewTokens >= 1)) throw new Error("edgeattn: maxNewTokens must be at least 1");
+    if (!(temperature > 0)) throw new Error("edgeattn: temperature must be positive");
+    if (!(topP > 0 && topP <= 1)) throw new Error("edgeattn: topP must be in (0, 1]");
+    if (!(repetitionPenalty > 0)) throw new Error("edgeattn: repetitionPenalty must be positive (1: off)");
+    return { maxNewTokens, strategy: chosen, temperature, topK, topP, seed, repetitionPenalty };
+  }
+
+  /**
+   * Decode after prompt ids (rows x width, left-padded, `mask` marking padding): yields each step's
+   * tokens (one a row; the pad id for a row that already stopped), until every row stopped at one of
+   * the model's stop ids or `maxNewTokens`. The first step's logits are kept in `this.promptLogits`.
+   */
+  async *steps(ids, mask, options = {}) {
+    const cfg = this.settings(options);
+    const rows = ids.length;
+    const capacity = ids[0].length + cfg.maxNewTokens;
+    if (capacity > this.bundle.model.max_len) {
+      throw new Error(`edgeattn: a prompt of ${ids[0].length} tokens and ${cfg.maxNewTokens} new ones exceed ` +
+        `the model's max_len ${this.bundle.model.max_len}`);
+    }
+    const state = new CausalState(this, rows, capacity);
+    const random = uniform(cfg.seed);
+    const { pad_id: padId, vocab_size: vocab } = this.bundle.model;
+    const seen = cfg.repetitionPenalty === 1 ? null : ids.map((row, i) => {
+      const s = new Uint8Array(vocab);
+      row.forEach((id, j) => { if (mask[i][j]) s[id] = 1; });
+      return s;
+    });
+    const done = new Array(rows).fill(false);
+    let logits = await state.feed(ids, mask);
+    this.promptLogits = logits;
+    for (let step = 0; step < cfg.maxNewTokens; step++) {
+      if (seen) {
+        logits = logits.map((row, i) => row.map((v, k) => (seen[i][k] ? (v > 0 ? v / cfg.repetitionPenalty
+          : v * cfg.repetitionPenalty) : v)));
+      }
+      const tokens = logits.map((row, i) => (done[i] ? padId : choose(row, cfg, random)));
+      yield tokens;
+      tokens.forEach((t, i) => { if (this.stopIds.includes(t)) done[i] = true; });
+      if (done.every(Boolean) || step + 1 === cfg.maxNewTokens) return;
+      if (seen) tokens.forEach((t, i) => { seen[i][t] = 1; });
+      logits = await state.feed(tokens.map((t) => [t]), tokens.map(() => [1]));
+    }
+  }
+
+  /**
+   * The continuation of each prompt (a text, a conversation, or a list of them) as {text, tokens}:
+   * up to a stop id, or up to (not including) the first of the `stop` strings. Options:
+   * maxNewTokens (64), strategy (greedy, or sample with temperature, topK, topP, seed),
+   * repetitionPenalty, stop, truncate.
+   */
+  async generate(prompts, { stop = [], truncate = false, ...options } = {}) {
+    const cfg = this.settings({ maxNewTokens: this.defaultSteps(prompts), ...options });
+    const { ids, mask } = await this.encodePrompts(prompts, { room: cfg.maxNewTokens, truncate });
+    const rows = ids.map(() => []);
+    const answers = ids.map(() => null);
+    const decode = (tokens) => this.decode(tokens);
+    for await (const tokens of this.steps(ids, mask, cfg)) {
+      tokens.forEach((t, i) => {
+        if (answers[i] !== null) return;
+        if (this.stopIds.includes(t)) {
+          answers[i] = decode(rows[i]);
+          return;
+        }
+        rows[i].push(t);
+        if (stop.length) answers[i] = cutAtStop(decode(rows[i]), stop);
+      });
+      if (answers.every((a) => a !== null)) break;
+    }
+    return rows.map((r, i) => ({ text: answers[i] ?? decode(r), tokens: r }));
+  }
+
+  /** The continuation of each prompt as text (see generate). */
+  async generateText(prompts, options) {
+    return (await this.generate(prompts, options)).map((a) => a.text);
+  }
+
+  /** The assistant's answer to a conversation ([{role, content}, ...]); maxNewTokens 256 by default. */
+  async chat(messages, options = {}) {
+    return (await this.generate([messages], options))[0].text;
+  }
+
+  /**
+   * One prompt's continuation as it grows: each piece is what the tokens so far add to the decoded
+   * text (a piece that could begin a stop string waits), so the pieces join to generate's text.
+   */
+  async *stream(prompt, { stop = [], truncate = false, ...options } = {}) {
+    const cfg = this.settings({ maxNewTokens: this.defaultSteps([prompt]), ...options });
+    const { ids, mask } = await this.encodePrompts([prompt], { room: cfg.maxNewTokens, truncate });
+    const tokens = [];
+    let shown = "";
+    const decode = () => this.decode(tokens);
+    for await (const [token] of this.steps(ids, mask, cfg)) {
+      if (this.stopIds.includes(token)) break;
+      tokens.push(token);
+      const text = decode();
+      const cut = cutAtStop(text, stop);
+      if (cut !== null) {
+        if (cut.length > shown.length) yield cut.slice(shown.length);
+        return;
+      }
+      const safe = text.length - heldBack(text, stop);
+      if (text.startsWith(shown) && safe > shown.length) {
+        yield text.slice(shown.length, safe);
+        shown = text.slice(0, safe);
+      }
+    }
+    const text = decode();
+    if (text.startsWith(shown) && text.length > shown.length) yield text.slice(shown.length);
+  }
+}
+
+/** Whether a prompt is a conversation (a list of {role, content} messages) rather than a text. */
+function isConversation(prompt) {
+  return Array.isArray(prompt) && prompt.length > 0 && prompt.every((m) => m && typeof m === "object" && "role" in m);
 }
