@@ -251,10 +251,57 @@ export class EncoderModel {
 
   /**
    * Each token of `text` with its span (code points of the text), whether it is special, and its
-   * word's index: WordPiece tokens aligned to the text as the Bert normalizer sees it (lowercased,
-   * accents and control characters removed), as the Python tokenizers library gives offsets.
+   * word's index, as the Python tokenizers library gives offsets and word ids: WordPiece tokens
+   * aligned to the text as the Bert normalizer sees it (lowercased, accents and control characters
+   * removed), or byte-level BPE tokens (RoBERTa, GPT-2) by the bytes each one holds.
    */
   pieces(text) {
+    return this.bundle.tagging.kind === "bytelevel" ? this.bytePieces(text) : this.wordPieces(text);
+  }
+
+  /** Byte-level BPE: each pre-tokenized word's tokens from the model, placed by their UTF-8 bytes. */
+  bytePieces(text) {
+    const { specials, add_prefix_space: prefixSpace, trim_offsets: trim } = this.bundle.tagging;
+    const chars = Array.from(text);
+    const encoder = new TextEncoder();
+    const charOfByte = [];  // the character each UTF-8 byte of the text belongs to
+    chars.forEach((ch, i) => { for (let k = encoder.encode(ch).length; k > 0; k--) charOfByte.push(i); });
+    const shift = prefixSpace && !text.startsWith(" ") ? 1 : 0;  // the space the pre-tokenizer adds
+    const all = this.tokenizer.encode(text).tokens;
+    const found = [];
+    let cursor = 0;
+    this.tokenizer.pre_tokenizer(text).forEach((word, w) => {
+      for (const token of this.tokenizer.model([word])) {
+        const symbols = Array.from(token);
+        let start = cursor, end = cursor + symbols.length;
+        cursor = end;
+        if (trim) {  // offsets leave out the spaces a token begins or ends with (Python's trim_offsets)
+          let lead = 0, tail = 0;
+          while (lead < symbols.length && symbols[lead] === BYTE_SPACE) lead++;
+          while (tail < symbols.length && symbols[symbols.length - 1 - tail] === BYTE_SPACE) tail++;
+          start = Math.min(start + lead, end);
+          end = Math.max(end - tail, start);
+        }
+        start = Math.max(start - shift, 0);
+        end = Math.max(end - shift, start);
+        const first = charOfByte[start] ?? chars.length;
+        found.push({ special: false, start: first, end: end > start ? charOfByte[end - 1] + 1 : first, word: w });
+      }
+    });
+    const out = [];
+    let k = 0;
+    for (const token of all) {
+      if (specials.includes(token)) out.push({ special: true, start: 0, end: 0, word: null });
+      else out.push(found[k++]);
+    }
+    if (k !== found.length || out.some((piece) => piece === undefined)) {
+      throw new Error("edgeattn: the text's byte-level pieces do not match its tokens; tag it with the Python runtime");
+    }
+    return out;
+  }
+
+  /** WordPiece: each piece found in the text as the Bert normalizer sees it. */
+  wordPieces(text) {
     const { specials, prefix, unk, lowercase, strip_accents: stripAccents } = this.bundle.tagging;
     const view = [];  // [normalized character, its character index in the text]
     Array.from(text).forEach((ch, index) => {
@@ -622,6 +669,9 @@ export class CausalModel {
     if (text.startsWith(shown) && text.length > shown.length) yield text.slice(shown.length);
   }
 }
+
+/** The byte-level alphabet's stand-in for a space (GPT-2's bytes_to_unicode: byte 0x20 is U+0120). */
+const BYTE_SPACE = "\u0120";
 
 /** Whether a prompt is a conversation (a list of {role, content} messages) rather than a text. */
 function isConversation(prompt) {

@@ -22,6 +22,7 @@ from edgeattn.cli import cli  # noqa: E402
 from edgeattn.errors import ExportError  # noqa: E402
 from edgeattn.exporters.package import export_model  # noqa: E402
 from edgeattn.exporters.web import ORT_PACKAGES, check_and_record, check_bundle, package_web  # noqa: E402
+from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.manifest import sha256_file  # noqa: E402
 from edgeattn.sources import resolve_model  # noqa: E402
 
@@ -151,13 +152,14 @@ def test_what_the_targets_cannot_run_is_refused_with_the_reason(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_tagging_needs_a_wordpiece_tokenizer(tmp_path):
+def test_tagging_needs_a_tokenizer_the_module_can_align(tmp_path):
     from edgeattn.exporters.web import tagging_settings
 
-    bpe = tmp_path / "tokenizer.json"
-    bpe.write_text(json.dumps({"model": {"type": "BPE"}, "normalizer": None, "added_tokens": []}))
-    with pytest.raises(ExportError, match="tag with WordPiece tokenizers .* this one is BPE"):
-        tagging_settings(bpe)
+    unigram = tmp_path / "tokenizer.json"
+    unigram.write_text(json.dumps({"model": {"type": "Unigram"}, "normalizer": {"type": "Precompiled"},
+                                   "pre_tokenizer": {"type": "Metaspace"}, "added_tokens": []}))  # fmt: skip
+    with pytest.raises(ExportError, match="WordPiece tokenizers .* and byte-level BPE ones .* this one is Unigram"):
+        tagging_settings(unigram)
 
 
 #: texts whose pieces are hard to place: accents, an unknown word, CJK ideographs, tabs and runs of spaces
@@ -175,6 +177,53 @@ def test_a_tagger_bundle_finds_the_entities_the_python_runtime_finds(node_module
     described = json.loads((tmp_path / "node" / "bundle.json").read_text())
     assert described["task"] == "tag" and described["tagging"]["prefix"] == "##"
     checks = check_and_record(tmp_path / "node", tmp_path / "out", node_modules, HARD_TEXTS)
+    assert len(checks) == 2 and all(c.passed and c.labels_equal for c in checks), checks
+
+
+def _bytelevel_tagger(root: Path) -> Path:
+    """A RoBERTa tagger with a byte-level BPE tokenizer trained here (RoBERTa's own settings:
+    no prefix space, offsets trimmed of the spaces tokens carry), exported at fp32."""
+    import torch
+    import transformers
+    from test_hf import CORPUS, LABELS
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    tok.train_from_iterator(CORPUS * 3 + HARD_TEXTS, trainers.BpeTrainer(
+        vocab_size=360, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
+                                                      add_prefix_space=False)  # fmt: skip
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>", pad_token="<pad>", cls_token="<s>", sep_token="</s>")
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=37,
+                                        num_hidden_layers=2, num_attention_heads=4, pad_token_id=1, type_vocab_size=1,
+                                        max_position_embeddings=130, id2label=LABELS,
+                                        label2id={v: k for k, v in LABELS.items()})  # fmt: skip
+    model = transformers.RobertaForTokenClassification(config).eval()
+    with torch.no_grad():  # sharper logits: entities of several kinds
+        model.classifier.weight.mul_(40.0)
+    model.save_pretrained(root / "hf")
+    fast.save_pretrained(root / "hf")
+    source = resolve_model(from_hf=root / "hf")
+    fields = {k: v for k, v in source.export_fields().items() if k != "heldout_texts"}
+    export_model(source.model, root / "out", graphs=["encoder"], verify=False, **fields)
+    return root / "out"
+
+
+def test_a_byte_level_bpe_tagger_finds_the_entities_the_python_runtime_finds(node_modules, tmp_path):
+    """RoBERTa's tokenizer: each token placed by the UTF-8 bytes it holds (multi-byte characters
+    split across tokens among them), spaces trimmed as Python's tokenizers trims them."""
+    export = _bytelevel_tagger(tmp_path)
+    runtime = load(export, providers=["CPUExecutionProvider"])
+    assert sum(len(found) for found in runtime.tag(HARD_TEXTS)) > 5
+    package_web(export, tmp_path / "node", "node", ["fp32"])
+    described = json.loads((tmp_path / "node" / "bundle.json").read_text())
+    assert described["tagging"]["kind"] == "bytelevel" and described["tagging"]["trim_offsets"]
+    checks = check_and_record(tmp_path / "node", export, node_modules, HARD_TEXTS)
     assert len(checks) == 2 and all(c.passed and c.labels_equal for c in checks), checks
 
 
