@@ -98,18 +98,21 @@ def model_file(precision: str) -> str:
 
 
 def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web", precisions: list[str] | None = None,
-                force: bool = False, file_limit: int = WEB_LIMIT) -> WebBundle:  # fmt: skip
+                force: bool = False, file_limit: int = WEB_LIMIT, int4_accuracy_level: int | None = None
+                ) -> WebBundle:  # fmt: skip
     """Write the ``target`` (web or node) bundle of the encoder or language-model export
     ``export_dir`` at ``precisions`` (default: :func:`default_precision`) to ``out_dir``, no file
-    over ``file_limit`` bytes; :class:`ExportError` for an export the target cannot run yet,
-    leaving ``out_dir`` as it was."""
+    over ``file_limit`` bytes; an int4 graph remade for the target at ``int4_accuracy_level``
+    (default: the export's; measured in benchmarks/results/targets-lm.json, level 4 decoded as fast
+    as 0 in wasm and faster natively). :class:`ExportError` for an export the target cannot run
+    yet, leaving ``out_dir`` as it was."""
     if target not in TARGETS:
         raise ExportError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     manifest = read_manifest(export_dir)
     _check_runs(manifest)
     graph = BUNDLE_GRAPHS[manifest.family_name]
-    chosen = cpu_precisions(manifest, precisions or [default_precision(manifest)])
+    chosen = cpu_precisions(manifest, precisions or [default_precision(manifest, target)])
     check_output_dir(out_dir, force)
     parent = out_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +125,9 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         bundle = WebBundle(out_dir, target)
         checked: set[tuple[str, str]] = set()
         for precision in chosen:
-            model, made = runnable_graph(export_dir, manifest, graph, precision, checked, tmp)
+            if (target, graph, precision) in SLOW:
+                log.warning("%s %s for --target %s: %s", graph, precision, target, SLOW[(target, graph, precision)])
+            model, made = runnable_graph(export_dir, manifest, graph, precision, checked, tmp, int4_accuracy_level)
             entry = write_graph(model, tmp, model_file(precision), file_limit)
             if made is not None:
                 entry["made_for_target"] = made
@@ -157,14 +162,17 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
 
 
 def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: str, checked: set[tuple[str, str]],
-                   work: Path) -> tuple[onnx.ModelProto, dict[str, Any] | None]:  # fmt: skip
+                   work: Path, int4_accuracy_level: int | None = None
+                   ) -> tuple[onnx.ModelProto, dict[str, Any] | None]:  # fmt: skip
     """``graph`` at ``precision`` as the targets' ONNX Runtime (1.30) runs it: the export's own file
     where every node passes the lint (:mod:`edgeattn.exporters.target_lint`), else, for a
     converted precision made from a fused form the target lacks (a language model's
     GroupQueryAttention takes an input ONNX Runtime 1.32 added), the same conversion of the
     export's plain float32 graph, held to the export's gated graph (:func:`hold_to_export`); with
-    what was remade and measured, or None. ExportError naming the nodes otherwise."""
-    from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
+    what was remade and measured, or None; an int4 graph remade at ``int4_accuracy_level``
+    (default: the export's). ExportError naming the nodes otherwise."""
+    from edgeattn.exporters.compact import fold_transposes
+    from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantize_int4
     from edgeattn.exporters.target_lint import lint, summary
     from edgeattn.runtime.precisions import get_precision
 
@@ -182,7 +190,15 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
                         int8_activations=quantization.get("accuracy_level") == 4)  # fmt: skip
     dst = work / "remade" / f"{graph}.{precision}.onnx"
     dst.parent.mkdir(exist_ok=True)
-    info = CONVERTERS[precision](plain_path, dst, job)
+    # the weights the plain graph shares with the checkpoint through Transpose nodes, folded back
+    # into initializers: the quantisers take a MatMul's weight only as an initializer
+    src = dst.parent / f"{graph}.fp32-folded.onnx"
+    onnx.save_model(fold_transposes(onnx.load(str(plain_path))), str(src), save_as_external_data=True,
+                    location=src.name + ".data")  # fmt: skip
+    if precision == "int4" and int4_accuracy_level is not None:
+        info = quantize_int4(src, dst, job, accuracy_level=int4_accuracy_level)
+    else:
+        info = CONVERTERS[precision](src, dst, job)
     remade = onnx.load(str(dst))
     still = lint(remade)
     if still:
@@ -280,18 +296,26 @@ def write_graph(model: onnx.ModelProto, out: Path, name: str, file_limit: int = 
     return entry
 
 
-#: the precisions a bundle holds when none is named, best first, by graph: the first the export
-#: holds that passed its accuracy gate (else fp32). Measured (benchmarks/results/targets.json):
-#: BERT-base at 1x128 int8 2.4x faster than fp32 in Chromium's wasm on 2 threads, 1.6x on 1, a
-#: quarter of the bytes; a language model's decoding step is memory-bound and int4 a seventh of
-#: fp32's bytes (see docs/web.md for its figures)
-PREFERRED = {"encoder": ("int8",), "causal_decoder": ("int4", "int8")}
+#: the precisions a bundle holds when none is named, best first, by target and graph: the first the
+#: export holds that passed its accuracy gate (else fp32). Measured: an encoder's int8
+#: (benchmarks/results/targets.json: BERT-base at 1x128 2.4x faster than fp32 in Chromium's wasm
+#: on 2 threads, 1.6x on 1, a quarter of the bytes); a language model's
+#: (benchmarks/results/targets-lm.json, SmolLM2-135M-shaped, 128-token prompt, greedy decoding): on
+#: onnxruntime-node int4 decodes fastest (88 tokens/s against int8's 69 and fp32's 37) from the
+#: fewest bytes (76 MB, 164, 651); in wasm int4 decodes at 2.1 tokens/s (its MatMulNBits kernels
+#: have no fast path there) against int8's 27 and fp32's 33, and int8 reads its prompt 2.3x faster
+#: than fp32 from a quarter of the bytes: int8 for a page
+PREFERRED = {("web", "encoder"): ("int8",), ("node", "encoder"): ("int8",),
+             ("web", "causal_decoder"): ("int8",), ("node", "causal_decoder"): ("int4", "int8")}  # fmt: skip
+#: precisions a target runs far below the others (measured, as above): packaged when asked, with a warning
+SLOW = {("web", "causal_decoder", "int4"): "onnxruntime-web's wasm kernels decode a language model's int4 some "
+        "12x slower than its int8 (2.1 against 27 tokens/s, SmolLM2-135M-shaped)"}  # fmt: skip
 
 
-def default_precision(manifest: Manifest) -> str:
-    """What a web or node bundle holds when no precision is named (see :data:`PREFERRED`)."""
+def default_precision(manifest: Manifest, target: str = "web") -> str:
+    """What a ``target`` bundle holds when no precision is named (see :data:`PREFERRED`)."""
     role = BUNDLE_GRAPHS[manifest.family_name]
-    for name in PREFERRED[role]:
+    for name in PREFERRED[(target, role)]:
         variant = manifest.graphs[role].precisions.get(name)
         if variant is not None and not variant.degraded:
             return name
@@ -311,17 +335,23 @@ def _check_runs(manifest: Manifest) -> None:
 
 
 def tagging_settings(tokenizer_path: Path) -> dict[str, Any]:
-    """What the module needs to give each token its character span (tokenizers.js gives none): the
-    WordPiece settings and the Bert normalizer's; ExportError for a tokenizer it cannot align."""
+    """What the module needs to give each token its character span (tokenizers.js gives none):
+    WordPiece with the Bert normalizer (BERT, DistilBERT, ELECTRA), or byte-level BPE with no
+    normalizer (RoBERTa, GPT-2); ExportError for a tokenizer it cannot align."""
     described = json.loads(tokenizer_path.read_text(encoding="utf-8"))
     model, normalizer = described.get("model") or {}, described.get("normalizer") or {}
-    if model.get("type") != "WordPiece" or normalizer.get("type") not in ("BertNormalizer", None):
-        raise ExportError("the web and node targets tag with WordPiece tokenizers (BERT, DistilBERT, ELECTRA), "
-                          f"whose pieces they align to the text; this one is {model.get('type')} with "
-                          f"{normalizer.get('type')}")  # fmt: skip
-    return {"specials": [t["content"] for t in described.get("added_tokens", []) if t.get("special")],
-            "prefix": model.get("continuing_subword_prefix", "##"), "unk": model.get("unk_token"),
-            "lowercase": bool(normalizer.get("lowercase", False)), "strip_accents": normalizer.get("strip_accents")}
+    pre, post = described.get("pre_tokenizer") or {}, described.get("post_processor") or {}
+    specials = [t["content"] for t in described.get("added_tokens", []) if t.get("special")]
+    if model.get("type") == "WordPiece" and normalizer.get("type") in ("BertNormalizer", None):
+        return {"kind": "wordpiece", "specials": specials, "prefix": model.get("continuing_subword_prefix", "##"),
+                "unk": model.get("unk_token"), "lowercase": bool(normalizer.get("lowercase", False)),
+                "strip_accents": normalizer.get("strip_accents")}  # fmt: skip
+    if model.get("type") == "BPE" and not normalizer and pre.get("type") == "ByteLevel":
+        return {"kind": "bytelevel", "specials": specials, "add_prefix_space": bool(pre.get("add_prefix_space")),
+                "trim_offsets": bool(post.get("trim_offsets", pre.get("trim_offsets", False)))}  # fmt: skip
+    raise ExportError("the web and node targets tag with WordPiece tokenizers (BERT, DistilBERT, ELECTRA) and "
+                      "byte-level BPE ones (RoBERTa), whose pieces they align to the text; this one is "
+                      f"{model.get('type')} with {normalizer.get('type')} and {pre.get('type')}")  # fmt: skip
 
 
 def _transformers_js_files(manifest: Manifest, out: Path) -> None:

@@ -193,6 +193,16 @@ def targets_table(data: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def targets_lm_table(data: dict[str, Any]) -> str:
+    """Per model, precision and runtime: the bundle's bytes, the prompt's time, greedy decoding in
+    tokens per second (and its ratio to native ONNX Runtime), and session creation."""
+    header = ["model", "precision", "runtime", "MB", "prompt ms", "tokens/s (x native)", "session ms"]
+    body = [[r["model"], r["precision"], r["runtime"], f"{r['bytes'] / 1e6:.1f}", _number(r["prefill_ms"]),
+             f"{_number(r['tokens_per_s'])} ({r['vs_native']:.2f}x)", _number(r["create_ms"])]
+            for r in data["rows"]]  # fmt: skip
+    return _table(header, body)
+
+
 def table(path: Path) -> str:
     """A results file's figures as a markdown table."""
     return section(path).split("\n\n", 2)[2].rstrip("\n")
@@ -217,6 +227,8 @@ def section(path: Path) -> str:
         body = bundle_table(data)
     elif rows and data.get("benchmark") == "targets":
         body = targets_table(data)
+    elif rows and data.get("benchmark") == "targets lm":
+        body = targets_lm_table(data)
     else:
         scalars = {k: v for k, v in data.items() if isinstance(v, int | float | str) and not k.endswith("_dir")}
         body = _table(["figure", "value"], [[k, _number(v) if isinstance(v, float) else str(v)]

@@ -121,22 +121,22 @@ def test_the_page_shows_the_entities_in_chromium(tmp_path, node_modules, browser
 
 
 def test_the_page_streams_a_language_models_continuations_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
-    """The default precision of a language model (its gated int4, remade for ONNX Runtime 1.30):
-    each prompt's continuation, streamed into the page, as the Python runtime over the same file
-    gives it."""
+    """A page's default precision of a language model (its gated int8, remade for ONNX Runtime
+    1.30): each prompt's continuation, streamed into the page, as the Python runtime over the same
+    file gives it."""
     import causal_folders
     from test_package_web_lm import PROMPTS
 
     from edgeattn.exporters.web import bundle_runtime
 
-    export = causal_folders.export_trained(tmp_path, "int4")
+    export = causal_folders.export_trained(tmp_path, "int8")
     bundle = package_web(export, tmp_path / "web", "web")
-    assert [f["precision"] for f in bundle.files] == ["int4"]
+    assert [f["precision"] for f in bundle.files] == ["int8"]
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(browser, server)
         page.evaluate("window.edgeattnSteps = 12")
         shown = _run(page, PROMPTS)
-        runtime = bundle_runtime(export, tmp_path / "web", "int4")
+        runtime = bundle_runtime(export, tmp_path / "web", "int8")
         want = ["".join(runtime.stream_text(p, 12)) for p in PROMPTS]
         assert shown["complete"] == want
         assert page.locator("td.label").all_inner_texts() == [w.strip() for w in want]  # what the page shows
