@@ -442,7 +442,8 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
 
 
 # ------------------------------------------------------------------------------------ checking
-RUNNER = """
+#: the script a bundle is checked with under Node.js: each precision loaded, its answers kept
+RUNNER_FRAME = """
 import * as ort from "{package}";
 import {{ load }} from "{module}";
 import {{ writeFile }} from "node:fs/promises";
@@ -451,6 +452,13 @@ const texts = {texts};
 const out = {{}};
 for (const precision of {precisions}) {{
   const model = await load({base}, ort, {{ precision }});
+__BODY__
+  out[precision] = row;
+}}
+await writeFile({result}, JSON.stringify(out));
+"""
+#: what is kept of an encoder: token ids, embeddings, labels or entities
+RUNNER = RUNNER_FRAME.replace("__BODY__", """
   const tokens = model.tokenize(texts);
   const row = {{ ids: Array.from(tokens.ids, Number), width: tokens.width }};
   row.embed = (await model.embed(texts)).map((v) => Array.from(v));
@@ -458,33 +466,16 @@ for (const precision of {precisions}) {{
   if (model.bundle.model.head === "token") {{
     row.tag = await model.tag(texts);
     row.tag_first = await model.tag(texts, {{ aggregation: "first" }});
-  }}
-  out[precision] = row;
-}}
-await writeFile({result}, JSON.stringify(out));
-"""
-
-
-CAUSAL_RUNNER = """
-import * as ort from "{package}";
-import {{ load }} from "{module}";
-import {{ writeFile }} from "node:fs/promises";
-if (ort.env?.wasm) ort.env.wasm.numThreads = 1;
-const texts = {texts};
-const out = {{}};
-for (const precision of {precisions}) {{
-  const model = await load({base}, ort, {{ precision }});
+  }}""")
+#: what is kept of a language model: prompt ids, the prompts' logits, greedy answers, a stream, a chat
+CAUSAL_RUNNER = RUNNER_FRAME.replace("__BODY__", """
   const {{ ids, mask }} = await model.encodePrompts(texts, {{ room: {steps} }});
   const row = {{ ids: ids.flat(), width: ids[0].length }};
   row.answers = await model.generate(texts, {{ maxNewTokens: {steps} }});
   row.logits = model.promptLogits.map((r) => Array.from(r));
   row.stream = [];
   for await (const piece of model.stream(texts[0], {{ maxNewTokens: {steps} }})) row.stream.push(piece);
-  if (model.chatTemplate) row.chat = await model.chat({chat}, {{ maxNewTokens: {steps} }});
-  out[precision] = row;
-}}
-await writeFile({result}, JSON.stringify(out));
-"""
+  if (model.chatTemplate) row.chat = await model.chat({chat}, {{ maxNewTokens: {steps} }});""")
 #: new tokens a language-model bundle is checked over, and the conversation its chat is checked on
 CHECK_STEPS = 16
 CHECK_CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello how are you"}]

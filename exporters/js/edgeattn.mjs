@@ -88,7 +88,8 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
   return new EncoderModel(bundle, file, tokenizer, session, ort);
 }
 
-export class EncoderModel {
+/** What every bundle's model holds: its description (bundle.json), its file, tokenizer and session. */
+class BundleModel {
   constructor(bundle, file, tokenizer, session, ort) {
     this.bundle = bundle;
     this.file = file;
@@ -96,6 +97,12 @@ export class EncoderModel {
     this.session = session;
     this.ort = ort;
     this.task = bundle.task;
+  }
+}
+
+export class EncoderModel extends BundleModel {
+  constructor(bundle, file, tokenizer, session, ort) {
+    super(bundle, file, tokenizer, session, ort);
     this.labels = bundle.labels;
   }
 
@@ -490,14 +497,9 @@ class CausalState {
 }
 
 /** A decoder-only language model: continue prompts, stream them, answer a conversation. */
-export class CausalModel {
+export class CausalModel extends BundleModel {
   constructor(bundle, file, tokenizer, session, ort, chatTemplate = null) {
-    this.bundle = bundle;
-    this.file = file;
-    this.tokenizer = tokenizer;
-    this.session = session;
-    this.ort = ort;
-    this.task = bundle.task;
+    super(bundle, file, tokenizer, session, ort);
     this.chatTemplate = chatTemplate;
     this.stopIds = bundle.stop_ids;
   }
