@@ -336,8 +336,9 @@ def _check_runs(manifest: Manifest) -> None:
 
 def tagging_settings(tokenizer_path: Path) -> dict[str, Any]:
     """What the module needs to give each token its character span (tokenizers.js gives none):
-    WordPiece with the Bert normalizer (BERT, DistilBERT, ELECTRA), or byte-level BPE with no
-    normalizer (RoBERTa, GPT-2); ExportError for a tokenizer it cannot align."""
+    WordPiece with the Bert normalizer (BERT, DistilBERT, ELECTRA), byte-level BPE with no
+    normalizer (RoBERTa, GPT-2), or Unigram with Metaspace (XLM-R) and a normalizer tokenizers.js
+    has; ExportError for a tokenizer it cannot align."""
     described = json.loads(tokenizer_path.read_text(encoding="utf-8"))
     model, normalizer = described.get("model") or {}, described.get("normalizer") or {}
     pre, post = described.get("pre_tokenizer") or {}, described.get("post_processor") or {}
@@ -349,9 +350,37 @@ def tagging_settings(tokenizer_path: Path) -> dict[str, Any]:
     if model.get("type") == "BPE" and not normalizer and pre.get("type") == "ByteLevel":
         return {"kind": "bytelevel", "specials": specials, "add_prefix_space": bool(pre.get("add_prefix_space")),
                 "trim_offsets": bool(post.get("trim_offsets", pre.get("trim_offsets", False)))}  # fmt: skip
-    raise ExportError("the web and node targets tag with WordPiece tokenizers (BERT, DistilBERT, ELECTRA) and "
-                      "byte-level BPE ones (RoBERTa), whose pieces they align to the text; this one is "
+    if model.get("type") == "Unigram" and pre.get("type") == "Metaspace" and _js_normalizer(normalizer):
+        return {"kind": "metaspace", "specials": specials, "replacement": pre.get("replacement", "\u2581"),
+                "unk": _unigram_unk(model), "prepend": pre.get("prepend_scheme", "always") != "never"
+                and pre.get("add_prefix_space", True), "collapse_spaces": _collapses_spaces(normalizer)}  # fmt: skip
+    raise ExportError("the web and node targets tag with WordPiece tokenizers (BERT, DistilBERT, ELECTRA), "
+                      "byte-level BPE ones (RoBERTa) and SentencePiece-style Unigram ones (XLM-R) whose "
+                      "normalizer tokenizers.js has, aligning their pieces to the text; this one is "
                       f"{model.get('type')} with {normalizer.get('type')} and {pre.get('type')}")  # fmt: skip
+
+
+#: the normalizers tokenizers.js applies (a Unigram tagger's text is normalised character by character)
+JS_NORMALIZERS = {"Precompiled", "Sequence", "Replace", "NFC", "NFD", "NFKC", "NFKD", "Strip", "StripAccents",
+                  "Lowercase", "Prepend"}  # fmt: skip
+
+
+def _js_normalizer(normalizer: dict[str, Any]) -> bool:
+    if not normalizer:
+        return True
+    inner = normalizer.get("normalizers") or [] if normalizer.get("type") == "Sequence" else []
+    return normalizer.get("type") in JS_NORMALIZERS and all(_js_normalizer(n) for n in inner)
+
+
+def _collapses_spaces(normalizer: dict[str, Any]) -> bool:
+    """Whether the normalizer makes runs of spaces one (XLM-R's Replace of " {2,}")."""
+    parts = normalizer.get("normalizers") or [] if normalizer.get("type") == "Sequence" else [normalizer]
+    return any(p.get("type") == "Replace" and (p.get("pattern") or {}).get("Regex") == " {2,}" for p in parts)
+
+
+def _unigram_unk(model: dict[str, Any]) -> str | None:
+    vocab, unk = model.get("vocab") or [], model.get("unk_id")
+    return vocab[unk][0] if isinstance(unk, int) and 0 <= unk < len(vocab) else None
 
 
 def _transformers_js_files(manifest: Manifest, out: Path) -> None:

@@ -260,10 +260,13 @@ export class EncoderModel extends BundleModel {
    * Each token of `text` with its span (code points of the text), whether it is special, and its
    * word's index, as the Python tokenizers library gives offsets and word ids: WordPiece tokens
    * aligned to the text as the Bert normalizer sees it (lowercased, accents and control characters
-   * removed), or byte-level BPE tokens (RoBERTa, GPT-2) by the bytes each one holds.
+   * removed), byte-level BPE tokens (RoBERTa, GPT-2) by the bytes each one holds, or
+   * SentencePiece-style tokens (XLM-R's Unigram, "\u2581" for a space) in the normalised text.
    */
   pieces(text) {
-    return this.bundle.tagging.kind === "bytelevel" ? this.bytePieces(text) : this.wordPieces(text);
+    const kind = this.bundle.tagging.kind;
+    return kind === "bytelevel" ? this.bytePieces(text) : kind === "metaspace" ? this.metaPieces(text)
+      : this.wordPieces(text);
   }
 
   /** Byte-level BPE: each pre-tokenized word's tokens from the model, placed by their UTF-8 bytes. */
@@ -305,6 +308,51 @@ export class EncoderModel extends BundleModel {
       throw new Error("edgeattn: the text's byte-level pieces do not match its tokens; tag it with the Python runtime");
     }
     return out;
+  }
+
+  /**
+   * SentencePiece-style tokens ("\u2581" for a space, a word each): found in the text as the
+   * tokenizer's normalizer sees it character by character (runs of spaces made one where it makes
+   * them one, the last of the run kept), an unknown token spanning what lies before the next one.
+   */
+  metaPieces(text) {
+    const { specials, unk, replacement, prepend, collapse_spaces: collapse } = this.bundle.tagging;
+    const view = [];  // [normalized character, its character index in the text]
+    Array.from(text).forEach((ch, index) => {
+      const n = this.tokenizer.normalizer ? this.tokenizer.normalizer(ch) : ch;
+      for (const c of n) {
+        if (collapse && c === " " && view.at(-1)?.[0] === " ") view.pop();  // the run's last space stays
+        view.push([c, index]);
+      }
+    });
+    if (prepend && view.length && view[0][0] !== " ") view.unshift([" ", view[0][1]]);  // the space it adds
+    const tokens = this.tokenizer.encode(text).tokens;
+    const textOf = (token) => token.replaceAll(replacement, " ");
+    const matches = (at, piece) => Array.from(piece).every((c, k) => view[at + k]?.[0] === c);
+    let cursor = 0;
+    let word = -1;
+    return tokens.map((token, t) => {
+      if (token !== unk && specials.includes(token)) return { special: true, start: 0, end: 0, word: null };
+      const start = cursor;
+      if (token === unk) {  // up to where the next known token's text begins
+        const next = tokens.slice(t + 1).find((x) => x !== unk && !specials.includes(x));
+        cursor++;
+        if (next === undefined) {
+          while (cursor < view.length && view[cursor][0] !== " ") cursor++;
+        } else {
+          while (cursor < view.length && !matches(cursor, textOf(next))) cursor++;
+        }
+      } else {
+        const piece = Array.from(textOf(token));
+        if (!matches(cursor, piece.join(""))) {
+          throw new Error("edgeattn: the text's pieces could not be placed in it; tag it with the Python runtime");
+        }
+        cursor += piece.length;
+      }
+      if (view[start]?.[0] === " " || word < 0) word++;
+      if (cursor === start) return { special: false, start: view[start]?.[1] ?? 0, end: view[start]?.[1] ?? 0, word };
+      return { special: false, start: view[start][1], end: view[cursor - 1][1] + 1, word };
+    });
   }
 
   /** WordPiece: each piece found in the text as the Bert normalizer sees it. */

@@ -156,9 +156,9 @@ def test_tagging_needs_a_tokenizer_the_module_can_align(tmp_path):
     from edgeattn.exporters.web import tagging_settings
 
     unigram = tmp_path / "tokenizer.json"
-    unigram.write_text(json.dumps({"model": {"type": "Unigram"}, "normalizer": {"type": "Precompiled"},
+    unigram.write_text(json.dumps({"model": {"type": "Unigram"}, "normalizer": {"type": "Nmt"},
                                    "pre_tokenizer": {"type": "Metaspace"}, "added_tokens": []}))  # fmt: skip
-    with pytest.raises(ExportError, match="WordPiece tokenizers .* and byte-level BPE ones .* this one is Unigram"):
+    with pytest.raises(ExportError, match="WordPiece .* byte-level BPE .* this one is Unigram with Nmt"):
         tagging_settings(unigram)
 
 
@@ -180,22 +180,44 @@ def test_a_tagger_bundle_finds_the_entities_the_python_runtime_finds(node_module
     assert len(checks) == 2 and all(c.passed and c.labels_equal for c in checks), checks
 
 
-def _bytelevel_tagger(root: Path) -> Path:
-    """A RoBERTa tagger with a byte-level BPE tokenizer trained here (RoBERTa's own settings:
-    no prefix space, offsets trimmed of the spaces tokens carry), exported at fp32."""
-    import torch
-    import transformers
-    from test_hf import CORPUS, LABELS
+def _bytelevel_tokenizer() -> tuple:
+    """A byte-level BPE tokenizer trained here with RoBERTa's settings (no prefix space, offsets
+    trimmed of the spaces tokens carry)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<s>", "<pad>", "</s>", "<unk>"]
-    tok.train_from_iterator(CORPUS * 3 + HARD_TEXTS, trainers.BpeTrainer(
-        vocab_size=360, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
-                                                      add_prefix_space=False)  # fmt: skip
+    return tok, trainers.BpeTrainer(vocab_size=360, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()), \
+        lambda t: processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+
+
+def _unigram_tokenizer() -> tuple:
+    """A SentencePiece-style Unigram tokenizer trained here, as XLM-R's is made (Metaspace, NFKC,
+    runs of spaces made one; its Precompiled character map aside, which only training by
+    sentencepiece writes)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace()
+    return tok, trainers.UnigramTrainer(vocab_size=150, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                        unk_token="<unk>"), \
+        lambda t: processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+
+
+def _roberta_tagger(root: Path, tokenizer: tuple) -> Path:
+    """A RoBERTa tagger with ``tokenizer`` (a tokenizer, its trainer and post-processor) trained
+    here on the corpus and the hard texts, exported at fp32."""
+    import torch
+    import transformers
+    from test_hf import CORPUS, LABELS
+
+    tok, trainer, post = tokenizer
+    tok.train_from_iterator(CORPUS * 3 + HARD_TEXTS, trainer)
+    tok.post_processor = post(tok)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                                 unk_token="<unk>", pad_token="<pad>", cls_token="<s>", sep_token="</s>")
     torch.manual_seed(0)
@@ -214,16 +236,22 @@ def _bytelevel_tagger(root: Path) -> Path:
     return root / "out"
 
 
-def test_a_byte_level_bpe_tagger_finds_the_entities_the_python_runtime_finds(node_modules, tmp_path):
-    """RoBERTa's tokenizer: each token placed by the UTF-8 bytes it holds (multi-byte characters
-    split across tokens among them), spaces trimmed as Python's tokenizers trims them."""
-    export = _bytelevel_tagger(tmp_path)
+@pytest.mark.parametrize(("tokenizer", "kind"), [(_bytelevel_tokenizer, "bytelevel"),
+                                                 (_unigram_tokenizer, "metaspace")])  # fmt: skip
+def test_bpe_and_unigram_taggers_find_the_entities_the_python_runtime_finds(node_modules, tmp_path, tokenizer, kind):
+    """RoBERTa's byte-level BPE (each token placed by the UTF-8 bytes it holds, multi-byte
+    characters split across tokens among them, spaces trimmed as Python's tokenizers trims them)
+    and XLM-R's kind of Unigram (pieces found in the normalised text: NFKC's ligatures, runs of
+    spaces made one, unknown pieces)."""
+    export = _roberta_tagger(tmp_path, tokenizer())
     runtime = load(export, providers=["CPUExecutionProvider"])
-    assert sum(len(found) for found in runtime.tag(HARD_TEXTS)) > 5
+    # a ligature NFKC makes two letters; characters no training text held (unknown pieces)
+    texts = [*HARD_TEXTS, "The \ufb01nal  word, in   Paris", "\u03a9mega \u2603 snow in Warsaw"]
+    assert sum(len(found) for found in runtime.tag(texts)) > 5
     package_web(export, tmp_path / "node", "node", ["fp32"])
     described = json.loads((tmp_path / "node" / "bundle.json").read_text())
-    assert described["tagging"]["kind"] == "bytelevel" and described["tagging"]["trim_offsets"]
-    checks = check_and_record(tmp_path / "node", export, node_modules, HARD_TEXTS)
+    assert described["tagging"]["kind"] == kind
+    checks = check_and_record(tmp_path / "node", export, node_modules, texts)
     assert len(checks) == 2 and all(c.passed and c.labels_equal for c in checks), checks
 
 
