@@ -438,8 +438,9 @@ def package(export_dir: Path, target: str, output: Path, precisions: str | None,
               help="onnxruntime-web's dist folder to serve the runtime from (default: the page loads it from "
               "jsDelivr).")
 def serve_web(bundle_dir: Path, host: str, port: int, ort_dist: Path | None) -> None:
-    """Serve a web bundle's page (type text, see labels, entities or nearest texts, load and run times),
-    cross-origin isolated so onnxruntime-web may use threads. Stops on Ctrl-C."""
+    """Serve a web bundle's page (type text, see labels, entities, nearest texts or a language model's
+    streamed continuation, load and run times; wasm or WebGPU), cross-origin isolated so
+    onnxruntime-web may use threads. Stops on Ctrl-C."""
     from edgeattn.serving.web_page import WebPageServer
 
     server = WebPageServer(bundle_dir, host, port, ort_dist)

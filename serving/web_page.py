@@ -18,18 +18,20 @@ from edgeattn.errors import EdgeattnError
 log = logging.getLogger(__name__)
 
 PAGE = "index.html"
-ORT_PLACEHOLDER = "__ORT_MODULE__"
+ORT_PLACEHOLDER, WEBGPU_PLACEHOLDER = "__ORT_MODULE__", "__ORT_WEBGPU_MODULE__"
 #: the self-contained ES module of onnxruntime-web's wasm backend (it loads its .wasm beside it)
 ORT_MODULE = "ort.wasm.bundle.min.mjs"
+#: onnxruntime-web's build with the WebGPU backend, imported when the page is asked to run on it
+ORT_WEBGPU_MODULE = "ort.webgpu.bundle.min.mjs"
 
 
-def cdn_module(version: str) -> str:
-    return f"https://cdn.jsdelivr.net/npm/onnxruntime-web@{version}/dist/{ORT_MODULE}"
+def cdn_module(version: str, name: str = ORT_MODULE) -> str:
+    return f"https://cdn.jsdelivr.net/npm/onnxruntime-web@{version}/dist/{name}"
 
 
-def page(template: str, ort_module: str) -> str:
-    """The page with its import map pointing at ``ort_module``."""
-    return template.replace(ORT_PLACEHOLDER, ort_module)
+def page(template: str, ort_module: str, webgpu_module: str | None = None) -> str:
+    """The page with its import map pointing at ``ort_module`` (and its WebGPU build at ``webgpu_module``)."""
+    return template.replace(ORT_PLACEHOLDER, ort_module).replace(WEBGPU_PLACEHOLDER, webgpu_module or "")
 
 
 def read_bundle(bundle_dir: Path) -> dict[str, Any]:
@@ -76,8 +78,10 @@ class _Handler(SimpleHTTPRequestHandler):
         if self.path.split("?", 1)[0] in ("/", f"/{PAGE}"):
             template = (self.bundle / PAGE).read_text(encoding="utf-8")
             described = json.loads((self.bundle / "bundle.json").read_text(encoding="utf-8"))
-            module = f"./ort/{ORT_MODULE}" if self.ort_dist else cdn_module(described["runtime"]["version"])
-            body = page(template, module).encode()
+            version = described["runtime"]["version"]
+            module = f"./ort/{ORT_MODULE}" if self.ort_dist else cdn_module(version)
+            webgpu = f"./ort/{ORT_WEBGPU_MODULE}" if self.ort_dist else cdn_module(version, ORT_WEBGPU_MODULE)
+            body = page(template, module, webgpu).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

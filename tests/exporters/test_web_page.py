@@ -39,13 +39,19 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def browser(chromium):
+def driver(chromium):
+    """Playwright, once for the module (its sync API runs one at a time)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(chromium, driver):
+    launched = driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+    yield launched
+    launched.close()
 
 
 def _open(browser, server: WebPageServer):
@@ -141,3 +147,63 @@ def test_the_page_streams_a_language_models_continuations_in_chromium(tmp_path, 
         assert shown["complete"] == want
         assert page.locator("td.label").all_inner_texts() == [w.strip() for w in want]  # what the page shows
         assert "at most 12 new tokens each" in page.inner_text("#timing")
+
+
+#: Chromium's software WebGPU adapter (SwiftShader): WebGPU with no GPU, as CI has none
+WEBGPU_FLAGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
+                "--use-webgpu-adapter=swiftshader"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpu_browser(chromium, driver):
+    launched = driver.chromium.launch(executable_path=chromium, args=WEBGPU_FLAGS)
+    yield launched
+    launched.close()
+
+
+def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
+    """onnxruntime-web's WebGPU backend (on Chromium's software adapter): the labels and
+    probabilities of the Python runtime at fp32 and int8."""
+    export = _export(tmp_path / "classifier", "ForSequenceClassification")
+    package_web(export, tmp_path / "web", "web", ["fp32", "int8"])
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = _open(gpu_browser, server)
+        if "webgpu" not in page.locator("#backend option").all_inner_texts():
+            pytest.skip("this Chromium offers no WebGPU adapter, not even SwiftShader's")
+        page.select_option("#backend", "webgpu")
+        for precision, file in (("fp32", "onnx/model.onnx"), ("int8", "onnx/model_quantized.onnx")):
+            page.select_option("#precision", precision)
+            page.wait_for_function(f"document.querySelector('#status').textContent.includes('loaded {file} in') && "
+                                   "document.querySelector('#status').textContent.includes('on webgpu')")  # fmt: skip
+            shown = _run(page, TEXTS)
+            assert shown["backend"] == "webgpu"
+            want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(TEXTS)
+            assert [c["label"] for c in shown["classify"]] == [c.label for c in want]
+            for got, expected in zip(shown["classify"], want, strict=True):
+                assert max(abs(got["scores"][k] - v) for k, v in expected.scores.items()) < 1e-4
+
+
+def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
+    """A language model's int8 and int4 (remade for ONNX Runtime 1.30) on the WebGPU backend: each
+    prompt's continuation as the Python runtime over the same file gives it."""
+    import causal_folders
+    from test_package_web_lm import PROMPTS
+
+    from edgeattn.exporters.web import bundle_runtime
+
+    export = causal_folders.export_trained(tmp_path, "int8,int4")
+    package_web(export, tmp_path / "web", "web", ["int8", "int4"])
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = _open(gpu_browser, server)
+        if "webgpu" not in page.locator("#backend option").all_inner_texts():
+            pytest.skip("this Chromium offers no WebGPU adapter, not even SwiftShader's")
+        page.evaluate("window.edgeattnSteps = 12")
+        page.select_option("#backend", "webgpu")
+        for precision, file in (("int8", "onnx/model_quantized.onnx"), ("int4", "onnx/model_q4.onnx")):
+            page.select_option("#precision", precision)
+            page.wait_for_function(f"document.querySelector('#status').textContent.includes('loaded {file} in') && "
+                                   "document.querySelector('#status').textContent.includes('on webgpu')")  # fmt: skip
+            shown = _run(page, PROMPTS)
+            runtime = bundle_runtime(export, tmp_path / "web", precision)
+            assert shown["backend"] == "webgpu"
+            assert shown["complete"] == ["".join(runtime.stream_text(p, 12)) for p in PROMPTS]
