@@ -126,6 +126,27 @@ def lint(model: onnx.ModelProto, table: dict[str, Any] | None = None) -> list[Fi
     return findings
 
 
+#: what onnxruntime-web 1.30's WebGPU build cannot run that its CPU kernels can, found by running
+#: bundles on it (Chromium's software adapter): operators its wasm part lacks, and inputs its
+#: WebGPU kernels refuse
+WEBGPU_MISSING = {"com.microsoft::GatherBlockQuantized": "onnxruntime-web 1.30's WebGPU build has no kernel for it "
+                  "(its plain wasm build has one)"}  # fmt: skip
+WEBGPU_REFUSED_INPUTS = {("com.microsoft::MultiHeadAttention", 4): "its WebGPU kernel does not take key_padding_mask"}
+
+
+def webgpu_gaps(model: onnx.ModelProto) -> list[Finding]:
+    """The nodes of ``model`` onnxruntime-web 1.30's WebGPU build refuses (see :data:`WEBGPU_MISSING`)."""
+    found = []
+    for node in model.graph.node:
+        key, name = f"{node.domain or 'ai.onnx'}::{node.op_type}", node.name or node.output[0]
+        if key in WEBGPU_MISSING:
+            found.append(Finding(name, key, WEBGPU_MISSING[key]))
+        for (op, index), why in WEBGPU_REFUSED_INPUTS.items():
+            if key == op and len(node.input) > index and node.input[index]:
+                found.append(Finding(name, key, why))
+    return found
+
+
 def summary(findings: list[Finding], limit: int = 5) -> str:
     """The findings in a few lines: the first few, and how many of each operator in all."""
     counts = Counter(f.op for f in findings)

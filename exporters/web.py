@@ -45,6 +45,7 @@ from edgeattn import __version__
 from edgeattn.errors import ExportError
 from edgeattn.exporters.mobile import cpu_precisions
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
+from edgeattn.exporters.target_lint import webgpu_gaps
 from edgeattn.runtime.layout import partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
 from edgeattn.runtime.text import label_names
@@ -135,6 +136,9 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
             if target == "web" and weight > WASM_MEMORY:
                 raise ExportError(f"the {precision} {graph} weighs {weight / 1e9:.2f} GB; a page's wasm memory "
                                   "addresses 4 GB in all: package int4 or int8, or --target node")  # fmt: skip
+            if target == "web":  # whether the page's WebGPU backend takes it, and why not
+                gaps = webgpu_gaps(model)
+                entry["webgpu"] = {"runs": not gaps, "why": str(gaps[0]) if gaps else None}
             bundle.files.append({**entry, "precision": precision,
                                  "transformers_js_dtype": TRANSFORMERS_JS_DTYPES.get(precision)
                                  if graph == "encoder" else None})  # fmt: skip

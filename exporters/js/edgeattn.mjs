@@ -70,6 +70,9 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
     const held = bundle.files.map((f) => f.precision).join(", ");
     throw new Error(`edgeattn: this bundle holds no ${precision} model (it has ${held})`);
   }
+  if (executionProviders?.includes("webgpu") && file.webgpu?.runs === false) {
+    throw new Error(`edgeattn: the ${file.precision} model does not run on WebGPU: ${file.webgpu.why}`);
+  }
   const tokenizer = new Tokenizer(await readJson(new URL(bundle.tokenizer, root)), bundle.tokenizer_config);
   const options = createOptions(ort, executionProviders, sessionOptions);
   let session;

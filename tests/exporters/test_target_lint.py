@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgeattn.errors import ExportError
 from edgeattn.exporters.kernel_table import read_table
-from edgeattn.exporters.target_lint import lint, summary
+from edgeattn.exporters.target_lint import lint, summary, webgpu_gaps
 from edgeattn.exporters.web import write_graph
 
 pytestmark = pytest.mark.quick
@@ -91,3 +91,14 @@ def test_weights_over_the_limit_split_into_files_that_load_as_one(tmp_path):
     assert "external_data" not in small
     with pytest.raises(ExportError, match="the tensor w0 alone is"):
         write_graph(onnx.ModelProto.FromString(model.SerializeToString()), tmp_path / "b", "m.onnx", 3_000)
+
+
+def test_what_the_webgpu_build_refuses_is_named():
+    x = _value("x", TensorProto.FLOAT, (1, 4, 8))
+    mha = [helper.make_node("MultiHeadAttention", ["x", "x", "x", "", m], ["y"], name=f"mha_{m or 'plain'}",
+                            domain="com.microsoft", num_heads=2) for m in ("mask", "")]  # fmt: skip
+    gbq = helper.make_node("GatherBlockQuantized", ["t", "i", "s"], ["e"], name="table", domain="com.microsoft")
+    model = _model([*mha, gbq], [x], [_value("y", TensorProto.FLOAT)], opsets=(("", 17), ("com.microsoft", 1)))
+    found = {f.node: f.reason for f in webgpu_gaps(model)}
+    assert set(found) == {"mha_mask", "table"}  # a MultiHeadAttention without the mask runs
+    assert "key_padding_mask" in found["mha_mask"] and "no kernel" in found["table"]

@@ -192,7 +192,8 @@ def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node
     from edgeattn.exporters.web import bundle_runtime
 
     export = causal_folders.export_trained(tmp_path, "int8,int4")
-    package_web(export, tmp_path / "web", "web", ["int8", "int4"])
+    bundle = package_web(export, tmp_path / "web", "web", ["int8", "int4"])
+    assert all(f["webgpu"] == {"runs": True, "why": None} for f in bundle.files)  # nothing the WebGPU build refuses
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(gpu_browser, server)
         if "webgpu" not in page.locator("#backend option").all_inner_texts():
