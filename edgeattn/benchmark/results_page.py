@@ -203,6 +203,14 @@ def targets_lm_table(data: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def arm_table(data: dict[str, Any]) -> str:
+    """Per ORT file: its answers on ARM kernels (aarch64 onnxruntime, emulated) against this machine's."""
+    header = ["qemu CPU", "model", "file", "precision", "max abs err", "worst cosine", "result"]
+    body = [[r["cpu"], r["model"], r["file"], r["precision"], f"{r['max_abs']:.1e}", f"{r['worst_cosine']:.6f}",
+             "ok" if r["passed"] else "FAIL"] for r in data["rows"]]  # fmt: skip
+    return _table(header, body)
+
+
 def table(path: Path) -> str:
     """A results file's figures as a markdown table."""
     return section(path).split("\n\n", 2)[2].rstrip("\n")
@@ -229,6 +237,8 @@ def section(path: Path) -> str:
         body = targets_table(data)
     elif rows and data.get("benchmark") == "targets lm":
         body = targets_lm_table(data)
+    elif rows and data.get("benchmark") == "mobile arm":
+        body = arm_table(data)
     else:
         scalars = {k: v for k, v in data.items() if isinstance(v, int | float | str) and not k.endswith("_dir")}
         body = _table(["figure", "value"], [[k, _number(v) if isinstance(v, float) else str(v)]
