@@ -161,6 +161,17 @@ def gpu_browser(chromium, driver):
     launched.close()
 
 
+def _on_webgpu(page, precision: str, file: str) -> None:
+    """The page's model at ``precision`` (its ``file``) loaded on the WebGPU backend (a skip where
+    the browser offers no adapter)."""
+    if "webgpu" not in page.locator("#backend option").all_inner_texts():
+        pytest.skip("this Chromium offers no WebGPU adapter, not even SwiftShader's")
+    page.select_option("#backend", "webgpu")
+    page.select_option("#precision", precision)
+    page.wait_for_function(f"document.querySelector('#status').textContent.includes('loaded {file} in') && "
+                           "document.querySelector('#status').textContent.includes('on webgpu')")  # fmt: skip
+
+
 def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
     """onnxruntime-web's WebGPU backend (on Chromium's software adapter): the labels and
     probabilities of the Python runtime at fp32 and int8."""
@@ -168,13 +179,8 @@ def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modu
     package_web(export, tmp_path / "web", "web", ["fp32", "int8"])
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(gpu_browser, server)
-        if "webgpu" not in page.locator("#backend option").all_inner_texts():
-            pytest.skip("this Chromium offers no WebGPU adapter, not even SwiftShader's")
-        page.select_option("#backend", "webgpu")
         for precision, file in (("fp32", "onnx/model.onnx"), ("int8", "onnx/model_quantized.onnx")):
-            page.select_option("#precision", precision)
-            page.wait_for_function(f"document.querySelector('#status').textContent.includes('loaded {file} in') && "
-                                   "document.querySelector('#status').textContent.includes('on webgpu')")  # fmt: skip
+            _on_webgpu(page, precision, file)
             shown = _run(page, TEXTS)
             assert shown["backend"] == "webgpu"
             want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(TEXTS)
@@ -196,14 +202,9 @@ def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node
     assert all(f["webgpu"] == {"runs": True, "why": None} for f in bundle.files)  # nothing the WebGPU build refuses
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(gpu_browser, server)
-        if "webgpu" not in page.locator("#backend option").all_inner_texts():
-            pytest.skip("this Chromium offers no WebGPU adapter, not even SwiftShader's")
         page.evaluate("window.edgeattnSteps = 12")
-        page.select_option("#backend", "webgpu")
         for precision, file in (("int8", "onnx/model_quantized.onnx"), ("int4", "onnx/model_q4.onnx")):
-            page.select_option("#precision", precision)
-            page.wait_for_function(f"document.querySelector('#status').textContent.includes('loaded {file} in') && "
-                                   "document.querySelector('#status').textContent.includes('on webgpu')")  # fmt: skip
+            _on_webgpu(page, precision, file)
             shown = _run(page, PROMPTS)
             runtime = bundle_runtime(export, tmp_path / "web", precision)
             assert shown["backend"] == "webgpu"
