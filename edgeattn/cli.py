@@ -398,7 +398,7 @@ def quantize(
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--target", type=click.Choice(["mobile", "web", "node"]), required=True,
               help="mobile: ORT-format files and the operator config of a reduced ONNX Runtime build; web, node: "
-              "an encoder or a language model with its tokenizer and an ES module for onnxruntime-web / "
+              "an encoder, seq2seq or language model with its tokenizer and an ES module for onnxruntime-web / "
               "onnxruntime-node.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the bundle.")
 @click.option("--precision", "precisions", default=None,
@@ -412,8 +412,8 @@ def quantize(
 def package(export_dir: Path, target: str, output: Path, precisions: str | None, force: bool,
             node_modules: Path | None) -> None:  # fmt: skip
     """Package an export for a device: mobile (proven to load and to answer as the export does) or a
-    browser / Node.js bundle of an encoder or a language model (its graphs linted against the
-    targets' ONNX Runtime first). Needs onnx, not torch."""
+    browser / Node.js bundle of an encoder, a seq2seq model or a language model (its graphs linted
+    against the targets' ONNX Runtime first). Needs onnx, not torch."""
     if target == "mobile":
         from edgeattn.exporters.mobile import package_mobile
 

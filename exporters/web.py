@@ -1,5 +1,5 @@
-"""The browser and Node.js targets: an encoder or language-model export as a folder a page or a
-Node.js program loads with no build step, answering as the Python runtime does.
+"""The browser and Node.js targets: an encoder, seq2seq or language-model export as a folder a page
+or a Node.js program loads with no build step, answering as the Python runtime does.
 
 ```
 <out>/
@@ -18,8 +18,9 @@ Node.js program loads with no build step, answering as the Python runtime does.
   index.html              web: a page that runs it (edgeattn serve-web)
 ```
 
-Encoders (embed, classify, tag, encode) and decoder-only language models (greedy and sampled
-generation, stop strings, streaming, chat); tagging with WordPiece tokenizers (BERT, DistilBERT,
+Encoders (embed, classify, tag, encode), seq2seq models (generate, stream: encoder, cross_kv and
+decoder_fixed graphs) and decoder-only language models (greedy and sampled generation, stop
+strings, streaming, chat); tagging with WordPiece tokenizers (BERT, DistilBERT,
 ELECTRA), whose pieces the module aligns to the text itself (tokenizers.js gives no character
 offsets). :func:`check_bundle` runs a bundle under Node.js and compares its tokens and answers with
 the Python runtime's.
@@ -68,8 +69,10 @@ CHAT_TEMPLATE = "chat_template.json"
 WEB_LIMIT = (1 << 31) - 1
 #: what a page's wasm32 memory can address: a web bundle's graph and weights must fit in it
 WASM_MEMORY = 1 << 32
-#: the graph a bundle carries for each family the targets run (seq2seq's two-graph loop is not written in JS yet)
-BUNDLE_GRAPHS = {"encoder": "encoder", "causal": "causal_decoder"}
+#: the graphs a bundle carries for each family the targets run (a seq2seq model's decoder over a cache
+#: of fixed capacity: decoder_fixed)
+BUNDLE_GRAPHS = {"encoder": ("encoder",), "causal": ("causal_decoder",),
+                 "seq2seq": ("encoder", "cross_kv", "decoder_fixed")}  # fmt: skip
 ASSETS = Path(__file__).resolve().parent / "js"
 
 
@@ -93,8 +96,11 @@ TRANSFORMERS_JS_NAMES = {"fp32": "model.onnx", "int8": "model_quantized.onnx", "
 TRANSFORMERS_JS_DTYPES = {"fp32": "fp32", "int8": "q8", "int4": "q4"}
 
 
-def model_file(precision: str) -> str:
-    """Where a precision's graph lies in the bundle (transformers.js's layout)."""
+def model_file(precision: str, graph: str | None = None) -> str:
+    """Where a precision's graph lies in the bundle: transformers.js's names for a family of one
+    graph, ``onnx/<graph>[.<precision>].onnx`` for one of several."""
+    if graph is not None:
+        return f"onnx/{graph}.onnx" if precision == "fp32" else f"onnx/{graph}.{precision}.onnx"
     return "onnx/" + TRANSFORMERS_JS_NAMES.get(precision, f"model.{precision}.onnx")
 
 
@@ -111,8 +117,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         raise ExportError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     manifest = read_manifest(export_dir)
-    _check_runs(manifest)
-    graph = BUNDLE_GRAPHS[manifest.family_name]
+    _check_runs(manifest, export_dir)
+    graphs = BUNDLE_GRAPHS[manifest.family_name]
     chosen = cpu_precisions(manifest, precisions or [default_precision(manifest, target)])
     check_output_dir(out_dir, force)
     parent = out_dir.resolve().parent
@@ -125,11 +131,12 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
     try:
         bundle = WebBundle(out_dir, target)
         checked: set[tuple[str, str]] = set()
-        for precision in chosen:
+        for precision, graph in ((p, g) for p in chosen for g in graphs):
             if (target, graph, precision) in SLOW:
                 log.warning("%s %s for --target %s: %s", graph, precision, target, SLOW[(target, graph, precision)])
             model, made = runnable_graph(export_dir, manifest, graph, precision, checked, tmp, int4_accuracy_level)
-            entry = write_graph(model, tmp, model_file(precision), file_limit)
+            name = model_file(precision, graph if len(graphs) > 1 else None)
+            entry = write_graph(model, tmp, name, file_limit)
             if made is not None:
                 entry["made_for_target"] = made
             weight = entry["bytes"] + sum(d["bytes"] for d in entry.get("external_data", []))
@@ -139,9 +146,9 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
             if target == "web":  # whether the page's WebGPU backend takes it, and why not
                 gaps = webgpu_gaps(model)
                 entry["webgpu"] = {"runs": not gaps, "why": str(gaps[0]) if gaps else None}
-            bundle.files.append({**entry, "precision": precision,
+            bundle.files.append({**entry, "precision": precision, "graph": graph,
                                  "transformers_js_dtype": TRANSFORMERS_JS_DTYPES.get(precision)
-                                 if graph == "encoder" else None})  # fmt: skip
+                                 if graphs == ("encoder",) else None})  # fmt: skip
         shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
         assets = [MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])]
         if manifest.chat_template is not None:
@@ -155,7 +162,7 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
         described = {**_describe(bundle, manifest, export_dir, tmp), "tagging": tagging}
         (tmp / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
-        if graph == "encoder":  # transformers.js's decoders take past_key_values, not edgeattn's in-place cache
+        if graphs == ("encoder",):  # transformers.js's decoders take past_key_values, not edgeattn's cache
             _transformers_js_files(manifest, tmp)
         move_into_place(tmp, out_dir)
     except BaseException:
@@ -308,7 +315,8 @@ def write_graph(model: onnx.ModelProto, out: Path, name: str, file_limit: int = 
 #: onnxruntime-node int4 decodes fastest (88 tokens/s against int8's 69 and fp32's 37) from the
 #: fewest bytes (76 MB, 164, 651); in wasm int4 decodes at 2.1 tokens/s (its MatMulNBits kernels
 #: have no fast path there) against int8's 27 and fp32's 33, and int8 reads its prompt 2.3x faster
-#: than fp32 from a quarter of the bytes: int8 for a page
+#: than fp32 from a quarter of the bytes: int8 for a page. A seq2seq model (keyed by its last graph,
+#: decoder_fixed): fp32 until its reduced precisions are measured on these runtimes
 PREFERRED = {("web", "encoder"): ("int8",), ("node", "encoder"): ("int8",),
              ("web", "causal_decoder"): ("int8",), ("node", "causal_decoder"): ("int4", "int8")}  # fmt: skip
 #: precisions a target runs far below the others (measured, as above): packaged when asked, with a warning
@@ -318,24 +326,35 @@ SLOW = {("web", "causal_decoder", "int4"): "onnxruntime-web's wasm kernels decod
 
 def default_precision(manifest: Manifest, target: str = "web") -> str:
     """What a ``target`` bundle holds when no precision is named (see :data:`PREFERRED`)."""
-    role = BUNDLE_GRAPHS[manifest.family_name]
-    for name in PREFERRED[(target, role)]:
-        variant = manifest.graphs[role].precisions.get(name)
-        if variant is not None and not variant.degraded:
+    graphs = BUNDLE_GRAPHS[manifest.family_name]
+    for name in PREFERRED.get((target, graphs[-1]), ()):
+        variants = [manifest.graphs[g].precisions.get(name) for g in graphs]
+        if all(v is not None and not v.degraded for v in variants):
             return name
     return "fp32"
 
 
-def _check_runs(manifest: Manifest) -> None:
+def _check_runs(manifest: Manifest, export_dir: Path) -> None:
     """An ExportError saying why the web and node targets cannot run this export, if they cannot."""
     if manifest.family_name not in BUNDLE_GRAPHS:
-        raise ExportError(f"the web and node targets run encoder exports (embed, classify, tag, encode) and "
-                          f"language models today; this is a {manifest.family_name} export, whose two-graph "
-                          "decoding loop is not written in JavaScript yet: package it for --target mobile, or "
-                          "serve it")  # fmt: skip
-    if manifest.tokenizer is None or not manifest.tokenizer.file.endswith(".json"):
+        raise ExportError(f"the web and node targets run encoders, seq2seq models and language models; this is a "
+                          f"{manifest.family_name} export: package it for --target mobile, or serve it")  # fmt: skip
+    missing = [g for g in BUNDLE_GRAPHS[manifest.family_name] if g not in manifest.graphs]
+    if missing:
+        raise ExportError(f"the web and node targets need the export's {', '.join(missing)} graph(s), which it "
+                          "lacks: export it again with this edgeattn (--graphs decoder for a seq2seq model)")
+    if manifest.tokenizer is None or not _hugging_face_tokenizer(check_file(export_dir, manifest.tokenizer)):
         raise ExportError("the web and node targets take text through the export's Hugging Face tokenizer.json, "
                           "which this export lacks")  # fmt: skip
+
+
+def _hugging_face_tokenizer(path: Path) -> bool:
+    """Whether ``path`` is a Hugging Face tokenizer.json (edgeattn's own word tokenizer is JSON too)."""
+    try:
+        described = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(described, dict) and isinstance(described.get("model"), dict)
 
 
 def tagging_settings(tokenizer_path: Path) -> dict[str, Any]:
@@ -433,7 +452,7 @@ def _closing_specials(tokenizer_path: Path) -> int:
 
 def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path) -> dict[str, Any]:
     config = manifest.config
-    graph = manifest.graphs[BUNDLE_GRAPHS[manifest.family_name]]
+    graph = manifest.graphs[BUNDLE_GRAPHS[manifest.family_name][0]]
     described: dict[str, Any] = {
         "target": bundle.target,
         "edgeattn_version": __version__,
@@ -463,6 +482,17 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
                           "outputs": cache_names(SLOT_UPDATED, c.n_layers)},
                 "prefill_chunk": CausalRuntime.prefill_chunk,
                 "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
+    if manifest.family_name == "seq2seq":
+        from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
+
+        layers = config.n_decoder_layers
+        return {**described, "task": "generate",
+                "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
+                          "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_heads": config.n_heads,
+                          "head_dim": config.head_dim, "n_decoder_layers": layers, "head": None},
+                "stop_ids": [config.eos_id],
+                "cache": {"inputs": cache_names(SLOT_CACHE, layers), "outputs": cache_names(SLOT_UPDATED, layers)},
+                "closing_special_tokens": _closing_specials(tmp / "tokenizer.json")}  # fmt: skip
     pooling = manifest.pooling
     mode, normalize = (pooling.mode, pooling.normalize) if pooling else ("mean", True)
     return {**described,
@@ -587,8 +617,8 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
     stream and a chat answer the same (at reduced precisions, 0.9 of the answers' tokens)."""
     bundle_dir, node_modules = Path(bundle_dir).resolve(), Path(node_modules).resolve()
     described = json.loads((bundle_dir / BUNDLE).read_text())
-    precisions = [f["precision"] for f in described["files"]]
-    causal = described["task"] == "complete"
+    precisions = list(dict.fromkeys(f["precision"] for f in described["files"]))
+    causal = described["task"] in ("complete", "generate")
     with tempfile.TemporaryDirectory(dir=node_modules.parent) as work_name:
         work = Path(work_name)
         result = work / "result.json"
@@ -602,7 +632,7 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
         if done.returncode != 0:
             raise ExportError(f"the bundle failed under Node.js ({runtime}): {done.stderr.strip()[-2000:]}")
         got = json.loads(result.read_text())
-    check = _check_causal if causal else _check_encoder
+    check = _check_causal if causal else _check_encoder  # a seq2seq model is checked as a language model
     return [check(runtime, precision, bundle_runtime(export_dir, bundle_dir, precision), texts, got[precision])
             for precision in precisions]  # fmt: skip
 
@@ -614,10 +644,11 @@ def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: st
     from edgeattn.runtime.session import create_session
 
     described = json.loads((Path(bundle_dir) / BUNDLE).read_text())
-    graph = BUNDLE_GRAPHS[described.get("family", "encoder")]
-    entry = next(f for f in described["files"] if f["precision"] == precision)
     model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
-    model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"]))
+    for entry in described["files"]:
+        if entry["precision"] == precision:
+            graph = entry.get("graph") or BUNDLE_GRAPHS[described.get("family", "encoder")][0]
+            model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"]))
     return model
 
 
@@ -647,11 +678,24 @@ def _check_encoder(runtime: str, precision: str, model: Any, texts: list[str], r
                        tokens_equal and _close(precision, diff, cosine) and labels_equal is not False)  # fmt: skip
 
 
+def _first_logits(model: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The ids the Python runtime makes of ``texts`` and the first new token's logits after them: a
+    language model's prompt ids (padded on the left), or a seq2seq model's source (on the right)
+    and its decoder's first step."""
+    if hasattr(model, "encode_prompts"):
+        ids, mask = model.encode_prompts(texts, room=CHECK_STEPS)
+        return ids, model.state(ids, mask).step(np.zeros(len(texts), np.int64))
+    ids, mask = model._text_source(texts, False)
+    stepper = model.stepper(ids, mask, capacity=CHECK_STEPS)
+    return ids, stepper.step(np.full(len(texts), model.config.bos_id, np.int64))
+
+
 def _check_causal(runtime: str, precision: str, model: Any, texts: list[str], row: dict[str, Any]) -> BundleCheck:
-    ids, mask = model.encode_prompts(texts, room=CHECK_STEPS)
+    """A language model's or a seq2seq model's bundle against the Python runtime: ids, the first
+    new token's logits, greedy answers, a stream, and a chat where the model has a template."""
+    ids, want_logits = _first_logits(model, texts)
     have_ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
     tokens_equal = have_ids.shape == ids.shape and bool((have_ids == ids).all())
-    want_logits = model.state(ids, mask).step(np.zeros(len(texts), np.int64))
     diff, cosine = _compare(want_logits, np.array(row["logits"], np.float32))
     answers = model.generate_answers(texts, CHECK_STEPS)
     shared = []

@@ -61,6 +61,17 @@ async function readModel(root, file) {
   return { bytes, externalData };
 }
 
+/** A session over one of the bundle's files. */
+async function createSession(ort, root, file, options) {
+  if (IS_NODE && root.protocol === "file:" && !ort.env?.versions?.web) {
+    // onnxruntime-node reads the file and its external data itself (no 2 GB Buffer in between)
+    const { fileURLToPath } = await import("node:url");
+    return ort.InferenceSession.create(fileURLToPath(new URL(file.file, root)), options);
+  }
+  const { bytes, externalData } = await readModel(root, file);
+  return ort.InferenceSession.create(bytes, externalData.length ? { ...options, externalData } : options);
+}
+
 /** The bundle at `base` (a URL or, in Node, a directory path) on `ort`, at `precision`. */
 export async function load(base, ort, { precision, executionProviders, sessionOptions = {} } = {}) {
   const root = baseUrl(base);
@@ -75,18 +86,17 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
   }
   const tokenizer = new Tokenizer(await readJson(new URL(bundle.tokenizer, root)), bundle.tokenizer_config);
   const options = createOptions(ort, executionProviders, sessionOptions);
-  let session;
-  if (IS_NODE && root.protocol === "file:" && !ort.env?.versions?.web) {
-    // onnxruntime-node reads the file and its external data itself (no 2 GB Buffer in between)
-    const { fileURLToPath } = await import("node:url");
-    session = await ort.InferenceSession.create(fileURLToPath(new URL(file.file, root)), options);
-  } else {
-    const { bytes, externalData } = await readModel(root, file);
-    session = await ort.InferenceSession.create(bytes, externalData.length ? { ...options, externalData } : options);
-  }
+  const session = await createSession(ort, root, file, options);
   if (bundle.task === "complete") {
     const template = bundle.chat_template ? await readJson(new URL(bundle.chat_template, root)) : null;
     return new CausalModel(bundle, file, tokenizer, session, ort, template);
+  }
+  if (bundle.task === "generate") {  // a seq2seq model: its encoder (above), cross projections and decoder
+    const sessions = { [file.graph]: session };
+    for (const other of bundle.files.filter((f) => f.precision === file.precision && f.graph !== file.graph)) {
+      sessions[other.graph] = await createSession(ort, root, other, options);
+    }
+    return new Seq2SeqModel(bundle, file, tokenizer, sessions, ort);
   }
   return new EncoderModel(bundle, file, tokenizer, session, ort);
 }
@@ -460,6 +470,36 @@ function choose(row, { strategy, temperature, topK, topP }, random) {
   return picked;
 }
 
+/**
+ * Greedy or sampled decoding from the first logits (rows x vocab): yields each step's tokens (one a
+ * row; the pad id for a row that already stopped) until every row stopped at one of the model's stop
+ * ids or `cfg.maxNewTokens`; `next(tokens)` runs a step and gives its logits; `seen` (a list of ids a
+ * row, or null) is where a repetition penalty starts (the tokens fed after the first step join it).
+ */
+async function* search(model, cfg, first, seen, next) {
+  const { pad_id: padId, vocab_size: vocab } = model.bundle.model;
+  const random = uniform(cfg.seed);
+  const marks = seen && seen.map((ids) => {
+    const s = new Uint8Array(vocab);
+    for (const id of ids) s[id] = 1;
+    return s;
+  });
+  const done = new Array(first.length).fill(false);
+  let logits = first;
+  for (let step = 0; step < cfg.maxNewTokens; step++) {
+    if (marks) {
+      logits = logits.map((row, i) => row.map((v, k) => (marks[i][k] ? (v > 0 ? v / cfg.repetitionPenalty
+        : v * cfg.repetitionPenalty) : v)));
+    }
+    const tokens = logits.map((row, i) => (done[i] ? padId : choose(row, cfg, random)));
+    yield tokens;
+    tokens.forEach((t, i) => { if (model.stopIds.includes(t)) done[i] = true; });
+    if (done.every(Boolean) || step + 1 === cfg.maxNewTokens) return;
+    if (marks) tokens.forEach((t, i) => { marks[i][t] = 1; });
+    logits = await next(tokens);
+  }
+}
+
 /** The text up to the first stop string in it, or null when it holds none. */
 function cutAtStop(text, stop) {
   const found = stop.filter((s) => s && text.includes(s)).map((s) => text.indexOf(s));
@@ -632,28 +672,11 @@ export class CausalModel extends BundleModel {
         `the model's max_len ${this.bundle.model.max_len}`);
     }
     const state = new CausalState(this, rows, capacity);
-    const random = uniform(cfg.seed);
-    const { pad_id: padId, vocab_size: vocab } = this.bundle.model;
-    const seen = cfg.repetitionPenalty === 1 ? null : ids.map((row, i) => {
-      const s = new Uint8Array(vocab);
-      row.forEach((id, j) => { if (mask[i][j]) s[id] = 1; });
-      return s;
-    });
-    const done = new Array(rows).fill(false);
-    let logits = await state.feed(ids, mask);
-    this.promptLogits = logits;
-    for (let step = 0; step < cfg.maxNewTokens; step++) {
-      if (seen) {
-        logits = logits.map((row, i) => row.map((v, k) => (seen[i][k] ? (v > 0 ? v / cfg.repetitionPenalty
-          : v * cfg.repetitionPenalty) : v)));
-      }
-      const tokens = logits.map((row, i) => (done[i] ? padId : choose(row, cfg, random)));
-      yield tokens;
-      tokens.forEach((t, i) => { if (this.stopIds.includes(t)) done[i] = true; });
-      if (done.every(Boolean) || step + 1 === cfg.maxNewTokens) return;
-      if (seen) tokens.forEach((t, i) => { seen[i][t] = 1; });
-      logits = await state.feed(tokens.map((t) => [t]), tokens.map(() => [1]));
-    }
+    // a repetition penalty starts from each row's prompt
+    const seen = cfg.repetitionPenalty === 1 ? null : ids.map((row, i) => row.filter((_, j) => mask[i][j]));
+    this.promptLogits = await state.feed(ids, mask);
+    yield* search(this, cfg, this.promptLogits, seen, (tokens) => state.feed(tokens.map((t) => [t]),
+      tokens.map(() => [1])));
   }
 
   /**
@@ -720,6 +743,98 @@ export class CausalModel extends BundleModel {
     }
     const text = decode();
     if (text.startsWith(shown) && text.length > shown.length) yield text.slice(shown.length);
+  }
+}
+
+/**
+ * A seq2seq model (T5): text in, text out. Its source is tokenized as an encoder's (right padding,
+ * truncation keeping the closing special token); the encoder and the cross projections run once,
+ * then the decoder a token a row a step over a cache of `maxNewTokens` slots it writes into.
+ */
+export class Seq2SeqModel extends EncoderModel {
+  constructor(bundle, file, tokenizer, sessions, ort) {
+    super(bundle, file, tokenizer, sessions[file.graph], ort);
+    this.sessions = sessions;
+    this.stopIds = bundle.stop_ids;
+  }
+
+  settings(options) { return CausalModel.prototype.settings.call(this, options); }
+
+  decode(tokens) { return CausalModel.prototype.decode.call(this, tokens); }
+
+  /** Source ids (rows x width) and mask, padded on the right. */
+  async encodePrompts(texts, { truncate = false } = {}) {
+    const tokens = this.tokenize(texts, { truncate });
+    const rows = Array.from({ length: tokens.batch }, (_, i) => i * tokens.width);
+    return { ids: rows.map((r) => Array.from(tokens.ids.slice(r, r + tokens.width), Number)),
+             mask: rows.map((r) => Array.from(tokens.mask.slice(r, r + tokens.width), Number)), tokens };
+  }
+
+  /** New tokens when none are asked for: twice the longest source plus 8, within max_len. */
+  defaultSteps(width) { return Math.min(this.bundle.model.max_len, 2 * width + 8); }
+
+  /** Decode after a tokenized source: each step's tokens, as CausalModel.steps gives them. */
+  async *steps(tokens, options = {}) {
+    const cfg = this.settings(options);
+    const { Tensor } = this.ort;
+    const { n_heads: heads, head_dim: dim, bos_id: bos, max_len: maxLen } = this.bundle.model;
+    if (cfg.maxNewTokens > maxLen) throw new Error(`edgeattn: maxNewTokens ${cfg.maxNewTokens} exceeds max_len ${maxLen}`);
+    const rows = tokens.batch;
+    const mask = new Tensor("int64", tokens.mask, [rows, tokens.width]);
+    const hidden = (await this.sessions.encoder.run({ input_ids: new Tensor("int64", tokens.ids, [rows, tokens.width]),
+                                                      attention_mask: mask })).last_hidden_state;
+    const cross = await this.sessions.cross_kv.run({ encoder_hidden_states: hidden });
+    const capacity = cfg.maxNewTokens;
+    const cache = Object.fromEntries(this.bundle.cache.inputs.map((name) => [name, new Tensor(
+      "float32", new Float32Array(rows * heads * capacity * dim), [rows, heads, capacity, dim])]));
+    let position = 0;
+    const step = async (ids) => {
+      const out = await this.sessions.decoder_fixed.run({
+        input_ids: new Tensor("int64", BigInt64Array.from(ids, BigInt), [rows, 1]), encoder_attention_mask: mask,
+        position: new Tensor("int64", BigInt64Array.of(BigInt(position)), [1]), ...cross, ...cache });
+      this.bundle.cache.inputs.forEach((name, k) => { cache[name] = out[this.bundle.cache.outputs[k]]; });
+      position += 1;
+      const vocab = out.logits.dims[2];
+      return Array.from({ length: rows }, (_, i) => out.logits.data.slice(i * vocab, (i + 1) * vocab));
+    };
+    this.promptLogits = await step(new Array(rows).fill(bos));
+    yield* search(this, cfg, this.promptLogits, cfg.repetitionPenalty === 1 ? null : tokens.kept.map(() => []), step);
+  }
+
+  /** Each text's answer as {text, tokens} (up to the end-of-sequence token); options as CausalModel.generate's. */
+  async generate(texts, { truncate = false, ...options } = {}) {
+    const { tokens } = await this.encodePrompts(texts, { truncate });
+    const cfg = this.settings({ maxNewTokens: this.defaultSteps(tokens.width), ...options });
+    const rows = Array.from({ length: tokens.batch }, () => []);
+    const done = rows.map(() => false);
+    for await (const step of this.steps(tokens, cfg)) {
+      step.forEach((t, i) => {
+        if (done[i] || this.stopIds.includes(t)) done[i] = true;
+        else rows[i].push(t);
+      });
+    }
+    return rows.map((r) => ({ text: this.decode(r), tokens: r }));
+  }
+
+  async generateText(texts, options) {
+    return (await this.generate(texts, options)).map((a) => a.text);
+  }
+
+  /** One text's answer as it grows: each piece what the tokens so far add to the decoded answer. */
+  async *stream(text, { truncate = false, ...options } = {}) {
+    const { tokens } = await this.encodePrompts([text], { truncate });
+    const cfg = this.settings({ maxNewTokens: this.defaultSteps(tokens.width), ...options });
+    const answer = [];
+    let shown = "";
+    for await (const [token] of this.steps(tokens, cfg)) {
+      if (this.stopIds.includes(token)) break;
+      answer.push(token);
+      const decoded = this.decode(answer);
+      if (decoded.startsWith(shown) && decoded.length > shown.length) {
+        yield decoded.slice(shown.length);
+        shown = decoded;
+      }
+    }
   }
 }
 

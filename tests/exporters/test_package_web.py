@@ -147,8 +147,8 @@ def test_a_check_that_differs_fails(embedder, node_modules, tmp_path, monkeypatc
 def test_what_the_targets_cannot_run_is_refused_with_the_reason(tmp_path):
     source = resolve_model()
     export_model(source.model, tmp_path / "sorter", verify=False, tokenizer=source.tokenizer, task=source.task)
-    with pytest.raises(ExportError, match="run encoder exports .* and language models today; this is a seq2seq"):
-        package_web(tmp_path / "sorter", tmp_path / "x", "web")
+    with pytest.raises(ExportError, match="take text through the export's Hugging Face tokenizer.json"):
+        package_web(tmp_path / "sorter", tmp_path / "x", "web")  # edgeattn's word tokenizer: no tokenizers.js
     assert not (tmp_path / "x").exists()
 
 

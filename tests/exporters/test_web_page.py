@@ -209,3 +209,21 @@ def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node
             runtime = bundle_runtime(export, tmp_path / "web", precision)
             assert shown["backend"] == "webgpu"
             assert shown["complete"] == ["".join(runtime.stream_text(p, 12)) for p in PROMPTS]
+
+
+def test_the_page_streams_a_seq2seq_models_answers_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+    """A T5 export's bundle: each text's answer streamed into the page, as the Python runtime gives it."""
+    from test_hf_t5 import CORPUS, t5_folder
+
+    from edgeattn.exporters.package import export_model
+    from edgeattn.sources import resolve_model
+
+    source = resolve_model(from_hf=t5_folder(tmp_path / "hf", "v1.1"))
+    export_model(source.model, tmp_path / "out", **source.export_fields())
+    package_web(tmp_path / "out", tmp_path / "web", "web")
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = _open(browser, server)
+        page.evaluate("window.edgeattnSteps = 10")
+        shown = _run(page, CORPUS[:2])
+        runtime = load(tmp_path / "out", providers=["CPUExecutionProvider"])
+        assert shown["complete"] == ["".join(runtime.stream_text(t, 10)) for t in CORPUS[:2]]

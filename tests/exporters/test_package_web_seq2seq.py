@@ -1,0 +1,44 @@
+"""A seq2seq model (T5) for the browser and Node.js: its encoder, cross projections and decoder
+over a cache of fixed capacity in one bundle, the ES module's answers, streams and first-step
+logits equal to the Python runtime's on onnxruntime-node and onnxruntime-web."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+from test_hf_t5 import CORPUS, t5_folder  # noqa: E402
+from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
+
+from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.web import check_and_record, default_precision, package_web  # noqa: E402
+from edgeattn.runtime.manifest import read_manifest, sha256_file  # noqa: E402
+from edgeattn.sources import resolve_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def t5_export(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("web-t5")
+    source = resolve_model(from_hf=t5_folder(root / "hf", "v1.1"))
+    export_model(source.model, root / "out", **source.export_fields())
+    return root / "out"
+
+
+@pytest.mark.parametrize("target", ["node", "web"])
+def test_a_seq2seq_bundle_answers_as_the_python_runtime(t5_export, node_modules, tmp_path, target):  # noqa: F811
+    assert default_precision(read_manifest(t5_export), target) == "fp32"
+    bundle = package_web(t5_export, tmp_path / target, target)
+    assert [(f["graph"], f["file"]) for f in bundle.files] == [(g, f"onnx/{g}.onnx")
+                                                               for g in ("encoder", "cross_kv", "decoder_fixed")]
+    described = json.loads((tmp_path / target / "bundle.json").read_text())
+    assert described["task"] == "generate" and described["family"] == "seq2seq"
+    assert all(f["sha256"] == sha256_file(tmp_path / target / f["file"]) for f in described["files"])
+    assert not (tmp_path / target / "config.json").exists()  # transformers.js's seq2seq decoders take another cache
+    texts = CORPUS[:3]
+    checks = check_and_record(tmp_path / target, t5_export, node_modules, texts)
+    assert [c.runtime for c in checks] == ["onnxruntime-node", "onnxruntime-web"]
+    for c in checks:  # the source ids, first-step logits, greedy answers and a stream
+        assert c.passed and c.tokens_equal and c.labels_equal and c.agreement == 1.0 and c.max_abs < 1e-4, c
