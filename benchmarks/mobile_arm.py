@@ -81,8 +81,8 @@ class ArmBench:
 
 
 def _exports(work: Path) -> list[tuple[str, Path]]:
-    """A small BERT-shaped encoder (random weights) at fp32 and int8, and a trained Llama at fp32,
-    int8 and int4 (gated), with their mobile bundles."""
+    """A small BERT-shaped encoder (random weights) and a trained Llama (gated) at fp32, int8 and
+    int4, with their mobile bundles."""
     sys.path.insert(0, str(ROOT / "tests" / "edgeattn"))  # the tests' trained Llama and its tokenizer
     import causal_folders
 
@@ -93,13 +93,11 @@ def _exports(work: Path) -> list[tuple[str, Path]]:
 
     config = replace(get_preset("bert-base"), d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=4, max_len=128)
     encoder = work / "encoder"
-    export_model(build_model(config, seed=0), encoder, graphs=["encoder"], precisions=["int8"], verify=False)
+    export_model(build_model(config, seed=0), encoder, graphs=["encoder"], precisions=["int8", "int4"], verify=False)
     lm = causal_folders.export_trained(work / "llama", "int8,int4")
     bundles = []
-    # the encoder's int4 holds a 4-bit embedding table, which an ORT file cannot hold (onnxruntime 1.32:
-    # "Unsupported tensor data type"): its fp32 and int8; the Llama's tables stay float at its size
-    for name, export, precisions in (("encoder", encoder, ["fp32", "int8"]), ("llama", lm, None)):
-        package_mobile(export, work / f"{name}-mobile", precisions)
+    for name, export in (("encoder", encoder), ("llama", lm)):
+        package_mobile(export, work / f"{name}-mobile")
         bundles.append((name, export))
     return bundles
 

@@ -218,10 +218,65 @@ def _stage(export_dir: Path, manifest: Manifest, precisions: list[str], work: Pa
                 raise ExportError(f"the {precision} {graph} graph is {model.ByteSize() / 1e9:.2f} GB; an ORT-format "
                                   "file holds its weights itself and at most 2 GB: package a smaller precision "
                                   "(int8, int4)")  # fmt: skip
+            rewritten = eight_bit_tables(model)
+            if rewritten:
+                log.info("%s %s: %d 4-bit embedding table(s) kept as 8-bit values with the same scales (an ORT "
+                         "file holds no 4-bit tensor)", graph, precision, rewritten)  # fmt: skip
             path = work / graph_file(graph, precision)
             onnx.save_model(model, str(path))
             staged[(graph, precision)] = path
     return staged
+
+
+def eight_bit_tables(model: onnx.ModelProto) -> int:
+    """Rewrite ``model``'s GatherBlockQuantized nodes over signed 4-bit tables (which ONNX Runtime
+    1.32 writes into an ORT file and then cannot load: "Unsupported tensor data type") into
+    standard operators over the same values held as int8: the rows gathered, cast, scaled by their
+    blocks' scales (gathered too); the same products as the 4-bit node's. Returns how many."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    count = 0
+    for node in list(model.graph.node):
+        if node.op_type != "GatherBlockQuantized" or node.input[0] not in inits:
+            continue
+        table = inits[node.input[0]]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        zero_points = len(node.input) > 3 and node.input[3]
+        if table.data_type != TensorProto.INT4 or zero_points or attrs.get("gather_axis", 0) != 0 \
+                or attrs.get("quantize_axis", 1) != 1 or len(table.dims) != 2:  # fmt: skip
+            raise ExportError(f"{node.name}: an ORT file holds no 4-bit tensor, and only signed 4-bit tables "
+                              "gathered by row with no zero points are rewritten to 8 bits: package int8")  # fmt: skip
+        values = numpy_helper.to_array(table).astype(np.int8)
+        block, width = int(attrs.get("block_size", 128)), int(table.dims[1])
+        base = f"{node.name or node.output[0]}_int8"
+        model.graph.initializer.remove(table)
+        model.graph.initializer.extend([
+            numpy_helper.from_array(values, f"{base}_table"),
+            numpy_helper.from_array(np.array([width // block, block], np.int64), f"{base}_blocks"),
+            numpy_helper.from_array(np.array([width], np.int64), f"{base}_width"),
+        ])  # fmt: skip
+        indices, scales = node.input[1], node.input[2]
+        where = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        nodes = [
+            helper.make_node("Gather", [f"{base}_table", indices], [f"{base}_rows"], axis=0),
+            helper.make_node("Cast", [f"{base}_rows"], [f"{base}_float"], to=TensorProto.FLOAT),
+            helper.make_node("Shape", [indices], [f"{base}_lead"]),
+            helper.make_node("Concat", [f"{base}_lead", f"{base}_blocks"], [f"{base}_by_block"], axis=0),
+            helper.make_node("Reshape", [f"{base}_float", f"{base}_by_block"], [f"{base}_blocked"]),
+            helper.make_node("Gather", [scales, indices], [f"{base}_scales"], axis=0),
+            helper.make_node("Unsqueeze", [f"{base}_scales", f"{base}_last"], [f"{base}_scale"]),
+            helper.make_node("Mul", [f"{base}_blocked", f"{base}_scale"], [f"{base}_scaled"]),
+            helper.make_node("Concat", [f"{base}_lead", f"{base}_width"], [f"{base}_shape"], axis=0),
+            helper.make_node("Reshape", [f"{base}_scaled", f"{base}_shape"], [node.output[0]]),
+        ]  # fmt: skip
+        model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), f"{base}_last"))
+        for k, new in enumerate(nodes):
+            new.name = f"{base}_{new.op_type}_{k}"
+            model.graph.node.insert(where + k, new)
+        count += 1
+    return count
 
 
 def _convert(onnx_dir: Path, out: Path) -> None:

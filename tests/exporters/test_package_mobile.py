@@ -150,3 +150,25 @@ def test_packaging_needs_no_torch(demo, tmp_path):
     run_without_torch("from edgeattn.exporters.mobile import package_mobile\n"
                       f"package_mobile({str(demo)!r}, {str(tmp_path / 'phone')!r}, ['int8'])\n")  # fmt: skip
     assert (tmp_path / "phone" / "encoder.int8.ort").is_file()
+
+
+def test_a_4_bit_embedding_table_becomes_8_bit_values_with_the_same_answers(tmp_path):
+    """An int4 encoder's large embedding table (GatherBlockQuantized over signed 4-bit values):
+    ONNX Runtime writes it into an ORT file it then cannot load, so the bundle holds its values
+    as int8 with the same scales, answering exactly as the export's int4 graph."""
+    from dataclasses import replace
+
+    import onnx
+
+    from edgeattn.config import get_preset
+    from edgeattn.exporters.mobile import eight_bit_tables
+    from edgeattn.model import build_model
+
+    config = replace(get_preset("bert-base"), d_model=64, n_heads=2, d_ff=128, n_encoder_layers=1, max_len=64)
+    export_model(build_model(config, seed=0), tmp_path / "int4", graphs=["encoder"], precisions=["int4"], verify=False)
+    graph = onnx.load(str(tmp_path / "int4" / "encoder.int4.onnx"))
+    assert any(n.op_type == "GatherBlockQuantized" for n in graph.graph.node)  # 30,522 x 64: a large table
+    assert eight_bit_tables(graph) == 1 and not any(n.op_type == "GatherBlockQuantized" for n in graph.graph.node)
+    bundle = package_mobile(tmp_path / "int4", tmp_path / "mobile", ["int4"])
+    (found,) = bundle.files
+    assert found.passed and found.max_abs == 0.0, found  # the same products as the 4-bit node's
