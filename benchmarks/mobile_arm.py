@@ -145,29 +145,17 @@ def measure(work: Path, arm_root: Path) -> ArmBench:
 
 def _compare(shared: Path, files: list[tuple[str, str, str]], want: dict[str, dict[str, np.ndarray]],
              cpu: str) -> list[dict]:  # fmt: skip
+    from edgeattn.exporters.mobile import compare_outputs
     from edgeattn.runtime.precisions import PRECISIONS
 
     rows = []
     for label, name, precision in files:
         got = np.load(shared / f"{label}.arm.npz")
-        worst_abs, worst_cos, ok = 0.0, 1.0, True
-        exact = PRECISIONS[precision].float32_parity
-        for key, expected in want[label].items():
-            actual = got[key]
-            if not np.issubdtype(expected.dtype, np.floating):
-                ok = ok and np.array_equal(expected, actual)
-                continue
-            diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
-            worst_abs = max(worst_abs, float(diff.max(initial=0.0)))
-            a = expected.reshape(-1, expected.shape[-1]).astype(np.float64)
-            b = actual.reshape(-1, actual.shape[-1]).astype(np.float64)
-            norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-            live = norms > 0  # rows zero on both sides (a cache's unwritten slots) agree
-            if live.any():
-                worst_cos = min(worst_cos, float(((a * b).sum(-1)[live] / norms[live]).min()))
-            ok = ok and (bool(np.all(diff <= 1e-4 + 1e-5 * np.abs(expected))) if exact else worst_cos >= 0.999)
+        found = compare_outputs([(expected, got[key]) for key, expected in want[label].items()],
+                                PRECISIONS[precision].float32_parity)  # fmt: skip
         rows.append({"cpu": cpu, "model": name, "file": label.split("-", 1)[1], "precision": precision,
-                     "max_abs": worst_abs, "worst_cosine": round(worst_cos, 7), "passed": ok})  # fmt: skip
+                     "max_abs": found["max_abs"], "worst_cosine": round(found["worst_cosine"], 7),
+                     "passed": found["passed"]})  # fmt: skip
         logging.info("%s", rows[-1])
     return rows
 

@@ -148,7 +148,7 @@ def _node(bundle: Path, package: str, modules: Path, repeats: int, precisions: l
 
 
 def measure(name: str, work: Path, modules: Path, repeats: int) -> list[dict]:
-    from edgeattn.exporters.web import package_web
+    from edgeattn.exporters.web import entry_bytes, package_web
 
     export = _export(name, work)
     rows = []
@@ -156,7 +156,7 @@ def measure(name: str, work: Path, modules: Path, repeats: int) -> list[dict]:
         bundle = work / f"{name}-node-{level}"
         precisions = list(PRECISIONS) if level == LEVELS[0] else ["int4"]
         made = package_web(export, bundle, "node", precisions, int4_accuracy_level=level)
-        sizes = {f["precision"]: f["bytes"] + sum(d["bytes"] for d in f.get("external_data", [])) for f in made.files}
+        sizes = {f["precision"]: entry_bytes(f) for f in made.files}
         found = {"native": {p: _native(export, bundle, p, repeats) for p in precisions},
                  "onnxruntime-node": _node(bundle, "onnxruntime-node", modules, repeats, precisions),
                  "onnxruntime-web wasm": _node(bundle, "onnxruntime-web", modules, repeats, precisions)}  # fmt: skip

@@ -378,25 +378,34 @@ def _parity(manifest: Manifest, graph: str, precision: str, source: Path, ort_pa
     record = PRECISIONS.get(precision)
     exact = record is not None and record.float32_parity
     rng = np.random.default_rng(7)
-    worst_abs, worst_cos, ok = 0.0, 1.0, True
+    pairs = []
     for case in sizes:
         feeds = sample_inputs(spec, config, case, rng)
         names = spec.output_names
-        want = reference.run(names, feeds)
-        got = device.run(names, feeds)
-        for expected, actual in zip(want, got, strict=True):
-            if not np.issubdtype(expected.dtype, np.floating):
-                ok = ok and np.array_equal(expected, actual)
-                continue
-            diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
-            worst_abs = max(worst_abs, float(diff.max(initial=0.0)))
-            worst_cos = min(worst_cos, _worst_cosine(expected, actual))
-            close = bool(np.all(diff <= ATOL + RTOL * np.abs(expected))) if exact else worst_cos >= REDUCED_COSINE
-            ok = ok and close and bool(np.isfinite(actual).all())
-    return {"max_abs": worst_abs, "worst_cosine": worst_cos, "cases": len(sizes), "passed": ok}
+        pairs += zip(reference.run(names, feeds), device.run(names, feeds), strict=True)
+    return {**compare_outputs(pairs, exact), "cases": len(sizes)}
 
 
-def _worst_cosine(a: np.ndarray, b: np.ndarray) -> float:
+def compare_outputs(pairs: list[tuple[np.ndarray, np.ndarray]], exact: bool) -> dict[str, Any]:
+    """(expected, actual) outputs compared: worst absolute error, worst row cosine, and whether all
+    hold (integers equal; float32 within ``ATOL + RTOL·|expected|`` where ``exact``, else a worst
+    cosine of ``REDUCED_COSINE``; all finite)."""
+    worst_abs, worst_cos, ok = 0.0, 1.0, True
+    for expected, actual in pairs:
+        if not np.issubdtype(expected.dtype, np.floating):
+            ok = ok and np.array_equal(expected, actual)
+            continue
+        diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+        worst_abs = max(worst_abs, float(diff.max(initial=0.0)))
+        worst_cos = min(worst_cos, worst_cosine(expected, actual))
+        close = bool(np.all(diff <= ATOL + RTOL * np.abs(expected))) if exact else worst_cos >= REDUCED_COSINE
+        ok = ok and close and bool(np.isfinite(actual).all())
+    return {"max_abs": worst_abs, "worst_cosine": worst_cos, "passed": ok}
+
+
+def worst_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The lowest cosine between matching rows (last axis) of ``a`` and ``b``; rows zero on both
+    sides (a cache's unwritten slots) agree."""
     a2, b2 = a.reshape(-1, a.shape[-1]).astype(np.float64), b.reshape(-1, b.shape[-1]).astype(np.float64)
     norms = np.linalg.norm(a2, axis=1) * np.linalg.norm(b2, axis=1)
     used = norms > 0

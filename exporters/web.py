@@ -7,7 +7,8 @@ or a Node.js program loads with no build step, answering as the Python runtime d
   onnx/model.onnx         the family's graph (encoder, causal_decoder), self-contained up to 2 GB,
                           else its weights in onnx/model.onnx_data, _data_1, ... files under 2 GB
                           each; int8 as onnx/model_quantized.onnx and int4 as onnx/model_q4.onnx
-                          (the names transformers.js loads), others as onnx/model.<precision>.onnx
+                          (the names transformers.js loads), others as onnx/model.<precision>.onnx;
+                          a seq2seq model's three as onnx/<graph>[.<precision>].onnx
   config.json, tokenizer_config.json   what transformers.js reads beside them (encoders)
   tokenizer.json          the export's Hugging Face tokenizer
   chat_template.json      a language model's chat template, rendered by jinja.mjs (MIT, vendored)
@@ -20,9 +21,9 @@ or a Node.js program loads with no build step, answering as the Python runtime d
 
 Encoders (embed, classify, tag, encode), seq2seq models (generate, stream: encoder, cross_kv and
 decoder_fixed graphs) and decoder-only language models (greedy and sampled generation, stop
-strings, streaming, chat); tagging with WordPiece tokenizers (BERT, DistilBERT,
-ELECTRA), whose pieces the module aligns to the text itself (tokenizers.js gives no character
-offsets). :func:`check_bundle` runs a bundle under Node.js and compares its tokens and answers with
+strings, streaming, chat); tagging with WordPiece (BERT), byte-level BPE (RoBERTa) and Unigram
+(XLM-R) tokenizers, whose pieces the module aligns to the text itself (tokenizers.js gives no
+character offsets). :func:`check_bundle` runs a bundle under Node.js and compares its tokens and answers with
 the Python runtime's.
 Torch-free (onnx).
 """
@@ -44,11 +45,12 @@ import onnx
 
 from edgeattn import __version__
 from edgeattn.errors import ExportError
-from edgeattn.exporters.mobile import cpu_precisions
+from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.target_lint import webgpu_gaps
 from edgeattn.runtime.layout import partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
+from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.text import label_names
 from edgeattn.tables import table_lines
 
@@ -87,7 +89,12 @@ class WebBundle:
     @property
     def total_bytes(self) -> int:
         """The graph files and their external data."""
-        return sum(f["bytes"] + sum(d["bytes"] for d in f.get("external_data", [])) for f in self.files)
+        return sum(entry_bytes(f) for f in self.files)
+
+
+def entry_bytes(entry: dict[str, Any]) -> int:
+    """A bundle entry's graph file and its external data, in bytes."""
+    return entry["bytes"] + sum(d["bytes"] for d in entry.get("external_data", []))
 
 
 #: a precision's file name where transformers.js has one (its ``dtype``: fp32, q8, q4)
@@ -139,7 +146,7 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
             entry = write_graph(model, tmp, name, file_limit)
             if made is not None:
                 entry["made_for_target"] = made
-            weight = entry["bytes"] + sum(d["bytes"] for d in entry.get("external_data", []))
+            weight = entry_bytes(entry)
             if target == "web" and weight > WASM_MEMORY:
                 raise ExportError(f"the {precision} {graph} weighs {weight / 1e9:.2f} GB; a page's wasm memory "
                                   "addresses 4 GB in all: package int4 or int8, or --target node")  # fmt: skip
@@ -192,8 +199,8 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     if not findings:
         return model, None
     release = f"ONNX Runtime {ORT_PACKAGES['node'][1]} (onnxruntime-web and -node)"
-    plain_path = check_file(export_dir, manifest.entry(graph, "fp32"), checked)
-    if get_precision(precision).build != "convert" or precision not in CONVERTERS or lint(onnx.load(str(plain_path))):
+    plain = onnx.load(str(check_file(export_dir, manifest.entry(graph, "fp32"), checked)))
+    if get_precision(precision).build != "convert" or precision not in CONVERTERS or lint(plain):
         raise ExportError(f"the {precision} {graph} holds nodes {release} cannot run:\n{summary(findings)}")
     variant = manifest.graphs[graph].precisions[precision]
     quantization = variant.quantization or {}
@@ -204,7 +211,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     # the weights the plain graph shares with the checkpoint through Transpose nodes, folded back
     # into initializers: the quantisers take a MatMul's weight only as an initializer
     src = dst.parent / f"{graph}.fp32-folded.onnx"
-    onnx.save_model(fold_transposes(onnx.load(str(plain_path))), str(src), save_as_external_data=True,
+    onnx.save_model(fold_transposes(plain), str(src), save_as_external_data=True,
                     location=src.name + ".data")  # fmt: skip
     if precision == "int4" and int4_accuracy_level is not None:
         info = quantize_int4(src, dst, job, accuracy_level=int4_accuracy_level)
@@ -469,7 +476,6 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
     }  # fmt: skip
     if manifest.family_name == "causal":
         from edgeattn.runtime.causal_runtime import CausalRuntime
-        from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 
         c = config.causal
         assert c is not None
@@ -483,8 +489,6 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
                 "prefill_chunk": CausalRuntime.prefill_chunk,
                 "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
     if manifest.family_name == "seq2seq":
-        from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
-
         layers = config.n_decoder_layers
         return {**described, "task": "generate",
                 "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
@@ -658,9 +662,7 @@ def _close(precision: str, diff: float, cosine: float) -> bool:
 
 def _compare(want: np.ndarray, have: np.ndarray) -> tuple[float, float]:
     """Max abs error and worst row cosine."""
-    diff = float(np.abs(want - have).max())
-    cosine = float(((want * have).sum(-1) / np.linalg.norm(want, axis=-1) / np.linalg.norm(have, axis=-1)).min())
-    return diff, cosine
+    return float(np.abs(want - have).max()), worst_cosine(want, have)
 
 
 def _check_encoder(runtime: str, precision: str, model: Any, texts: list[str], row: dict[str, Any]) -> BundleCheck:

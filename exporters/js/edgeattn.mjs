@@ -111,6 +111,24 @@ class BundleModel {
     this.ort = ort;
     this.task = bundle.task;
   }
+
+  /** The text of token ids, special tokens left out. */
+  decode(tokens) {
+    return tokens.length ? this.tokenizer.decode(tokens, { skip_special_tokens: true }) : "";
+  }
+
+  /** Checked generation settings (a language model's or a seq2seq model's). */
+  settings({ maxNewTokens = 64, strategy, temperature = 1, topK = 0, topP = 1, seed, repetitionPenalty = 1 } = {}) {
+    const chosen = strategy ?? (temperature !== 1 || topK || topP < 1 || seed !== undefined ? "sample" : "greedy");
+    if (!["greedy", "sample"].includes(chosen)) {
+      throw new Error(`edgeattn: strategy ${chosen} is not greedy or sample (beam search is the Python runtime's)`);
+    }
+    if (!(maxNewTokens >= 1)) throw new Error("edgeattn: maxNewTokens must be at least 1");
+    if (!(temperature > 0)) throw new Error("edgeattn: temperature must be positive");
+    if (!(topP > 0 && topP <= 1)) throw new Error("edgeattn: topP must be in (0, 1]");
+    if (!(repetitionPenalty > 0)) throw new Error("edgeattn: repetitionPenalty must be positive (1: off)");
+    return { maxNewTokens, strategy: chosen, temperature, topK, topP, seed, repetitionPenalty };
+  }
 }
 
 export class EncoderModel extends BundleModel {
@@ -595,11 +613,6 @@ export class CausalModel extends BundleModel {
     this.stopIds = bundle.stop_ids;
   }
 
-  /** The text of token ids, special tokens left out. */
-  decode(tokens) {
-    return tokens.length ? this.tokenizer.decode(tokens, { skip_special_tokens: true }) : "";
-  }
-
   /** A conversation ([{role, content}, ...]) as the model's prompt text, by the export's chat template. */
   async renderChat(messages, { addGenerationPrompt = true } = {}) {
     if (!this.chatTemplate) throw new Error("edgeattn: this model has no chat template; use generateText");
@@ -644,18 +657,6 @@ export class CausalModel extends BundleModel {
     const list = typeof prompts === "string" || isConversation(prompts) ? [prompts] : prompts;
     const wanted = Array.isArray(list) && list.some(isConversation) ? 256 : 64;
     return Math.max(1, Math.min(wanted, Math.floor(this.bundle.model.max_len / 2)));
-  }
-
-  settings({ maxNewTokens = 64, strategy, temperature = 1, topK = 0, topP = 1, seed, repetitionPenalty = 1 } = {}) {
-    const chosen = strategy ?? (temperature !== 1 || topK || topP < 1 || seed !== undefined ? "sample" : "greedy");
-    if (!["greedy", "sample"].includes(chosen)) {
-      throw new Error(`edgeattn: strategy ${chosen} is not greedy or sample (beam search is the Python runtime's)`);
-    }
-    if (!(maxNewTokens >= 1)) throw new Error("edgeattn: maxNewTokens must be at least 1");
-    if (!(temperature > 0)) throw new Error("edgeattn: temperature must be positive");
-    if (!(topP > 0 && topP <= 1)) throw new Error("edgeattn: topP must be in (0, 1]");
-    if (!(repetitionPenalty > 0)) throw new Error("edgeattn: repetitionPenalty must be positive (1: off)");
-    return { maxNewTokens, strategy: chosen, temperature, topK, topP, seed, repetitionPenalty };
   }
 
   /**
@@ -757,10 +758,6 @@ export class Seq2SeqModel extends EncoderModel {
     this.sessions = sessions;
     this.stopIds = bundle.stop_ids;
   }
-
-  settings(options) { return CausalModel.prototype.settings.call(this, options); }
-
-  decode(tokens) { return CausalModel.prototype.decode.call(this, tokens); }
 
   /** Source ids (rows x width) and mask, padded on the right. */
   async encodePrompts(texts, { truncate = false } = {}) {
