@@ -27,6 +27,7 @@ from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
+from edgeattn.exporters.external_data import write_external_data
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.host import loggers_at
@@ -267,20 +268,14 @@ def _quiet_torch_onnx() -> contextlib.AbstractContextManager[None]:
 
 
 def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = PROTOBUF_LIMIT) -> list[Path]:
-    """Save a graph (weights external above the threshold), then run the full checker and strict
-    shape inference on the saved file. Returns the files written."""
+    """Save a graph (weights external above the threshold, laid out for mapping:
+    :func:`~edgeattn.exporters.external_data.write_external_data`), then run the full checker and
+    strict shape inference on the saved file. Returns the files written."""
     weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
     external = weight_bytes > external_threshold
     data_name = external_data_file(path.name)
     if external:
-        onnx.save_model(
-            proto,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=data_name,
-            size_threshold=1024,
-        )
+        write_external_data(proto, path, data_name)
     else:
         onnx.save_model(proto, str(path))
     try:
