@@ -9,7 +9,8 @@ operators), fp32-opt (its GroupQueryAttention form), int8 and int4 (through the 
 ``--allow-degraded``: random weights give flat logits whose top token
 is noise). Each variant runs in its own process, the variants interleaved round by round; greedy,
 every row made to run all new tokens. Reported per cell (checkpoint x prompt x batch): prefill
-seconds, decode tokens/s per row, peak resident MB, bytes on disk, the share of generated tokens
+seconds, decode tokens/s per row, peak resident MiB against the issue's budget (weights on disk +
+a float32 cache of prompt + new tokens + 150 MB), bytes on disk, the share of generated tokens
 equal to ``transformers``' (position by position) and whether the first token is; and the
 machine's memory bandwidth, measured in the same run, against which int4 decode is set
 (tokens/s x the bytes its weights hold).
@@ -109,6 +110,30 @@ PEERS = ("genai-int4", "llamacpp-q4_0", "llamacpp-q8_0")
 BASELINE = "transformers"
 
 log = logging.getLogger("causal_generation")
+
+#: The issue's memory target: peak resident memory at most the weights (bytes on disk) + the
+#: key/value cache (float32, prompt + new tokens a row) + this many bytes
+OVERHEAD_BYTES = 150e6
+
+
+def cache_bytes(name: str, prompt: int, new_tokens: int, batch: int) -> int:
+    """A float32 key/value cache of ``name``'s shape holding ``prompt + new_tokens`` a row."""
+    sizes = SHAPES[name][1]
+    head = sizes.get("head_dim") or sizes["hidden_size"] // sizes["num_attention_heads"]
+    return sizes["num_hidden_layers"] * 2 * sizes["num_key_value_heads"] * head * (prompt + new_tokens) * batch * 4
+
+
+def memory_budget(result: dict[str, Any]) -> None:
+    """Each row's ``memory_budget_mb`` (MiB, as ``peak_mb``: weights on disk + cache + 150 MB) and
+    whether its peak is within it."""
+    for r in result["rows"]:
+        disk = result["disk_mb"].get(f"{r['model']} {r['variant']}")
+        if disk is None or r["variant"] == BASELINE:
+            continue
+        cache = cache_bytes(r["model"], r["prompt"], result["new_tokens"], r["batch"])
+        r["memory_budget_mb"] = (disk * 1e6 + cache + OVERHEAD_BYTES) / 2**20
+        if "peak_mb" in r:
+            r["peak_within_budget"] = r["peak_mb"] <= r["memory_budget_mb"]
 
 
 def make_folder(name: str, out: Path, peers_python: Path | None) -> Path:
@@ -397,6 +422,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         r["decode_vs_transformers"] = r["decode_tok_s"] / base["decode_tok_s"]
     for r in result["rows"]:
         r.pop("tokens", None)
+    memory_budget(result)
     result["bandwidth"] = {k: statistics.median(b[k] for b in bandwidths if k in b) for k in ("read_gb_s", "copy_gb_s")}
     for r in result["rows"]:
         key = f"{r['model']} {r['variant']}"
@@ -425,6 +451,7 @@ def refresh_memory_and_tokens(args: argparse.Namespace) -> None:
             if key in new:
                 r[key] = new[key]
         r["memory_and_tokens"] = "a second pass (one round): peak as VmHWM, the peers' logits read right"
+    memory_budget(old)
     old["memory_and_tokens_pass"] = {"date": fresh["date"], "cells": f"prompts {args.prompts}, batches {args.batches}"}
     args.out.write_text(json.dumps(old, indent=2) + "\n")
     print(table(old))  # noqa: T201
@@ -436,7 +463,7 @@ def table(result: dict[str, Any]) -> str:
         f"each variant in its own process, {result['rounds']} interleaved rounds; memory read "
         f"{result['bandwidth']['read_gb_s']:.1f} GB/s, copy {result['bandwidth']['copy_gb_s']:.1f} GB/s",
         f"{'model':<13} {'prompt':>6} {'batch':>5} {'variant':<15} {'prefill s':>9} {'decode tok/s':>12} "
-        f"{'vs tf':>6} {'peak MB':>8} {'disk MB':>8} {'same tok':>8} {'bw share':>8}",
+        f"{'vs tf':>6} {'peak MiB':>8} {'budget':>7} {'disk MB':>8} {'same tok':>8} {'bw share':>8}",
     ]
     for r in result["rows"]:
         if "error" in r:
@@ -447,7 +474,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['model']:<13} {r['prompt']:>6} {r['batch']:>5} {r['variant']:<15} {r['prefill_s']:>9.3f} "
             f"{r['decode_tok_s']:>12.1f} {r.get('decode_vs_transformers', 0):>5.2f}x {peak:>8.0f} "
-            f"{disk:>8.0f} {r.get('same_tokens', 0):>8.3f} {r.get('bandwidth_share', 0):>8.2f}"
+            f"{r.get('memory_budget_mb', float('nan')):>7.0f} {disk:>8.0f} {r.get('same_tokens', 0):>8.3f} "
+            f"{r.get('bandwidth_share', 0):>8.2f}"
         )
     for k, v in result["skipped"].items():
         lines.append(f"skipped {k}: {v}")

@@ -53,6 +53,7 @@ class Edgeattn(Stepwise):
         self.capacity = capacity
 
     def start(self, ids: np.ndarray) -> np.ndarray:
+        self.state = None  # the last generation's cache goes before this one's is made, as in generate()
         self.state = self.model.state(ids, np.ones_like(ids), capacity=self.capacity)
         return self.state.step(ids[:, -1])
 
@@ -106,6 +107,7 @@ class Genai(Stepwise):
     def start(self, ids: np.ndarray) -> np.ndarray:
         params = self.og.GeneratorParams(self.model)
         params.set_search_options(max_length=self.capacity, batch_size=ids.shape[0], do_sample=False)
+        self.generator = None  # the last generation's buffers go first
         self.generator = self.og.Generator(self.model, params)
         self.generator.append_tokens(ids.astype(np.int32))
         return self._logits()
