@@ -73,6 +73,12 @@ def _weight(module: object, name: str) -> np.ndarray:
     return getattr(module, name).detach().float().numpy()
 
 
+#: The fused form's bias on padding slots: its exp is 0 in float32 and float16 alike, and float16
+#: holds it (the fp16 conversion keeps in float32 whatever comes near float16's range, and
+#: GroupQueryAttention takes its bias in its query's type)
+PAD_BIAS = -4096.0
+
+
 def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) -> onnx.ModelProto:
     """The ``causal_decoder`` graph of ``model`` with ``spec``'s inputs and outputs; ``fused``: its
     attention as ONNX Runtime's ``GroupQueryAttention`` (heads of a multiple of 16 values)."""
@@ -97,7 +103,7 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         query_lens = g("Expand", g("Cast", new, to=TensorProto.INT32), rows)
         total32 = g("Cast", total, to=TensorProto.INT32)
         read = g("Slice", "attention_mask", zero, g("Unsqueeze", total, zero), one)  # (B, total)
-        pad_bias = g("Where", g("Cast", read, to=TensorProto.BOOL), g.scalar(0.0), g.scalar(low))
+        pad_bias = g("Where", g("Cast", read, to=TensorProto.BOOL), g.scalar(0.0), g.scalar(PAD_BIAS))
         bias_shape = g("Concat", rows, g.const("one1", i64(1)), g("Unsqueeze", new, zero),
                        g("Unsqueeze", total, zero), axis=0)  # fmt: skip
         pad_bias = g("Expand", g("Unsqueeze", pad_bias, g.const("axes_12", i64(1, 2))), bias_shape)  # (B, 1, T, total)

@@ -108,7 +108,10 @@ class Candidate:
             proto = onnx.load_from_string(self.model)
         else:
             proto = onnx.load(str(self.model), load_external_data=True)
-        finalize(proto, config, graph_spec(self.graph, config), self.precision)
+        spec = graph_spec(self.graph, config)
+        if family_of(config).role(self.graph).float16_cache:
+            spec = spec.with_cache_dtype(get_precision(self.precision).cache_dtype)
+        finalize(proto, config, spec, self.precision)
         return proto
 
 
@@ -259,6 +262,7 @@ class PrecisionBuilder:
             calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
             int8_activations=self.family.role(graph).int8_activations,
             block_size=self.family.role(graph).int4_block_size,
+            float16_cache=self.family.role(graph).float16_cache,
         )  # fmt: skip
         info = CONVERTERS[precision.name](src, dst, job)
         candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)

@@ -31,6 +31,7 @@ from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.precisions import CALIBRATION_METHODS
 from edgeattn.runtime.session import CPU
+from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class ConversionJob:
     int8_activations: bool = False
     #: weights per int4 scale (the family role's ``int4_block_size``)
     block_size: int = 32
+    #: fp16 makes the in-place caches (``cache_*`` in, ``updated_*`` out) float16 too (the family
+    #: role's ``float16_cache``)
+    float16_cache: bool = False
 
 
 Converter = Callable[[Path, Path, ConversionJob], dict[str, Any]]
@@ -212,6 +216,8 @@ def fp16_overflow_nodes(src: Path, feeds: list[dict[str, np.ndarray]], headroom:
 def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     """Float16 weights and compute, norms and attention included; float32 inputs and outputs.
 
+    A graph whose caches are written in place (``job.float16_cache``) takes and returns them in
+    float16, so that they stay one buffer the attention writes into.
     Operators with no float16 kernel stay float32 (onnxruntime's default block list), and so does
     every node whose float32 output on the calibration inputs comes within a factor 8 of float16's
     range (65504): without that, a T5's feed-forward output and the residual stream after it turn
@@ -229,11 +235,15 @@ def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
         log.info("fp16: %d node(s) come near float16's range and stay float32: %s", len(overflow), overflow[:8])
     model = OnnxModel(onnx.load(str(src)))
     kept = sorted({n.op_type for n in model.model.graph.node} & set(DEFAULT_OP_BLOCK_LIST))
-    model.convert_float_to_float16(keep_io_types=True, node_block_list=overflow or None)
+    io = [t.name for t in [*model.model.graph.input, *model.model.graph.output]]
+    caches = [n for n in io if n.startswith((SLOT_CACHE + "_", SLOT_UPDATED + "_"))] if job.float16_cache else []
+    model.convert_float_to_float16(keep_io_types=[n for n in io if n not in caches] if caches else True,
+                                   node_block_list=overflow or None)  # fmt: skip
     model.topological_sort()
     onnx.save(model.model, str(dst))
-    return {"kept_float32": kept, "io": "float32", "kept_float32_nodes": overflow,
-            "overflow_limit": FP16_MAX / FP16_HEADROOM, "range_data": job.calibration_source}  # fmt: skip
+    return {"kept_float32": kept, "io": "float32, the caches float16" if caches else "float32",
+            "kept_float32_nodes": overflow, "overflow_limit": FP16_MAX / FP16_HEADROOM,
+            "range_data": job.calibration_source}  # fmt: skip
 
 
 #: MatMulNBits' accuracy_level with int8 activations (see :func:`quantize_int4`)

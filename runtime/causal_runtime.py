@@ -33,7 +33,7 @@ from edgeattn.runtime.generate import (
     stream_tokens,
 )
 from edgeattn.runtime.layout import TOKENIZER
-from edgeattn.runtime.model import ExportedModel, InputError
+from edgeattn.runtime.model import ExportedModel, InputError, input_dtype
 from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.tokenizer import TextTokenizer
 
@@ -83,7 +83,9 @@ class CausalState:
         shape = (self.rows, c.n_kv_heads, capacity, c.dim)
         old = getattr(self, "host", None) if self.on_host else self._device_arrays() if keep else None
         # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
-        host = {n: np.zeros(shape, np.float32) for n in cache_names(SLOT_CACHE, c.n_layers)}
+        names = cache_names(SLOT_CACHE, c.n_layers)
+        dtype = input_dtype(self.session, names[0])  # float16 for an fp16 graph
+        host = {n: np.zeros(shape, dtype) for n in names}
         slots = np.zeros((self.rows, capacity), dtype=np.int64)
         if keep and old is not None:
             for name, array in host.items():

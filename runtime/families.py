@@ -115,6 +115,10 @@ class GraphRole:
     #: their size: ONNX Runtime maps that file instead of parsing the weights out of the protobuf,
     #: and a SmolLM2-360M-shaped int4 decoder (204 MB) loaded with a peak of 363 MB instead of 431
     external_weights: bool = False
+    #: under fp16 its in-place caches are float16 inputs and outputs too: a float32 cache around
+    #: float16 attention would be a cast copy, not written in place (and GroupQueryAttention takes
+    #: one element type for its query and its past)
+    float16_cache: bool = False
     #: ``"module:function"`` writing its ONNX graph from the model, ``(model, spec) -> ModelProto``,
     #: instead of tracing ``module`` (which stays the eager reference it is verified against)
     builder: str | None = None
@@ -241,6 +245,7 @@ CAUSAL_FAMILY = Family(
         GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
                   decodes=True, in_place=True, int8_activations=True, int4_block_size=64, external_weights=True,
+                  float16_cache=True,
                   builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),
     tasks={"complete": ("causal_decoder",)},

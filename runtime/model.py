@@ -356,7 +356,7 @@ class ExportedModel:
         kept = []
         for name in spec.input_names:
             if name.startswith(SLOT_CACHE + "_"):
-                array = np.array(feeds[name], dtype=np.float32, order="C")
+                array = np.array(feeds[name], dtype=input_dtype(session, name), order="C")
                 value = ort.OrtValue.ortvalue_from_numpy(array, *(() if self.device == "cpu" else (self.device, 0)))
                 caches[SLOT_UPDATED + name[len(SLOT_CACHE) :]] = (array, value)
                 binding.bind_ortvalue_input(name, value)
@@ -499,6 +499,13 @@ def shared_initializers(export_dir: Path, graphs: dict[str, Path]) -> dict[str, 
 
 #: ONNX element type -> numpy dtype, for weights shared between sessions
 _NUMPY = {1: np.float32, 10: np.float16, 7: np.int64}
+
+
+def input_dtype(session: Any, name: str) -> type:
+    """The numpy dtype of a session's float input ``name``: float16 where the graph takes it so (an
+    fp16 graph's in-place caches), else float32."""
+    kind = next((i.type for i in session.get_inputs() if i.name == name), "")
+    return np.float16 if kind == "tensor(float16)" else np.float32
 
 
 def batch_texts(value: Any) -> list[str]:

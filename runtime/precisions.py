@@ -147,6 +147,9 @@ class Precision:
     #: the execution provider that runs the graphs ("engine" builds), and its options
     engine: str | None = None
     engine_options: tuple[tuple[str, str], ...] = ()
+    #: the element type of the in-place caches of a graph whose family role keeps them in its
+    #: precision (``GraphRole.float16_cache``)
+    cache_dtype: str = "float32"
 
     @property
     def gated(self) -> bool:
@@ -208,12 +211,13 @@ PRECISIONS: dict[str, Precision] = {
         Precision(
             "fp16",
             "float16 weights and compute, norms and attention included (their kernels accumulate in float32), "
-            "float32 I/O; SkipLayerNormalization",
+            "float32 I/O (a language model's in-place caches float16); SkipLayerNormalization",
             "`onnxruntime.transformers` float16 conversion",
             "convert",
             FusedForm(skip_layer_norm=True),
             thresholds=Thresholds(0.9999, 0.999, 0.99, 0.99, 0.95, 0.99, 1.0),
             provider="gpu",
+            cache_dtype="float16",
         ),
         Precision(
             "bf16",

@@ -77,6 +77,15 @@ class GraphSpec:
         """torch.onnx-style {tensor name: {axis index: axis name}} for every input and output."""
         return {t.name: t.dynamic for t in (*self.inputs, *self.outputs) if t.dynamic}
 
+    def with_cache_dtype(self, dtype: str) -> GraphSpec:
+        """This spec with its in-place caches (``cache_*`` inputs, ``updated_*`` outputs) in ``dtype``."""
+
+        def cast(tensors: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+            return tuple(TensorSpec(t.name, dtype, t.axes) if t.name.startswith((SLOT_CACHE + "_", SLOT_UPDATED + "_"))
+                         else t for t in tensors)  # fmt: skip
+
+        return GraphSpec(self.name, self.description, cast(self.inputs), cast(self.outputs))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "description": self.description,

@@ -26,16 +26,17 @@ def folder(tmp_path_factory):
     return causal_folders.save_folder("llama-gqa-tied", tmp_path_factory.mktemp("gate") / "hf", trained=True)[0]
 
 
-def test_int8_and_int4_pass_the_gate_on_held_out_text(folder, tmp_path):
-    """The command line a user runs, held-out text in a file; the gate's figures in the manifest."""
+def test_int8_int4_and_fp16_pass_the_gate_on_held_out_text(folder, tmp_path):
+    """The command line a user runs, held-out text in a file; the gate's figures in the manifest;
+    fp16's caches float16, bound and written in place as float32's are."""
     from click.testing import CliRunner
 
     from edgeattn.cli import cli
 
     notes = causal_folders.heldout_notes(tmp_path / "notes.txt")  # 30 unseen pairs
     out = tmp_path / "lm"
-    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", "int8,int4",
-                                      "--heldout", str(notes)])  # fmt: skip
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out),
+                                      "--precision", "int8,int4,fp16", "--heldout", str(notes)])  # fmt: skip
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     for precision in ("int8", "int4"):
@@ -48,6 +49,19 @@ def test_int8_and_int4_pass_the_gate_on_held_out_text(folder, tmp_path):
     assert variant["quantization"]["accuracy_level"] == 4  # the role's int8 activations
     model = load(out, precision="int4")
     assert len(model.generate_text(["the sea is", "hello"], 8)) == 2
+    gate = manifest["gates"]["fp16"]
+    assert gate["passed"] and gate["metrics"]["causal_decoder"]["teacher_top1"] >= 0.99, gate
+    assert manifest["graphs"]["causal_decoder"]["precisions"]["fp16"]["quantization"]["io"] == \
+        "float32, the caches float16"  # fmt: skip
+    graph = onnx.load(str(out / "causal_decoder.fp16.onnx"), load_external_data=False)
+    types = {t.name: t.type.tensor_type.elem_type for t in [*graph.graph.input, *graph.graph.output]}
+    assert types["cache_key_0"] == types["updated_key_0"] == onnx.TensorProto.FLOAT16
+    assert types["logits"] == onnx.TensorProto.FLOAT
+    half, full = load(out, precision="fp16"), load(out)
+    state = half.state(np.array([[5, 9, 12, 7]]), np.ones((1, 4), np.int64), capacity=12)
+    assert next(iter(state.host.values())).dtype == np.float16
+    prompts = ["the sea is", "waves fold over"]
+    assert half.generate_text(prompts, 8) == full.generate_text(prompts, 8)
 
 
 def test_an_outlier_channel_that_breaks_int4_is_caught(tmp_path):
