@@ -112,8 +112,9 @@ def generation_table(data: dict[str, Any]) -> str:
 
 def causal_table(data: dict[str, Any]) -> str:
     """Per checkpoint, prompt, batch and variant: decode tokens/s a row (ratio to ``transformers``),
-    prefill seconds, peak MB, MB on disk, tokens equal to ``transformers``', the share of the
-    measured memory bandwidth its decode reads."""
+    prefill seconds, peak MiB (and the issue's budget for it where the run computed one), MB on
+    disk, tokens equal to ``transformers``', the share of the measured memory bandwidth its decode
+    reads."""
     disk = data.get("disk_mb") or {}
     body = []
     for r in data["rows"]:
@@ -121,15 +122,20 @@ def causal_table(data: dict[str, Any]) -> str:
             body.append([r["model"], str(r["prompt"]), str(r["batch"]), r["variant"], "error: " + r["error"][:80],
                          "", "", "", "", ""])  # fmt: skip
             continue
+        peak = f"{r['peak_mb']:.0f}" if "peak_mb" in r else ""
+        if peak and "memory_budget_mb" in r:
+            peak += f" / {r['memory_budget_mb']:.0f}"
         ratio = f" ({r['decode_vs_transformers']:.2f})" if r.get("decode_vs_transformers") else ""
         size = disk.get(f"{r['model']} {r['variant']}")
         body.append([r["model"], str(r["prompt"]), str(r["batch"]), r["variant"], _number(r["decode_tok_s"]) + ratio,
-                     f"{r['prefill_s']:.3f}", f"{r['peak_mb']:.0f}" if "peak_mb" in r else "",
+                     f"{r['prefill_s']:.3f}", peak,
                      f"{size:.0f}" if size else "",
                      f"{r['same_tokens']:.2f}" if "same_tokens" in r else "",
                      f"{r['bandwidth_share']:.2f}" if "bandwidth_share" in r else ""])  # fmt: skip
-    header = ["model", "prompt", "batch", "variant", "decode tok/s a row (vs transformers)", "prefill s", "peak MB",
-              "on disk MB", "same tokens as transformers", "share of memory bandwidth"]  # fmt: skip
+    budget = any("memory_budget_mb" in r for r in data["rows"])
+    header = ["model", "prompt", "batch", "variant", "decode tok/s a row (vs transformers)", "prefill s",
+              "peak / budget MiB" if budget else "peak MB", "on disk MB", "same tokens as transformers",
+              "share of memory bandwidth"]  # fmt: skip
     bandwidth = data.get("bandwidth") or {}
     note = (f"memory bandwidth measured in the run: read {bandwidth['read_gb_s']:.1f} GB/s, copy "
             f"{bandwidth['copy_gb_s']:.1f} GB/s\n\n") if bandwidth else ""  # fmt: skip
