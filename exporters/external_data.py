@@ -85,7 +85,6 @@ def write_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> P
     region, see :func:`weight_views`) and save the graph to ``path``. Returns the data file."""
     views = weight_views(model)
     data = path.with_name(data_name)
-    regions: dict[str, tuple[int, int]] = {}
     with open(data, "wb") as f:
         for tensor in model.graph.initializer:
             if tensor.name in views or not tensor.HasField("raw_data") or len(tensor.raw_data) < SIZE_THRESHOLD:
@@ -93,7 +92,6 @@ def write_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> P
             size = len(tensor.raw_data)
             if size >= ALIGN_ABOVE and f.tell() % ALIGNMENT:
                 f.write(b"\0" * (ALIGNMENT - f.tell() % ALIGNMENT))
-            regions[tensor.name] = (f.tell(), size)
             f.write(tensor.raw_data)
             set_external_data(tensor, data_name, offset=f.tell() - size, length=size)
             tensor.ClearField("raw_data")

@@ -31,7 +31,7 @@ from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.precisions import CALIBRATION_METHODS
 from edgeattn.runtime.session import CPU
-from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED
+from edgeattn.runtime.specs import is_in_place_cache
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     model = OnnxModel(onnx.load(str(src)))
     kept = sorted({n.op_type for n in model.model.graph.node} & set(DEFAULT_OP_BLOCK_LIST))
     io = [t.name for t in [*model.model.graph.input, *model.model.graph.output]]
-    caches = [n for n in io if n.startswith((SLOT_CACHE + "_", SLOT_UPDATED + "_"))] if job.float16_cache else []
+    caches = [n for n in io if is_in_place_cache(n)] if job.float16_cache else []
     model.convert_float_to_float16(keep_io_types=[n for n in io if n not in caches] if caches else True,
                                    node_block_list=overflow or None)  # fmt: skip
     model.topological_sort()

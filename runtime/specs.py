@@ -81,8 +81,7 @@ class GraphSpec:
         """This spec with its in-place caches (``cache_*`` inputs, ``updated_*`` outputs) in ``dtype``."""
 
         def cast(tensors: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
-            return tuple(TensorSpec(t.name, dtype, t.axes) if t.name.startswith((SLOT_CACHE + "_", SLOT_UPDATED + "_"))
-                         else t for t in tensors)  # fmt: skip
+            return tuple(TensorSpec(t.name, dtype, t.axes) if is_in_place_cache(t.name) else t for t in tensors)
 
         return GraphSpec(self.name, self.description, cast(self.inputs), cast(self.outputs))
 
@@ -92,6 +91,11 @@ class GraphSpec:
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
         }
+
+
+def is_in_place_cache(name: str) -> bool:
+    """Whether ``name`` is an in-place cache input (``cache_*``) or its updated output (``updated_*``)."""
+    return name.startswith((SLOT_CACHE + "_", SLOT_UPDATED + "_"))
 
 
 def cache_names(prefix: str, n_layers: int) -> list[str]:
