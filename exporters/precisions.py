@@ -262,7 +262,7 @@ class PrecisionBuilder:
             calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
             int8_activations=self.family.role(graph).int8_activations,
             block_size=self.family.role(graph).int4_block_size,
-            float16_cache=self.family.role(graph).float16_cache,
+            float16_cache=self.family.role(graph).float16_cache and precision.cache_dtype == "float16",
         )  # fmt: skip
         info = CONVERTERS[precision.name](src, dst, job)
         candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)

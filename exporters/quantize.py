@@ -92,7 +92,7 @@ class ConversionJob:
     #: weights per int4 scale (the family role's ``int4_block_size``)
     block_size: int = 32
     #: fp16 makes the in-place caches (``cache_*`` in, ``updated_*`` out) float16 too (the family
-    #: role's ``float16_cache``)
+    #: role's ``float16_cache``, where the precision record's ``cache_dtype`` is float16)
     float16_cache: bool = False
 
 

@@ -354,9 +354,11 @@ class ExportedModel:
         # a bound array must outlive the run (an OrtValue on the CPU is a view of its array)
         caches: dict[str, tuple[np.ndarray, Any]] = {}  # updated output -> (its array, the OrtValue over it)
         kept = []
+        caches_in = [name for name in spec.input_names if name.startswith(SLOT_CACHE + "_")]
+        dtype = input_dtype(session, caches_in[0]) if caches_in else np.float32  # one type for every cache
         for name in spec.input_names:
             if name.startswith(SLOT_CACHE + "_"):
-                array = np.array(feeds[name], dtype=input_dtype(session, name), order="C")
+                array = np.array(feeds[name], dtype=dtype, order="C")
                 value = ort.OrtValue.ortvalue_from_numpy(array, *(() if self.device == "cpu" else (self.device, 0)))
                 caches[SLOT_UPDATED + name[len(SLOT_CACHE) :]] = (array, value)
                 binding.bind_ortvalue_input(name, value)
