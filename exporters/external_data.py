@@ -5,7 +5,8 @@ multiple of the allocation granularity (4 KiB on Linux and macOS, 64 KiB on Wind
 unaligned one is read into memory it allocates. A mapped weight that a kernel packs at load
 (MatMulNBits) is unmapped once packed; one read in place (a GatherBlockQuantized table) stays
 mapped: its pages are the page cache's, shared by every process that serves the same file, and
-resident only where read (with the pages the kernel maps around each, up to 64 KB).
+resident where read (the runtime's ``mapped_weights`` makes that the rows read, not the large
+folios the kernel cached the file in).
 :func:`write_external_data` therefore starts every large tensor at an aligned offset, and writes a
 ``Reshape`` of a stored weight by a constant shape as a second initializer over the same bytes (a
 *view*), which ONNX Runtime would otherwise fold into a copy of its own: the int4 language
@@ -13,7 +14,7 @@ model's tied embedding table, the output layer's 4-bit weights read by row. Meas
 128-token prompt and 128 new tokens, same logits): on a Qwen2.5-0.5B shape (a 68 MB table) the
 process peaked at 488 MiB instead of 535, the copy no longer made beside the packed weights; on
 a SmolLM2-360M shape (22 MB) the load's peak fell by 22 MiB but not the generation's, whose
-random token ids bring the whole table in.
+random token ids brought the whole table in (until ``mapped_weights``).
 """
 
 from __future__ import annotations

@@ -132,7 +132,11 @@ def file_external_tensors(path: str | Path) -> list[ExternalTensor]:
         if os.fstat(f.fileno()).st_size == 0:
             return []
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return external_tensors(mapped)
+            try:
+                return external_tensors(mapped)
+            except Malformed as exc:  # raised again once the map is closed: its traceback holds views of it
+                problem = str(exc)
+    raise Malformed(f"{path}: {problem}")
 
 
 def external_data_entries(data: bytes | memoryview | mmap.mmap) -> list[tuple[str, dict[str, str]]]:

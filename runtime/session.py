@@ -12,6 +12,8 @@ from typing import Any, Literal
 import onnxruntime as ort
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.mapped_weights import release_mapped_weights
+from edgeattn.runtime.onnx_bytes import Malformed, file_external_tensors
 from edgeattn.runtime.providers import (
     Provider,
     built_in_provider,
@@ -224,7 +226,20 @@ def create_session(
     if missing:
         raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(name).name}")
     release_free_memory()
+    if not isinstance(source, bytes):
+        release_mapped_weights(external_data_files(source))
     return session
+
+
+def external_data_files(graph: str | Path) -> list[Path]:
+    """The data files an ONNX graph's external tensors are in (none for a file that is not an ONNX
+    protobuf, such as ONNX Runtime's own format)."""
+    folder = Path(graph).parent
+    try:
+        tensors = file_external_tensors(graph)
+    except (Malformed, OSError):
+        return []
+    return sorted({folder / t.pairs["location"] for t in tensors if t.pairs.get("location")})
 
 
 @functools.cache
