@@ -127,13 +127,13 @@ class CausalState:
     def feed(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """Run ``ids`` (rows, T) after what the cache holds (``mask`` marks padding in them; every
         row needs a real token); returns each row's next-token logits after its last real token.
-        More tokens than the runtime's ``prefill_chunk`` run in chunks of that many."""
+        A longer run than the runtime's ``prefill_chunk`` tokens (counted over the rows) goes in chunks."""
         rows, t = ids.shape
         if rows != self.rows:
             raise InputError(f"this state has {self.rows} rows, got {rows}")
         mask = np.ones_like(ids) if mask is None else mask
         self.reserve(t)
-        chunk = self.model.prefill_chunk
+        chunk = self.model.prefill_chunk and max(1, self.model.prefill_chunk // rows)  # columns a run
         if chunk and t > chunk:
             last = (mask * np.arange(t)).argmax(axis=1)  # each row's last real token
             logits = self._feed(ids[:, :chunk], mask[:, :chunk])
@@ -195,10 +195,12 @@ class CausalRuntime(ExportedModel):
     """A decoder-only language model's export (GPT-2, Llama, Qwen, Phi-3): generate and stream
     tokens or text for prompts, chat with the export's chat template."""
 
-    #: a longer prompt (or conversation turn) runs in chunks of this many tokens (0: whole): the
-    #: activations of a whole prompt grow the session's arena for good. Measured here
-    #: (SmolLM2-360M-shaped int4, a 512-token prompt twice, 2 cores): peaks of 511 MB whole,
-    #: 462 in chunks of 256, 442 of 128, 431 of 64, the prompt taking 1.9-2.2 s in every case
+    #: a longer prompt (or conversation turn) runs in chunks of this many tokens counted over the
+    #: rows (a batch of 4: 32 columns a run; 0: whole): the activations of a whole prompt grow the
+    #: session's arena for good. Measured here (SmolLM2-360M-shaped int4, 2 cores): a 512-token
+    #: prompt twice peaked at 511 MB whole, 462 in chunks of 256, 442 of 128, 431 of 64, the prompt
+    #: taking 1.9-2.2 s in every case; four 512-token prompts peaked at 590 MiB in chunks of 128
+    #: columns, 550 of 64, 528 of 32 (the prompts taking 6.6-6.9, 7.2-7.4 and 7.4-7.6 s)
     prefill_chunk: int = 128
 
     def _attached(self) -> None:

@@ -558,7 +558,8 @@ class CausalState {
 
   /** Run `ids` (rows x t, `mask` marking padding) after what the cache holds: each row's next-token logits. */
   async feed(ids, mask) {
-    const chunk = this.model.bundle.prefill_chunk;
+    const total = this.model.bundle.prefill_chunk; // tokens a run, counted over the rows
+    const chunk = total && Math.max(1, Math.floor(total / this.rows));
     const t = ids[0].length;
     if (!chunk || t <= chunk) return this.run(ids, mask);
     const last = mask.map((m) => m.reduce((a, v, j) => (v ? j : a), 0));

@@ -17,7 +17,7 @@ from edgeattn.exporters.package import export_model  # noqa: E402
 from edgeattn.exporters.reference import eager_generate  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
-from edgeattn.runtime.causal_runtime import CausalRuntime  # noqa: E402
+from edgeattn.runtime.causal_runtime import CausalRuntime, CausalState  # noqa: E402
 
 ATOL = 1e-4
 pytestmark = pytest.mark.quick
@@ -86,16 +86,20 @@ def test_prompt_and_steps_equal_transformers_logits(exported, side):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_a_prompt_in_chunks_answers_as_whole(exported, side):
-    """A prompt longer than ``prefill_chunk`` runs in chunks (a row's last real token in any of
-    them): the same next-token logits and greedy tokens as in one call."""
+def test_a_prompt_in_chunks_answers_as_whole(exported, side, monkeypatch):
+    """A prompt longer than ``prefill_chunk`` tokens over its rows runs in chunks (a row's last
+    real token in any of them): the same next-token logits and greedy tokens as in one call."""
     _, _, model = exported
     ids, mask = _prompts(side, lengths=(13, 8, 1))
     whole = model.state(ids, mask, capacity=ids.shape[1] + 6)
     want = [whole.step(np.zeros(3, np.int64))] + [whole.step(np.full(3, 7 + k)) for k in range(5)]
+    runs: list[int] = []
+    feed = CausalState._feed
+    monkeypatch.setattr(CausalState, "_feed", lambda self, i, m: runs.append(i.shape[1]) or feed(self, i, m))
     try:
-        model.prefill_chunk = 4  # 13 columns: chunks of 4, 4, 4 and 1
+        model.prefill_chunk = 12  # 12 tokens over 3 rows: 13 columns in chunks of 4, 4, 4 and 1
         chunked = model.state(ids, mask, capacity=ids.shape[1] + 6)
+        assert runs == [4, 4, 4, 1]
         got = [chunked.step(np.zeros(3, np.int64))] + [chunked.step(np.full(3, 7 + k)) for k in range(5)]
         tokens = model.greedy(ids, mask, 8, stop_at_eos=False)
     finally:
