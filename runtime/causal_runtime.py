@@ -133,7 +133,8 @@ class CausalState:
             raise InputError(f"this state has {self.rows} rows, got {rows}")
         mask = np.ones_like(ids) if mask is None else mask
         self.reserve(t)
-        chunk = self.model.prefill_chunk and max(1, self.model.prefill_chunk // rows)  # columns a run
+        total = self.model.prefill_chunk  # tokens a run, counted over the rows
+        chunk = total and max(1, total // rows)  # columns a run
         if chunk and t > chunk:
             last = (mask * np.arange(t)).argmax(axis=1)  # each row's last real token
             logits = self._feed(ids[:, :chunk], mask[:, :chunk])
