@@ -15,6 +15,17 @@ from typing import Any, Literal
 from edgeattn.errors import ConfigError
 
 RopeLayout = Literal["rotate-half", "interleaved"]
+#: rotary scaling kind -> (the parameters it needs, the ones it may have); every one is computed
+#: as transformers' ``modeling_rope_utils`` computes it (see :mod:`edgeattn.rope`)
+ROPE_TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "longrope": (("short_factor", "attention_factor", "original_max_position_embeddings"), ()),
+}  # fmt: skip
+RopeValue = float | tuple[float, ...]
 _CHOICES = {"norm": ("rmsnorm", "layernorm"), "activation": ("silu", "gelu_tanh", "gelu"),
             "position": ("rope", "learned"), "rope_layout": ("rotate-half", "interleaved")}  # fmt: skip
 
@@ -44,8 +55,10 @@ class CausalLMConfig:
     rope_layout: RopeLayout = "rotate-half"
     #: the share of each head's dimensions that rotate (Phi's partial rotary; 1.0 for the rest)
     rotary_fraction: float = 1.0
-    #: Llama 3's rotary scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
-    rope_scaling: tuple[tuple[str, float], ...] = ()
+    #: how the rotary frequencies are scaled (a key of :data:`ROPE_TYPES`) and that kind's parameters
+    #: (Llama 3's factor, low_freq_factor, ...; longrope's short_factor is one value a frequency)
+    rope_type: str = "default"
+    rope_scaling: tuple[tuple[str, RopeValue], ...] = ()
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
@@ -67,10 +80,16 @@ class CausalLMConfig:
         rotary = int(self.dim * self.rotary_fraction)
         if self.position == "rope" and (rotary < 2 or rotary % 2):
             raise ConfigError(f"rotary dimensions must be even and at least 2, got {rotary}")
-        scaling = dict(self.rope_scaling)
-        if scaling and set(scaling) != {"factor", "low_freq_factor", "high_freq_factor",
-                                        "original_max_position_embeddings"}:  # fmt: skip
-            raise ConfigError(f"rope_scaling must give llama3's four parameters, got {sorted(scaling)}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope type {self.rope_type!r} is not one of {', '.join(ROPE_TYPES)}")
+        needed, optional = ROPE_TYPES[self.rope_type]
+        given = set(dict(self.rope_scaling))
+        if not set(needed) <= given or not given <= set(needed) | set(optional):
+            raise ConfigError(f"rope type {self.rope_type} takes {', '.join(needed + optional) or 'no parameters'} "
+                              f"({', '.join(needed) or 'none'} required), got {', '.join(sorted(given)) or 'none'}")
+        short = dict(self.rope_scaling).get("short_factor")
+        if short is not None and (not isinstance(short, tuple) or len(short) != rotary // 2):
+            raise ConfigError(f"longrope short_factor must hold {rotary // 2} values (one a rotary frequency)")
 
     @property
     def dim(self) -> int:
@@ -81,9 +100,11 @@ class CausalLMConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (rope_scaling as an object)."""
+        """A JSON-ready dictionary (rope_scaling as an object; rope_type only when not the default)."""
         data = dataclasses.asdict(self)
-        data["rope_scaling"] = dict(self.rope_scaling)
+        data["rope_scaling"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.rope_scaling}
+        if self.rope_type == "default":
+            del data["rope_type"]
         return data
 
     @classmethod
@@ -99,8 +120,14 @@ class CausalLMConfig:
         scaling = data.get("rope_scaling") or {}
         if not isinstance(scaling, dict | list | tuple):
             raise ConfigError(f"causal rope_scaling must be an object, got {scaling!r}")
-        items = scaling.items() if isinstance(scaling, dict) else scaling
-        data["rope_scaling"] = tuple((str(k), float(v)) for k, v in items)
+        items = list(scaling.items() if isinstance(scaling, dict) else scaling)
+        try:
+            data["rope_scaling"] = tuple((str(k), tuple(float(x) for x in v) if isinstance(v, list | tuple)
+                                          else float(v)) for k, v in items)  # fmt: skip
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"causal rope_scaling values must be numbers or lists of numbers: {exc}") from exc
+        if "rope_type" not in data and items:  # written before rope types were named: Llama 3's scaling
+            data["rope_type"] = "llama3"
         try:
             return cls(**data)
         except TypeError as exc:

@@ -27,6 +27,7 @@ from edgeattn.causal_config import CausalLMConfig, RopeLayout
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
 from edgeattn.model import TransformerModel
+from edgeattn.rope import rope_frequencies
 
 __all__ = ["CausalLM", "CausalLMConfig", "RopeLayout"]
 
@@ -44,23 +45,6 @@ class RMSNorm(nn.Module):
 
 def _norm(config: CausalLMConfig, dim: int) -> nn.Module:
     return RMSNorm(dim, config.norm_eps) if config.norm == "rmsnorm" else nn.LayerNorm(dim, eps=config.norm_eps)
-
-
-def inverse_frequencies(config: CausalLMConfig) -> Tensor:
-    """The rotary frequencies of each pair of rotating dimensions, Llama 3-scaled when asked."""
-    rotary = int(config.dim * config.rotary_fraction)
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, rotary, 2, dtype=torch.int64).float() / rotary))
-    if not config.rope_scaling:
-        return inv
-    s = dict(config.rope_scaling)
-    old = s["original_max_position_embeddings"]
-    low_wavelen, high_wavelen = old / s["low_freq_factor"], old / s["high_freq_factor"]
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / s["factor"], inv)
-    smooth = (old / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
-    smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: RopeLayout) -> Tensor:
@@ -166,7 +150,8 @@ class CausalLM(TransformerModel):
         if c.position == "learned":
             self.pos_embed = nn.Embedding(c.max_len, c.d_model)
         else:
-            self.register_buffer("inv_freq", inverse_frequencies(c), persistent=False)
+            inv_freq, self.rope_factor = rope_frequencies(c)  # rope_factor: YaRN's and LongRoPE's cos/sin scale
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = _norm(c, c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -203,7 +188,7 @@ class CausalLM(TransformerModel):
             x = x + self.pos_embed(position_ids)
         else:
             angles = position_ids[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D_rot / 2)
-            rope = angles.cos(), angles.sin()
+            rope = angles.cos() * self.rope_factor, angles.sin() * self.rope_factor
         start = cache[0].position if cache is not None else 0
         slots = attention_mask.shape[1]
         query_at = (start + torch.arange(t, device=x.device))[:, None]  # the slot each new token is written to
@@ -236,10 +221,11 @@ class CausalLM(TransformerModel):
         cache = self.empty_cache(b, s + max_new_tokens)
         slots = torch.cat([attention_mask.long(), torch.zeros(b, max_new_tokens, dtype=torch.int64)], dim=1)
         positions = positions_of(attention_mask)
-        logits, kept = self(input_ids, slots, positions, cache)  # prefill: slots 0 .. s - 1
-        nxt = positions.max(dim=1, keepdim=True).values
         last = (attention_mask.long() * torch.arange(s)).argmax(-1)  # each row's last real token
-        step_logits = logits[torch.arange(b), last]  # (B, vocab)
+        # prefill: slots 0 .. s - 1, the logits of each row's last real token alone
+        logits, kept = self(input_ids, slots, positions, cache, logits_at=last[:, None])
+        nxt = positions.max(dim=1, keepdim=True).values
+        step_logits = logits[:, 0]  # (B, vocab)
         out = []
         for step in range(max_new_tokens):
             token = step_logits.argmax(-1, keepdim=True)  # (B, 1)

@@ -13,6 +13,7 @@ frequencies (``rope_scaling`` type ``llama3``). Nothing is downloaded; ``transfo
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -59,17 +60,111 @@ def _activation(name: Any, path: Path) -> str:
     return _ACTIVATIONS[name]
 
 
-def _rope_scaling(hf: dict[str, Any], path: Path) -> tuple[tuple[str, float], ...]:
-    scaling = hf.get("rope_scaling")
-    if not scaling:
-        return ()
-    kind = scaling.get("rope_type", scaling.get("type"))
+#: rope kind -> the fields transformers reads for it (4.x's rope_scaling and 5.x's rope_parameters alike)
+_ROPE_FIELDS = {
+    "default": (), "linear": ("factor",), "dynamic": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim", "truncate"),
+    "longrope": ("short_factor", "long_factor", "factor", "attention_factor", "original_max_position_embeddings"),
+}  # fmt: skip
+_ROPE_COMMON = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+
+
+def _rope_fields(hf: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The rotary settings of a config.json in either layout, merged: transformers 5's
+    ``rope_parameters`` and 4.x's top-level ``rope_theta`` / ``partial_rotary_factor`` and
+    ``rope_scaling``; a value the two layouts both give must agree."""
+    params = hf.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ConfigError(f"{path}: rope_parameters must be an object, got {params!r}")
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise ConfigError(f"{path}: rope_parameters per layer type ({', '.join(params)}) are not supported")
+    legacy = hf.get("rope_scaling") or {}
+    if not isinstance(legacy, dict):
+        raise ConfigError(f"{path}: rope_scaling must be an object, got {legacy!r}")
+    merged = dict(legacy)
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if hf.get(key) is not None:
+            merged[key] = hf[key]
+    if "type" in merged and "rope_type" not in merged:
+        merged["rope_type"] = merged["type"]
+    for key, value in (params or {}).items():
+        key = "rope_type" if key == "type" else key
+        if merged.get(key) is not None and value is not None and merged[key] != value:
+            raise ConfigError(f"{path}: {key} is {merged[key]!r} at the top level / in rope_scaling but {value!r} in "
+                              f"rope_parameters; which one the model was trained with is unclear")  # fmt: skip
+        if value is not None:
+            merged[key] = value
+    merged.pop("type", None)
+    return merged
+
+
+def rope_settings(hf: dict[str, Any], path: Path, max_len: int) -> dict[str, Any]:
+    """The CausalLMConfig fields of a config.json's rotary positions: ``rope_theta``, ``rope_type``,
+    ``rope_scaling``, ``rotary_fraction`` and, where the scaling only holds within a window,
+    ``max_len``. A rope type or field edgeattn does not implement is a ConfigError naming it."""
+    fields = _rope_fields(hf, path)
+    kind = str(fields.get("rope_type") or "default")
+    if kind not in _ROPE_FIELDS:
+        raise ConfigError(f"{path}: rope type {kind!r} is not one edgeattn implements ({', '.join(_ROPE_FIELDS)})")
+    unknown = sorted(set(fields) - set(_ROPE_FIELDS[kind]) - set(_ROPE_COMMON))
+    if unknown:
+        raise ConfigError(f"{path}: rope field(s) {', '.join(unknown)} of rope type {kind} are not ones edgeattn "
+                          f"implements ({', '.join(_ROPE_FIELDS[kind]) or 'it takes none'})")  # fmt: skip
+    out: dict[str, Any] = {"rope_theta": float(fields.get("rope_theta") or 10000.0),
+                           "rotary_fraction": float(fields.get("partial_rotary_factor") or 1.0), "max_len": max_len}
+    top_original = hf.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
+    original = fields.get("original_max_position_embeddings") or top_original
+
+    def number(key: str) -> float:
+        if not isinstance(fields.get(key), int | float) or isinstance(fields.get(key), bool):
+            raise ConfigError(f"{path}: rope type {kind} needs a number {key}, got {fields.get(key)!r}")
+        return float(fields[key])
+
     if kind == "default":
-        return ()
-    if kind != "llama3":
-        raise ConfigError(f"{path}: rope_scaling type {kind!r} is not supported (llama3 is)")
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    return tuple((k, float(_need(scaling, path, k))) for k in keys)
+        return {**out, "rope_type": "default", "rope_scaling": ()}
+    if kind == "linear":
+        return {**out, "rope_type": "linear", "rope_scaling": (("factor", number("factor")),)}
+    if kind == "dynamic":  # dynamic NTK equals the plain frequencies up to the window it was trained on
+        number("factor")
+        window = min(max_len, int(original or max_len))
+        if window < max_len:
+            log.warning("%s: dynamic rope rescales past %d tokens; the export's context is %d", path, window, window)
+        return {**out, "max_len": window, "rope_type": "default", "rope_scaling": ()}
+    if kind == "llama3":
+        keys = _ROPE_FIELDS["llama3"]
+        return {**out, "rope_type": "llama3", "rope_scaling": tuple((k, number(k)) for k in keys)}
+    if kind == "yarn":
+        scaling: list[tuple[str, float]] = [("factor", number("factor")),
+                                            ("original_max_position_embeddings", float(original or max_len))]
+        for key in _ROPE_FIELDS["yarn"][2:]:
+            if fields.get(key) is not None:
+                scaling.append((key, float(bool(fields[key])) if key == "truncate" else number(key)))
+        return {**out, "rope_type": "yarn", "rope_scaling": tuple(scaling)}
+    # longrope (Phi-3): the short factors up to the original window, the long ones past it
+    if not original:
+        raise ConfigError(f"{path}: rope type longrope needs original_max_position_embeddings")
+    short = fields.get("short_factor")
+    if not isinstance(short, list) or not all(isinstance(v, int | float) for v in short):
+        raise ConfigError(f"{path}: rope type longrope needs a list short_factor, got {short!r}")
+    factor = fields.get("factor") or max_len / float(original)
+    attention = fields.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(float(original)))
+    window = min(max_len, int(original))
+    if window < max_len:
+        log.warning("%s: longrope's long factors take over past %d tokens, which edgeattn does not export; "
+                    "the export's context is %d (of %d)", path, window, window, max_len)  # fmt: skip
+    return {**out, "max_len": window, "rope_type": "longrope", "rope_scaling": (
+        ("short_factor", tuple(float(v) for v in short)), ("attention_factor", float(attention)),
+        ("original_max_position_embeddings", float(original)))}  # fmt: skip
+
+
+def checkpoint_dtype(hf: dict[str, Any]) -> str | None:
+    """The dtype the weights were saved in: transformers 5's ``dtype`` or 4.x's ``torch_dtype``."""
+    value = hf.get("dtype") or hf.get("torch_dtype")
+    return None if value is None else str(value)
 
 
 def map_config(hf: dict[str, Any], architecture: str, path: Path) -> CausalLMConfig:
@@ -92,10 +187,9 @@ def map_config(hf: dict[str, Any], architecture: str, path: Path) -> CausalLMCon
         vocab_size=int(_need(hf, path, "vocab_size")), d_model=d, n_layers=int(_need(hf, path, "num_hidden_layers")),
         n_heads=heads, n_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=head_dim if head_dim != d // heads else 0, d_ff=int(_need(hf, path, "intermediate_size")),
-        max_len=int(_need(hf, path, "max_position_embeddings")), norm="rmsnorm",
-        norm_eps=float(_need(hf, path, "rms_norm_eps")), activation=_activation(hf.get("hidden_act", "silu"), path),
-        rope_theta=float(hf.get("rope_theta", 10000.0)), rotary_fraction=float(hf.get("partial_rotary_factor", 1.0)),
-        rope_scaling=_rope_scaling(hf, path),
+        norm="rmsnorm", norm_eps=float(_need(hf, path, "rms_norm_eps")),
+        activation=_activation(hf.get("hidden_act", "silu"), path),
+        **rope_settings(hf, path, int(_need(hf, path, "max_position_embeddings"))),
         qkv_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
         out_bias=bool(hf.get("attention_bias", False)),
         mlp_bias=bool(hf.get("mlp_bias", False)), qk_norm=architecture == "Qwen3ForCausalLM",
@@ -222,6 +316,12 @@ def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: st
     load_state(model, map_tensors(read_tensors(folder), section, architecture, source), source, model.tied_aliases())
     return HFModel(model.eval(), architecture, TASK, None, None, folder, _tokenizer(folder),
                    load_chat_template(folder), stops or [eos])  # fmt: skip
+
+
+def reference_outputs(model: CausalLM, reference: Any, ids: torch.Tensor, mask: torch.Tensor
+                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """Next-token logits at every position, beside transformers'."""
+    return {"logits": (model(ids, mask), reference(input_ids=ids, attention_mask=mask).logits)}
 
 
 def import_causal_folder(folder: str | Path) -> CausalLM:

@@ -135,7 +135,11 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         inv_freq = g.const("rope_inv_freq", model.inv_freq.float().numpy()[None])  # (1, rotary / 2)
         reach = g("Max", slots, g("Add", g("ReduceMax", "position_ids", keepdims=0), s1))
         angle = g("Mul", g("Unsqueeze", g("Cast", g("Range", s0, reach, s1), to=TensorProto.FLOAT), one), inv_freq)
-        tables = (g("Cos", angle), g("Sin", angle), 2 * int(model.inv_freq.numel()))  # (C, rotary / 2)
+        cos, sin = g("Cos", angle), g("Sin", angle)
+        if model.rope_factor != 1.0:  # YaRN's and LongRoPE's attention factor
+            factor = g.const("rope_factor", np.array([model.rope_factor], dtype=np.float32))
+            cos, sin = g("Mul", cos, factor), g("Mul", sin, factor)
+        tables = (cos, sin, 2 * int(model.inv_freq.numel()))  # (C, rotary / 2)
     scale = 1.0 / math.sqrt(dim)
 
     def linear(x: str, module: object, prefix: str) -> str:
