@@ -2,7 +2,11 @@
 
 Every graph of an export runs on fresh random inputs at sequence lengths 1, 37 and several
 times the traced length, at batch 1 and at batch 3 with different padding per row; the decoder
-also at past lengths 0, 1 and many. Float32 must agree elementwise within ``atol + rtol·|ref|``.
+also at past lengths 0, 1 and many. Float32 must agree elementwise within ``atol + rtol·|ref|``
+(what random weights are held to). Where it does not, the same model in float64 is the truth:
+the graph passes when it is within that tolerance of float64, or when its distance to float64 is
+at most :data:`FLOAT64_MULTIPLE` times eager float32's own (real weights, whose large activations
+put two correct float32 computations further apart than 1e-4).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 ATOL = 1e-4
 RTOL = 1e-5
 GREEDY_TOKENS = 24
+#: how much further from float64 than eager float32 a graph's float32 may be
+FLOAT64_MULTIPLE = 4.0
 
 
 @dataclass
@@ -45,6 +51,15 @@ class CaseResult:
     max_rel: float
     passed: bool
     against: str = "float32"  # "float64" when float32 eager itself strayed and float64 eager settled it
+    #: eager float32's own max distance to float64 (measured when the graph missed float32's tolerance)
+    eager_float64: float | None = None
+
+    @property
+    def float64_ratio(self) -> float | None:
+        """The graph's distance to float64 over eager float32's, when judged so."""
+        if self.against != "float64" or not self.eager_float64:
+            return None
+        return self.max_abs / self.eager_float64
 
 
 @dataclass
@@ -90,12 +105,22 @@ class VerifyReport:
             s.update(atol=self.atol, rtol=self.rtol)
         return out
 
+    def float64_ratios(self) -> dict[str, float]:
+        """Per graph: the largest ratio of its distance to float64 over eager float32's own."""
+        out: dict[str, float] = {}
+        for c in self.cases:
+            if c.float64_ratio is not None:
+                out[c.graph] = max(out.get(c.graph, 0.0), c.float64_ratio)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "atol": self.atol,
             "rtol": self.rtol,
             "graphs": self.summary(),
             "greedy": None if self.greedy is None else {**asdict(self.greedy), "passed": self.greedy.passed},
+            "float64_ratios": self.float64_ratios(),
+            "float64_multiple": FLOAT64_MULTIPLE,
             "cases": [asdict(c) for c in self.cases],
             "passed": self.passed,
         }
@@ -103,10 +128,12 @@ class VerifyReport:
     def table(self) -> str:
         """A plain-text table of the per-graph results."""
         rows = [("graph", "cases", "max abs err", "max rel err", "result")]
+        ratios = self.float64_ratios()
         for graph, s in self.summary().items():
             verdict = "ok" if s["passed"] else "FAIL"
-            if s["passed"] and s["float64_cases"]:
-                verdict += f" ({s['float64_cases']} vs float64)"
+            if s["float64_cases"]:
+                verdict += f" ({s['float64_cases']} vs float64"
+                verdict += f", {ratios[graph]:.2f}x eager's own error)" if graph in ratios else ")"
             rows.append((graph, str(s["cases"]), f"{s['max_abs']:.2e}", f"{s['max_rel']:.2e}", verdict))
         if self.greedy is not None:
             g = self.greedy
@@ -116,8 +143,9 @@ class VerifyReport:
         lines.append(f"tolerance: |onnx - eager| <= {self.atol:g} + {self.rtol:g}·|eager|")
         if any(c.against == "float64" for c in self.cases):
             lines.append(
-                "vs float64: cases where float32 eager strayed itself, judged against the same model in float64 "
-                "(errors shown are against it)"
+                "vs float64: cases outside that tolerance of float32 eager, judged against the same model in "
+                f"float64 (errors shown are against it): within the tolerance, or at most {FLOAT64_MULTIPLE:g}x "
+                "eager float32's own distance to float64"
             )
         return "\n".join(lines)
 
@@ -137,6 +165,10 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
     scale = float(np.abs(expected).max())
     ok = bool(np.all(diff <= atol + rtol * np.abs(expected))) and bool(np.isfinite(actual).all())
     return float(diff.max()), float(diff.max() / scale) if scale > 0 else float(diff.max()), ok
+
+
+def _distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.size else 0.0
 
 
 def _eager(module: torch.nn.Module, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -173,6 +205,24 @@ def _judge(
     return worst_abs, worst_rel, ok
 
 
+def _judge_float64(
+    got: dict[str, np.ndarray], names: list[str], eager: list[np.ndarray], exact: list[np.ndarray], atol: float,
+    rtol: float,
+) -> tuple[float, float, bool, float]:
+    """(worst abs, worst rel, passed, eager float32's worst distance) of a graph's outputs against
+    float64 eager: each output within the tolerance of it, or no further from it than
+    :data:`FLOAT64_MULTIPLE` times eager float32's own distance to it."""
+    worst_abs, worst_rel, ok, eager_worst = 0.0, 0.0, True, 0.0
+    for name, want, truth in zip(names, eager, exact, strict=True):
+        a, r, passed = compare(got[name], truth, atol, rtol)
+        own = _distance(want, truth)
+        if not passed and np.isfinite(got[name]).all() and got[name].shape == truth.shape:
+            passed = a <= FLOAT64_MULTIPLE * own
+        worst_abs, worst_rel, ok = max(worst_abs, a), max(worst_rel, r), ok and passed
+        eager_worst = max(eager_worst, own)
+    return worst_abs, worst_rel, ok, eager_worst
+
+
 def verify_graphs(
     model: TransformerModel,
     runtime: ExportedModel,
@@ -196,13 +246,14 @@ def verify_graphs(
         got = runtime.run(graph, feeds)
         want = _eager(module, spec.input_names, feeds)
         worst_abs, worst_rel, ok = _judge(got, spec.output_names, want, atol, rtol)
-        against = "float32"
+        against, eager_error = "float32", None
         if not ok:
-            exact = _judge(got, spec.output_names, truth.outputs(graph, feeds), atol, rtol)
-            if exact[2]:
-                (worst_abs, worst_rel, ok), against = exact, "float64"
-                log.info("%s %s: float32 eager strayed; within tolerance of float64 eager", graph, sizes)
-        report.cases.append(CaseResult(graph, sizes, worst_abs, worst_rel, ok, against))
+            worst_abs, worst_rel, ok, eager_error = _judge_float64(
+                got, spec.output_names, want, truth.outputs(graph, feeds), atol, rtol
+            )
+            against = "float64"
+            log.info("%s %s: %.2e from float64 eager (eager float32: %.2e)", graph, sizes, worst_abs, eager_error)
+        report.cases.append(CaseResult(graph, sizes, worst_abs, worst_rel, ok, against, eager_error))
         log.debug("%s %s: max abs %.2e (against %s)", graph, sizes, worst_abs, against)
     if runtime.family.generates_with(runtime.graphs):
         report.greedy = verify_greedy(model, runtime, rng, greedy_tokens)
