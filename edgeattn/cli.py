@@ -257,7 +257,11 @@ def _precision_options(
 @click.option(
     "--seed", default=0, show_default=True, type=int, help="Seed of the random weights when no checkpoint is given."
 )
-@click.option("--no-verify", is_flag=True, help="Skip the parity check against eager PyTorch.")
+@click.option(
+    "--no-verify",
+    is_flag=True,
+    help="Skip the parity checks: an imported folder against transformers, the graphs against eager PyTorch.",
+)
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option(
     "--precision",
@@ -308,6 +312,12 @@ def export(
     if task is not None and from_hf is None:
         raise click.UsageError("--task goes with --from-hf")
     source = resolve_model(preset, config_file, checkpoint, seed, from_hf=from_hf, task=task)
+    if from_hf is not None and not no_verify:
+        from edgeattn.hf_reference import require_transformers_agreement
+
+        check = require_transformers_agreement(source)
+        if check is not None:
+            click.echo(f"import {check.line()}")
     options = _precision_options(
         _split(precisions) or [], calibration_method, calibration_file, allow_degraded, source.model.config,
         source.tokenizer, heldout_file, static_form,

@@ -32,6 +32,7 @@ import torch
 from edgeattn import hf_causal, hf_t5
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.hf_reference import ReferenceOutputs
 from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel, build_model
 from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.families import all_tasks
@@ -68,6 +69,8 @@ class Importer:
     task: str
     #: ``load(folder, hf_config, importer, task) -> HFModel``: config mapped, every tensor mapped
     load: Callable[[Path, dict[str, Any], Importer, str], HFModel]
+    #: the outputs edgeattn's model and transformers' give for the same ids (``edgeattn.hf_reference``)
+    reference: ReferenceOutputs
 
     @property
     def model_types(self) -> list[str]:
@@ -75,13 +78,28 @@ class Importer:
 
 
 def _importers() -> dict[str, Importer]:
-    table = {f"{prefix}{suffix}": Importer(f"{prefix}{suffix}", "encoder", layout, task, _import_encoder)
+    table = {f"{prefix}{suffix}": Importer(f"{prefix}{suffix}", "encoder", layout, task, _import_encoder,
+                                           encoder_reference)
              for prefix, layout in _PREFIX.items() for suffix, task in HEADS.items()}  # fmt: skip
     for model_type, name in hf_t5.ARCHITECTURES.items():
-        table[name] = Importer(name, "seq2seq", LAYOUTS[model_type], GENERATE, _import_t5)
+        table[name] = Importer(name, "seq2seq", LAYOUTS[model_type], GENERATE, _import_t5, hf_t5.reference_outputs)
     for name, model_type in hf_causal.ARCHITECTURES.items():
-        table[name] = Importer(name, "causal", LAYOUTS[model_type], hf_causal.TASK, hf_causal.import_causal)
+        table[name] = Importer(name, "causal", LAYOUTS[model_type], hf_causal.TASK, hf_causal.import_causal,
+                               hf_causal.reference_outputs)  # fmt: skip
     return table
+
+
+def encoder_reference(model: EncoderModel, reference: Any, ids: torch.Tensor, mask: torch.Tensor
+                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """An encoder's last hidden states (and its head's logits) beside transformers'."""
+    hidden, logits = model(ids, mask)
+    theirs = reference(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    want = theirs.last_hidden_state if getattr(theirs, "last_hidden_state", None) is not None else \
+        theirs.hidden_states[-1]  # fmt: skip
+    out = {"hidden states": (hidden, want)}
+    if logits is not None and getattr(theirs, "logits", None) is not None:
+        out["logits"] = (logits, theirs.logits)
+    return out
 
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}

@@ -143,3 +143,11 @@ def map_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig, source: s
                 f"{source}: {key} ({what}) differs from shared.weight, but the config ties them (tie_word_embeddings)"
             )
     return out
+
+
+def reference_outputs(model: Any, reference: Any, ids: torch.Tensor, mask: torch.Tensor
+                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """Teacher-forced logits of the source's own first tokens as targets, beside transformers'."""
+    targets = torch.cat([torch.full_like(ids[:, :1], model.config.bos_id), ids[:, :15]], dim=1)
+    theirs = reference(input_ids=ids, attention_mask=mask, decoder_input_ids=targets).logits
+    return {"logits": (model(ids, targets, mask), theirs)}

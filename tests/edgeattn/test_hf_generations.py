@@ -1,0 +1,162 @@
+"""Folders saved by transformers 4.x and 5.x import to the same model, for every architecture.
+
+transformers 5 writes rotary settings under ``config.json``'s ``rope_parameters`` (4.x: top-level
+``rope_theta``, ``rope_scaling``), ``dtype`` for ``torch_dtype``, and more. Each model of
+:mod:`generations` is built from the same weights by both generations (5.x in the environment
+``.ci/transformers5.sh`` makes, 4.x here) and saved with ``save_pretrained``; edgeattn must read
+both folders into equal configs and equal eager outputs, and those outputs must be what transformers
+5 itself answered on its folder. Also: rope kinds and fields edgeattn does not implement are
+errors naming them, and the export's check against transformers stops a misread folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgeattn.errors import ConfigError, ExportError
+from edgeattn.hf import import_folder
+
+transformers = pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).parent))
+import generations  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def transformers5_python() -> Path:
+    """The transformers 5 environment's python; a test needing it skips without it (fails in CI)."""
+    venv = Path(os.environ.get("EDGEATTN_TF5", Path.home() / ".cache" / "edgeattn-tf5"))
+    python = venv / "bin" / "python"
+    if not (venv / ".edgeattn-ready-1").is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"no transformers 5 environment at {venv}: .ci/run makes it with .ci/transformers5.sh")
+        pytest.skip(f"no transformers 5 environment at {venv} (bash .ci/transformers5.sh makes it)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def folders5(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("transformers5")
+    subprocess.run([str(transformers5_python()), str(ROOT / "tests/edgeattn/generations.py"), str(out)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    return out
+
+
+def _ours(model, name: str, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        if generations.MODELS[name][0].startswith("T5"):
+            targets = torch.cat([torch.zeros_like(ids[:, :1]), ids[:, :9]], dim=1)
+            return {"logits": model(ids, targets, mask).numpy()}
+        if hasattr(model, "lm_head"):
+            return {"logits": model(ids, mask).numpy()}
+        hidden, logits = model(ids, mask)
+        return {"hidden": hidden.numpy(), **({} if logits is None else {"logits": logits.numpy()})}
+
+
+@pytest.mark.parametrize("name", list(generations.MODELS))
+def test_both_generations_import_to_the_same_model(folders5, tmp_path, name):
+    folder5 = folders5 / name
+    config5 = json.loads((folder5 / "config.json").read_text())
+    assert config5["transformers_version"].startswith("5.")
+    model4 = generations.build(name)
+    from safetensors.torch import load_file
+
+    # the same weights as transformers 5's folder, saved by transformers 4.x
+    tensors = load_file(str(folder5 / "model.safetensors"))
+    model4.load_state_dict(tensors, strict=False)
+    retied = "lm_head.weight" not in tensors and not model4.config.tie_word_embeddings
+    if retied:  # transformers 5 ties T5 v1.1's output layer to the embedding (and says so: tie_word_embeddings)
+        with torch.no_grad():
+            model4.lm_head.weight.copy_(tensors["shared.weight"])
+    model4.save_pretrained(tmp_path / "v4")
+    assert json.loads((tmp_path / "v4" / "config.json").read_text())["transformers_version"].startswith("4.")
+    imported4, imported5 = import_folder(tmp_path / "v4"), import_folder(folder5)
+    if retied:
+        assert imported5.model.config.tie_embeddings and not imported4.model.config.tie_embeddings
+        assert imported4.model.config.replace(tie_embeddings=True) == imported5.model.config
+    else:
+        assert imported4.model.config == imported5.model.config
+    ids, mask = generations.sample_ids()
+    ours4, ours5 = _ours(imported4.model, name, ids, mask), _ours(imported5.model, name, ids, mask)
+    theirs5 = dict(np.load(folder5 / "outputs.npz"))
+    theirs4 = {k: v.numpy() for k, v in generations.outputs(model4, ids, mask).items()}
+    assert set(ours5) <= set(theirs5) and ours5
+    for key in ours5:
+        np.testing.assert_array_equal(ours4[key], ours5[key])
+        assert np.abs(ours5[key] - theirs5[key]).max() < 1e-4, (key, np.abs(ours5[key] - theirs5[key]).max())
+        assert np.abs(ours4[key] - theirs4[key]).max() < 1e-4, (key, np.abs(ours4[key] - theirs4[key]).max())
+
+
+def _llama_folder(tmp_path: Path, **changes) -> Path:
+    folder = tmp_path / "llama"
+    generations.build("llama-theta-tied").save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"rope_scaling": {"rope_type": "su", "factor": 2.0}}, "rope type 'su'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "extra": 1}}, "extra"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
+    ({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}, "rope_theta"),
+    ({"rope_parameters": {"full_attention": {"rope_theta": 1e4}, "sliding_attention": {"rope_theta": 1e4}}},
+     "per layer type"),
+])  # fmt: skip
+def test_rope_settings_edgeattn_does_not_implement_are_named(tmp_path, changes, named):
+    with pytest.raises(ConfigError, match=named):
+        import_folder(_llama_folder(tmp_path, **changes))
+
+
+@pytest.mark.quick
+def test_both_layouts_agreeing_and_the_old_one_alone_read_the_same(tmp_path):
+    new = import_folder(_llama_folder(tmp_path, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"}))
+    assert new.model.lm.rope_theta == 100000.0
+    assert new.model.lm.rope_type == "default"
+
+
+def test_the_export_check_stops_a_folder_edgeattn_misreads(tmp_path, monkeypatch):
+    """A folder read with the wrong rotary base (the bug of reading only 4.x's top-level key) is
+    refused by the check against transformers, naming the largest difference; read right, it passes."""
+    from edgeattn import hf_causal
+    from edgeattn.hf_reference import check_against_transformers, require_transformers_agreement
+
+    folder = tmp_path / "llama"
+    generations.build("llama-theta-tied").save_pretrained(folder)
+    right = check_against_transformers(import_folder(folder))
+    assert right is not None and right.passed and right.max_abs < 1e-4, right.line()
+    real = hf_causal.rope_settings
+    monkeypatch.setattr(hf_causal, "rope_settings", lambda hf, path, n: {**real(hf, path, n), "rope_theta": 10000.0})
+    with pytest.raises(ExportError, match=r"disagrees with transformers.*logits max abs diff .* FAIL"):
+        require_transformers_agreement(import_folder(folder))
+
+
+def test_a_folder_of_a_newer_generation_is_not_checked_by_an_older_one(folders5, caplog):
+    from edgeattn.hf_reference import check_against_transformers
+
+    if transformers.__version__.startswith("5."):
+        pytest.skip("transformers 5 is installed here")
+    assert check_against_transformers(import_folder(folders5 / "llama-theta-tied")) is None
+    assert "cannot read as it was meant" in caplog.text
+
+
+def test_cli_export_shows_the_check(tmp_path):
+    folder = tmp_path / "llama"
+    generations.build("llama-theta-tied").save_pretrained(folder)
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "import against transformers" in result.output and " ok" in result.output
