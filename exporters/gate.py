@@ -28,7 +28,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import Seq2SeqTransformer, TransformerModel
-from edgeattn.runtime.families import Family, family_of, resolve
+from edgeattn.runtime.families import FAMILIES, Family, family_of, resolve
 from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
@@ -46,10 +46,16 @@ class GateResult:
     failures: list[Verdict] = field(default_factory=list)
     #: what the held-out data were, in words
     heldout: str = ""
+    #: the held-out data were drawn at random from the vocabulary
+    heldout_random: bool = False
+
+    #: the family whose limits apply (``Family.thresholds``); empty: the precision's own
+    family: str = ""
 
     @property
     def thresholds(self) -> Thresholds:
-        thresholds = get_precision(self.precision).thresholds
+        thresholds = FAMILIES[self.family].thresholds(self.precision) if self.family else \
+            get_precision(self.precision).thresholds  # fmt: skip
         if thresholds is None:
             raise ExportError(f"precision {self.precision!r} is not gated")
         return thresholds
@@ -84,42 +90,78 @@ class GateResult:
             for name, value in values.items():
                 limit = thresholds.limit(name)
                 mark = "" if limit is None or value >= limit else " FAIL"
-                shown = f" (>= {limit})" if limit is not None else ""
+                shown = f" (>= {limit})" if limit else " (reported, not judged)" if limit == 0 else ""
                 cells.append(f"{name} {value:.5f}{shown}{mark}")
             lines.append(f"  {graph:<{width}} " + ", ".join(cells))
+        if self.heldout_random:
+            lines.append(f"  note: {RANDOM_CAVEAT}")
         return "\n".join(lines)
 
 
 @dataclass
 class HeldOut:
-    """Held-out sources (B, S) with their mask, for the gate and for calibration."""
+    """Held-out sources (B, S), padded on the right, with their mask, for the gate and for calibration."""
 
     ids: np.ndarray
     mask: np.ndarray
     #: what the sequences are, in words (recorded with the gate's figures)
     source: str = ""
+    #: drawn at random from the vocabulary (not the user's data: the gate's table says what that cannot show)
+    random: bool = False
+
+
+#: what a gate measured on random token ids cannot show (its table says so)
+RANDOM_CAVEAT = (
+    "held-out sequences drawn at random from the vocabulary: they cannot show what real inputs do "
+    "(real models' large activations, real next-token distributions); give --heldout with real data"
+)
+#: the most held-out tokens the gate measures by default (a larger file is sampled evenly)
+GATE_TOKENS = 16384
+
+
+def spread_rows(lengths: list[int], max_tokens: int) -> list[int]:
+    """Indices of rows spread evenly over ``lengths`` whose tokens add up to at most ``max_tokens``
+    (every row when they all fit, or ``max_tokens`` is 0)."""
+    total = sum(lengths)
+    if not max_tokens or total <= max_tokens:
+        return list(range(len(lengths)))
+    k = max(1, int(len(lengths) * max_tokens / total))
+    while k > 1:
+        rows = sorted(set(np.linspace(0, len(lengths) - 1, k).round().astype(int).tolist()))
+        if sum(lengths[r] for r in rows) <= max_tokens:
+            return rows
+        k -= 1
+    return [int(np.argmin(lengths))]
 
 
 def heldout_sources(
-    config: ModelConfig, n: int = 48, seed: int = 99, texts: list[list[int]] | None = None, source: str = ""
+    config: ModelConfig, n: int = 48, seed: int = 99, texts: list[list[int]] | None = None, source: str = "",
+    max_tokens: int = 0,
 ) -> HeldOut:
     """``texts`` (token id lists; ``source`` says what they are) padded into a batch, or ``n``
     random sequences drawn from the model's vocabulary (specials excluded) with lengths spread
-    over 1..min(max_len, 48)."""
+    over 1..min(max_len, 48). ``max_tokens`` (0: no limit) keeps rows spread evenly over a larger
+    set, the description saying how many of it."""
     rng = np.random.default_rng(seed)
+    random = texts is None
     if texts is None:
         low = min(3, config.vocab_size - 1)
         lengths = rng.integers(1, min(config.max_len, 48) + 1, size=n)
         texts = [rng.integers(low, config.vocab_size, size=int(k)).tolist() for k in lengths]
         source = "drawn from the model's vocabulary"
-    described = f"{source or 'given sequences'} ({len(texts)} sequences)"
+    total = sum(len(t) for t in texts)
+    described = f"{source or 'given sequences'} ({len(texts)} sequences, {total:,} tokens)"
+    rows = spread_rows([len(t) for t in texts], max_tokens)
+    if len(rows) < len(texts):
+        texts = [texts[r] for r in rows]
+        described += f"; measured on {len(texts)} spread over it, {sum(len(t) for t in texts):,} tokens"
     width = max(len(t) for t in texts)
     ids = np.full((len(texts), width), config.pad_id, dtype=np.int64)
     mask = np.zeros_like(ids)
     for i, t in enumerate(texts):
         ids[i, : len(t)] = t
         mask[i, : len(t)] = 1
-    return HeldOut(ids, mask, described)
+    return HeldOut(ids, mask, described, random)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -141,13 +183,17 @@ class Reference:
     """Eager float32 PyTorch's side of the gate for one held-out set, each part computed on first
     use and kept: the gate measures many candidate graphs against the same answers."""
 
-    def __init__(self, model: TransformerModel, heldout: HeldOut, new_tokens: int = 16) -> None:
+    def __init__(self, model: TransformerModel, heldout: HeldOut, new_tokens: int = 16, progress: bool = False
+                 ) -> None:  # fmt: skip
         self.model = model.eval()
+        #: show progress bars on the measurements that take seconds
+        self.progress = progress
         self.heldout = heldout
         self.new_tokens = new_tokens
         self.ids, self.mask = heldout.ids, heldout.mask
         self.valid = heldout.mask.astype(bool)
         self._blocks: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
+        self._generated: dict[int, tuple[ExportedModel, np.ndarray]] = {}
 
     @cached_property
     def hidden(self) -> torch.Tensor:
@@ -189,21 +235,73 @@ class Reference:
     @cached_property
     def next_tokens(self) -> NextTokens:
         """A decoder-only model's answers after every held-out token (teacher forcing)."""
-        return next_tokens(lambda ids, mask: _eager_logits(self.model, ids, mask), self.ids, self.mask)
+        return next_tokens(lambda ids, mask: _eager_logits(self.model, ids, mask), self.ids, self.mask,
+                           self.model.config.vocab_size, "gate: eager float32 text", self.progress)  # fmt: skip
+
+    @cached_property
+    def generation_rows(self) -> np.ndarray:
+        """The held-out rows whose greedy continuations are compared: all of them, or, past
+        :data:`GENERATION_TOKENS` prompt tokens, as many rows spread evenly over the set as fit."""
+        lengths = self.mask.sum(axis=1)
+        rows = len(lengths)
+        if lengths.sum() <= GENERATION_TOKENS:
+            return np.arange(rows)
+        k = max(min(rows, 8), int(rows * GENERATION_TOKENS / lengths.sum()))
+        return np.unique(np.linspace(0, rows - 1, k).round().astype(np.int64))
+
+    @cached_property
+    def generation_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask) of :attr:`generation_rows`, as wide as their longest."""
+        rows = self.generation_rows
+        width = max(1, int(self.mask[rows].sum(axis=1).max()))
+        if self.mask[rows, width:].any():  # not padded on the right: the rows keep their whole width
+            width = self.mask.shape[1]
+        return self.ids[rows, :width], self.mask[rows, :width]
+
+    def _greedy(self, steps: int) -> np.ndarray:
+        from tqdm import tqdm
+
+        assert isinstance(self.model, Seq2SeqTransformer | CausalLM)
+        ids, mask = self.generation_inputs
+        out = []
+        starts = range(0, len(ids), GREEDY_ROWS_PER_CALL)
+        with torch.no_grad():
+            for start in tqdm(starts, desc=f"gate: eager greedy x{steps}", unit="batch", leave=False,
+                              disable=not self.progress or len(starts) < 2):  # fmt: skip
+                rows = slice(start, start + GREEDY_ROWS_PER_CALL)
+                out.append(self.model.greedy(torch.from_numpy(ids[rows]), torch.from_numpy(mask[rows]), steps).numpy())
+        width = max(o.shape[1] for o in out)
+        pad = self.model.config.pad_id
+        return np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1])), constant_values=pad) for o in out])
+
+    def generated(self, runtime: ExportedModel, steps: int) -> np.ndarray:
+        """``runtime``'s greedy continuations of :attr:`generation_rows`, ``steps`` long: made once
+        per runtime at the longest length asked (a shorter one is its first steps)."""
+        key = id(runtime)
+        kept = self._generated.get(key)
+        if kept is None or kept[0] is not runtime or kept[1].shape[1] < steps:
+            if steps < 2 * self.new_tokens and isinstance(self.model, CausalLM):
+                steps_made = max(steps, self.long_greedy.shape[1])
+            else:
+                steps_made = steps
+            kept = (runtime, runtime.generate(*self.generation_inputs, steps_made).tokens)
+            self._generated = {key: kept}  # one runtime at a time: the gate measures candidates in turn
+        return kept[1][:, :steps]
 
     @cached_property
     def long_greedy(self) -> np.ndarray:
-        """Greedy continuations twice as long as the generation check's (where loops show), within
-        the model's max_len."""
-        steps = max(1, min(2 * self.new_tokens, self.model.config.max_len - self.ids.shape[1]))
-        with torch.no_grad():
-            return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask), steps).numpy()
+        """Greedy continuations of :attr:`generation_rows` twice as long as the generation check's
+        (where loops show), within the model's max_len."""
+        steps = max(1, min(2 * self.new_tokens, self.model.config.max_len - self.generation_inputs[0].shape[1]))
+        return self._greedy(steps)
 
     @cached_property
     def greedy(self) -> np.ndarray:
-        assert isinstance(self.model, Seq2SeqTransformer | CausalLM)
-        with torch.no_grad():
-            return self.model.greedy(torch.from_numpy(self.ids), torch.from_numpy(self.mask), self.new_tokens).numpy()
+        """Greedy continuations of :attr:`generation_rows` (the first steps of :attr:`long_greedy`:
+        greedy decoding is the same however far it goes)."""
+        if isinstance(self.model, CausalLM) and self.long_greedy.shape[1] >= self.new_tokens:
+            return self.long_greedy[:, : self.new_tokens]
+        return self._greedy(self.new_tokens)
 
 
 def evaluate(
@@ -220,9 +318,9 @@ def evaluate(
     hold a decoding step and the rest of what generation runs through; ``reference`` reuses eager
     answers computed before."""
     ref = reference or Reference(model, heldout, new_tokens)
-    result = GateResult(precision, heldout=ref.heldout.source)
-    graphs = graphs or runtime.graphs
     family = family_of(model.config)
+    result = GateResult(precision, heldout=ref.heldout.source, heldout_random=ref.heldout.random, family=family.name)
+    graphs = graphs or runtime.graphs
     for role in family.roles:
         if role.name in graphs:
             result.metrics[role.name] = resolve(role.gate)(ref, runtime, role.name)
@@ -282,16 +380,18 @@ def generation_metrics(ref: Reference, runtime: ExportedModel) -> dict[str, floa
     """The share of held-out sources whose greedy generation equals eager float32's exactly."""
     pad = ref.model.config.pad_id
     eager = ref.greedy
-    got = runtime.generate(ref.ids, ref.mask, ref.new_tokens).tokens
+    got = ref.generated(runtime, ref.new_tokens)
     width = max(eager.shape[1], got.shape[1])
     eager = np.pad(eager, ((0, 0), (0, width - eager.shape[1])), constant_values=pad)
     got = np.pad(got, ((0, 0), (0, width - got.shape[1])), constant_values=pad)
     return {"exact_match": float((eager == got).all(axis=1).mean())}
 
 
-#: rows scored per call when every position's logits are measured (a vocabulary of 150k at 48
-#: positions is 29 MB a row)
-_ROWS_PER_CALL = 8
+#: the most logits (batch x positions x vocabulary, float32) one teacher-forced call may return
+LOGITS_BYTES = 128 * 2**20
+#: prompt tokens whose greedy continuations the generation and loop checks compare at most
+GENERATION_TOKENS = 2048
+GREEDY_ROWS_PER_CALL = 64
 
 
 @dataclass
@@ -304,19 +404,40 @@ class NextTokens:
     valid: np.ndarray
 
 
-def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray) -> NextTokens:
-    """``logits_of(ids, mask) -> (b, T, vocab)`` reduced to what the gate compares, a few rows a call."""
-    from edgeattn.runtime.generate import log_softmax
+def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray, vocab_size: int, desc: str = "",
+                progress: bool = False) -> NextTokens:  # fmt: skip
+    """``logits_of(ids, mask) -> (b, t, vocab)`` reduced to what the gate compares. Rows of similar
+    length go together, each call cut to its rows' longest and holding at most
+    :data:`LOGITS_BYTES` of logits; only the true token's log-probability is kept of each position."""
+    from tqdm import tqdm
 
-    top1, logp = [], []
-    for start in range(0, ids.shape[0], _ROWS_PER_CALL):
-        rows = slice(start, start + _ROWS_PER_CALL)
-        logits = logits_of(ids[rows], mask[rows])[:, :-1]
-        top1.append(logits.argmax(-1))
-        lp = log_softmax(logits)
-        logp.append(np.take_along_axis(lp, ids[rows, 1:, None], axis=-1)[..., 0])
+    from edgeattn.runtime.generate import chosen_log_probs
+
+    rows, width = ids.shape
+    top1 = np.zeros((rows, max(width - 1, 0)), np.int64)
+    logp = np.zeros((rows, max(width - 1, 0)), np.float64)
+    lengths = mask.sum(axis=1)
+    order = np.argsort(-lengths, kind="stable")
+    start = 0
+    bar = tqdm(total=int(lengths.sum()), desc=desc, unit="token", leave=False, disable=not progress)
+    while start < rows:
+        t = max(int(lengths[order[start]]), 1)
+        count = max(1, LOGITS_BYTES // (4 * vocab_size * t))
+        chosen = order[start : start + count]
+        start += count
+        bar.update(int(lengths[chosen].sum()))
+        if t < 2:
+            continue
+        if mask[chosen, t:].any():  # not padded on the right: the rows keep their whole width
+            t = width
+        logits = logits_of(ids[chosen, :t], mask[chosen, :t])[:, :-1]  # (b, t - 1, vocab)
+        flat = logits.reshape(-1, logits.shape[-1])
+        top1[chosen, : t - 1] = flat.argmax(-1).reshape(len(chosen), t - 1)
+        truth = ids[chosen, 1:t].reshape(-1)
+        logp[chosen, : t - 1] = chosen_log_probs(flat, truth).reshape(len(chosen), t - 1)
+    bar.close()
     valid = (mask[:, :-1] * mask[:, 1:]).astype(bool)
-    return NextTokens(np.concatenate(top1), np.concatenate(logp), valid)
+    return NextTokens(top1, logp, valid)
 
 
 def _eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -341,13 +462,14 @@ def causal_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[s
     float32, the share of its perplexity kept (float32's perplexity / the graph's: 1 is none lost),
     and the share of greedy continuations that do not fall into a loop float32's does not."""
     want = ref.next_tokens
-    got = next_tokens(runtime.next_token_logits, ref.ids, ref.mask)
+    got = next_tokens(runtime.next_token_logits, ref.ids, ref.mask, ref.model.config.vocab_size,
+                      f"gate: {runtime.precision} text", ref.progress)  # fmt: skip
     valid = want.valid
     agree = float((got.top1 == want.top1)[valid].mean())
     kept = float(np.exp(got.logp[valid].mean() - want.logp[valid].mean()))
     pad = ref.model.config.pad_id
     eager = ref.long_greedy
-    tokens = runtime.generate(ref.ids, ref.mask, eager.shape[1]).tokens
+    tokens = ref.generated(runtime, eager.shape[1])
     new_loops = [looped(t, pad) and not looped(e, pad) for t, e in zip(tokens, eager, strict=True)]
     return {"teacher_top1": agree, "perplexity_kept": min(kept, 1.0), "loop_free": 1.0 - float(np.mean(new_loops)),
             "perplexity_ratio": 1.0 / kept}  # fmt: skip

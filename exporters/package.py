@@ -193,7 +193,8 @@ def build_precisions(
         return gates
     options = options or PrecisionOptions()
     if options.heldout_data:
-        heldout = heldout_sources(model.config, texts=options.heldout_data, source=options.heldout_source)
+        heldout = heldout_sources(model.config, texts=options.heldout_data, source=options.heldout_source,
+                                  max_tokens=options.gate_tokens)  # fmt: skip
         shared = {tuple(s) for s in options.heldout_data} & {tuple(s) for s in options.calibration_data or []}
         if shared:
             log.warning("%d held-out sequence(s) are also calibration sequences: the gate is not blind to them",

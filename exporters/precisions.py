@@ -27,11 +27,11 @@ from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.calibration import calibration_feeds, describe_calibration
 from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_between, share_weights
 from edgeattn.exporters.fusion import can_fuse, fused_copy, optimize_fused
-from edgeattn.exporters.gate import GateResult, HeldOut, Reference, evaluate
+from edgeattn.exporters.gate import GATE_TOKENS, GateResult, HeldOut, Reference, evaluate, spread_rows
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked, written_graph
 from edgeattn.exporters.operators import fused_attention_count, operator_counts
-from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_nodes
-from edgeattn.exporters.sensitivity import SearchResult, Trial, search_sensitive
+from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_weights
+from edgeattn.exporters.sensitivity import SEARCH_SECONDS, SearchResult, Trial, group_nodes, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, engine_emulated, engine_unavailable
@@ -65,9 +65,14 @@ class PrecisionOptions:
     heldout_data: list[list[int]] | None = None
     #: where ``heldout_data`` came from, recorded in the manifest
     heldout_source: str = ""
+    #: the most held-out tokens the gate measures (rows spread evenly over a larger file; 0: all)
+    gate_tokens: int = GATE_TOKENS
     allow_degraded: bool = False
     #: run the sensitive-node search when a precision that has one misses its limits
     sensitive_search: bool = True
+    #: the search's time budget per graph, and the held-out tokens its trials are measured on
+    search_seconds: float = SEARCH_SECONDS
+    search_tokens: int = 2048
     new_tokens: int = 16
     external_threshold: int = PROTOBUF_LIMIT
     #: what a ``plain_form`` precision's graphs that do not decode (int8-static's attention, encoder
@@ -155,7 +160,7 @@ class PrecisionBuilder:
         self.graphs = list(graphs)
         self.fp32_dir = fp32_dir
         self.options = options
-        self.reference = Reference(self.model, heldout, options.new_tokens)
+        self.reference = Reference(self.model, heldout, options.new_tokens, progress)
         self.fusable, self.not_fused_because = can_fuse(self.model)
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
         self._sources: dict[tuple[str, FusedForm | None], Path] = {}
@@ -163,6 +168,7 @@ class PrecisionBuilder:
         self._made = 0
         self._index: CheckpointIndex | None = None
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
+        self._search_reference: Reference | None = None
         #: the latest sensitive-node search of each graph
         self.searches: dict[str, SearchResult[Candidate]] = {}
 
@@ -261,7 +267,9 @@ class PrecisionBuilder:
             calibration_method=self.options.calibration_method,
             calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
             int8_activations=self.family.role(graph).int8_activations,
-            block_size=self.family.role(graph).int4_block_size,
+            block_size=self.family.role(graph).int4_block_size, head_bits=self.family.role(graph).int4_head_bits,
+            int8_form=self.family.role(graph).int8_form, int4_method=self.family.role(graph).int4_method,
+            wide_products=self.family.role(graph).int4_wide_products,
             float16_cache=self.family.role(graph).float16_cache and precision.cache_dtype == "float16",
         )  # fmt: skip
         info = CONVERTERS[precision.name](src, dst, job)
@@ -300,7 +308,10 @@ class PrecisionBuilder:
         precision = get_precision(name)
         if precision.engine is not None:
             check_engine(precision)
-        candidates = {g: self.candidate(precision, g) for g in self.graphs}
+        from tqdm import tqdm
+
+        graphs = tqdm(self.graphs, desc=f"{name}: making", unit="graph", leave=False, disable=not self.progress)
+        candidates = {g: self.candidate(precision, g) for g in graphs}
         runtime = self.runtime(candidates)  # one set of sessions for the parity check and the gate
         parity = None
         if precision.float32_parity:
@@ -325,20 +336,41 @@ class PrecisionBuilder:
     ) -> tuple[dict[str, Candidate], GateResult]:
         """``candidates`` with each of ``graphs`` remade with the fewest most sensitive nodes kept in
         float32 that make it pass (see :mod:`edgeattn.exporters.sensitivity`), and their gate."""
+        from tqdm import tqdm
+
         candidates = dict(candidates)
         for graph in graphs:
+            groups = group_nodes(quantizable_weights(self.source(graph, precision)))
+            bar = tqdm(desc=f"{precision.name}: sensitive-node search", unit="trial", leave=False,
+                       disable=not self.progress)  # fmt: skip
 
-            def trial(exclude: list[str], graph: str = graph) -> Trial[Candidate]:
+            def trial(exclude: list[str], graph: str = graph, bar: Any = bar) -> Trial[Candidate]:
                 candidate = self.candidate(precision, graph, exclude)
-                alone = self.gate(precision.name, {graph: candidate})
+                alone = evaluate(self.model, self.runtime({graph: candidate}), precision.name, self._search.heldout,
+                                 self.options.new_tokens, [graph], self._search)  # fmt: skip
+                bar.update()
                 return Trial(candidate, alone.metrics.get(graph, {}), alone.passed)
 
-            found = search_sensitive(quantizable_nodes(self.source(graph, precision)), trial)
-            log.info("%s %s: kept %d node(s) in float32 after %d trials: %s", precision.name, graph,
-                     len(found.excluded), found.trials, found.excluded)  # fmt: skip
+            found = search_sensitive(groups, trial, self.options.search_seconds)
+            bar.close()
+            log.info("%s %s: kept %d node(s) in float32 after %d trials%s: %s", precision.name, graph,
+                     len(found.excluded), found.trials, " (cut short by its time budget)" if found.cut_short else "",
+                     found.excluded)  # fmt: skip
             candidates[graph] = found.trial.candidate
             self.searches[graph] = found
         return candidates, self.gate(precision.name, candidates)
+
+    @property
+    def _search(self) -> Reference:
+        """The search's trials' reference: :attr:`PrecisionOptions.search_tokens` of the held-out
+        rows, spread over them (the chosen candidate is gated on all of them)."""
+        if self._search_reference is None:
+            held = self.reference.heldout
+            rows = spread_rows(held.mask.sum(axis=1).tolist(), self.options.search_tokens)
+            subset = HeldOut(held.ids[rows], held.mask[rows], f"{held.source}; search trials on {len(rows)} of it",
+                             held.random)  # fmt: skip
+            self._search_reference = Reference(self.model, subset, self.options.new_tokens)
+        return self._search_reference
 
     # ----------------------------------------------------------------- commit
     def _checkpoint(self, export_dir: Path) -> tuple[DataFile, CheckpointIndex] | None:

@@ -177,14 +177,36 @@ def test_search_ranks_nodes_by_damage_alone_and_keeps_the_fewest_that_pass():
         loss = sum(v for k, v in damage.items() if k not in exclude)
         return Trial(",".join(sorted(exclude)), {"cosine": 1.0 - loss}, loss < 0.1)
 
-    found = search_sensitive(list(damage), trial)
+    found = search_sensitive({k: [k] for k in damage}, trial)
     assert found.excluded == ["b", "d"] and found.trial.candidate == "b,d" and found.trial.passed
     assert found.trials == len(calls) == 4 + 2
     assert max(found.scores, key=found.scores.get) == "b"
 
 
 def test_search_keeps_every_node_when_nothing_passes():
-    found = search_sensitive(["x", "y"], lambda exclude: Trial(len(exclude), {"m": 0.0}, False))
+    found = search_sensitive({"x": ["x"], "y": ["y"]}, lambda exclude: Trial(len(exclude), {"m": 0.0}, False))
     assert found.excluded == ["x", "y"] and found.trial.candidate == 2 and not found.trial.passed
     with pytest.raises(ValueError):
-        search_sensitive([], lambda exclude: Trial(0, {}, True))
+        search_sensitive({}, lambda exclude: Trial(0, {}, True))
+
+
+def test_nodes_are_grouped_by_layer_into_a_bounded_number_of_groups():
+    from edgeattn.exporters.sensitivity import group_nodes
+
+    weights = {f"n{i}_{p}": f"layers.{i}.attn.{p}.weight.T" for i in range(30) for p in ("qkv", "o")}
+    weights |= {"head": "lm_head.weight.T", "table": "embed.weight"}
+    groups = group_nodes(weights, max_groups=12)
+    assert len(groups) <= 12 and groups["lm_head"] == ["head"] and groups["embed"] == ["table"]
+    assert groups["layers 0-2"] == ["n0_qkv", "n0_o", "n1_qkv", "n1_o", "n2_qkv", "n2_o"]
+    assert sorted(n for g in groups.values() for n in g) == sorted(weights)
+
+
+def test_search_stops_at_its_time_budget_with_its_best_so_far(monkeypatch):
+    from edgeattn.exporters import sensitivity
+
+    clock = iter(range(0, 1000, 10))  # each trial takes 10 s
+    monkeypatch.setattr(sensitivity.time, "monotonic", lambda: next(clock))
+    groups = {f"g{i}": [f"n{i}"] for i in range(8)}
+    found = search_sensitive(groups, lambda exclude: Trial(len(exclude), {"m": 0.5}, False), seconds=60)
+    assert found.cut_short and found.trials < 8 + 8 and not found.trial.passed
+    assert 0 < len(found.scores) < 8  # scoring stopped at half the budget
