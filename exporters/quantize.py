@@ -29,6 +29,7 @@ import onnx
 from edgeattn.errors import ExportError
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
+from edgeattn.runtime.layout import external_data_file
 from edgeattn.runtime.precisions import CALIBRATION_METHODS
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import is_in_place_cache
@@ -91,6 +92,17 @@ class ConversionJob:
     int8_activations: bool = False
     #: weights per int4 scale (the family role's ``int4_block_size``)
     block_size: int = 32
+    #: how int8 is made (the family role's ``int8_form``): "dynamic" (MatMulInteger, activations
+    #: quantised per tensor) or "blockwise" (MatMulNBits 8-bit weights in blocks of 32)
+    int8_form: str = "dynamic"
+    #: the bits of a graph's output layer (and the embedding tied to it) under int4 (the family
+    #: role's ``int4_head_bits``): 4, or 8
+    head_bits: int = 4
+    #: how int4 blocks are fitted (the family role's ``int4_method``): "rtn" or "hqq"
+    int4_method: str = "rtn"
+    #: products whose weight names hold one of these stay at ``head_bits`` under int4 (the family
+    #: role's ``int4_wide_products``: the projections real models' quality hangs on)
+    wide_products: tuple[str, ...] = ()
     #: fp16 makes the in-place caches (``cache_*`` in, ``updated_*`` out) float16 too (the family
     #: role's ``float16_cache``, where the precision record's ``cache_dtype`` is float16)
     float16_cache: bool = False
@@ -100,9 +112,14 @@ Converter = Callable[[Path, Path, ConversionJob], dict[str, Any]]
 
 
 def quantize_int8_dynamic(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
-    """Dynamic int8 quantisation of ``src`` into ``dst``; returns the settings used."""
+    """Dynamic int8 quantisation of ``src`` into ``dst``; returns the settings used. A graph whose
+    role asks for the ``blockwise`` form gets 8-bit block-wise weights instead (see
+    :func:`quantize_blockwise`)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    if job.int8_form == "blockwise":
+        return quantize_blockwise(src, dst, job, bits=8, block_size=INT8_BLOCK, accuracy_level=INT8_BLOCKWISE_LEVEL,
+                                  head_bits=8)  # fmt: skip
     settings = int8_settings()
     with quiet_quantization():
         quantize_dynamic(
@@ -250,10 +267,19 @@ def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
 INT8_ACTIVATIONS_LEVEL = 4
 
 
+#: weights per scale of the block-wise int8 form (llama.cpp's Q8_0 has 32)
+INT8_BLOCK = 32
+#: MatMulNBits' accuracy_level of the block-wise int8 form: 4, activations quantised to int8 per
+#: block as llama.cpp's Q8_0 does. Measured on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores
+#: of an AVX-512 EPYC, onnxruntime 1.32): level 0 (float activations) keeps more (perplexity +0.1%
+#: against +0.6%) but decodes at 3.7 tokens/s against 74 at level 4 (its 8-bit float path is slow)
+INT8_BLOCKWISE_LEVEL = 4
+
+
 def quantize_int4(src: Path, dst: Path, job: ConversionJob, accuracy_level: int | None = None) -> dict[str, Any]:
     """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)
     and for large embedding tables (GatherBlockQuantized); a table tied to an output layer reads
-    that layer's 4-bit weights instead of a copy of its own.
+    that layer's weights instead of a copy of its own, and the output layer has ``job.head_bits``.
 
     ``accuracy_level`` (default: 4 where the graph's role asks for int8 activations, else 0): 0
     dequantises the weights and multiplies in float32; 4 quantises the activations to int8 on the
@@ -262,35 +288,99 @@ def quantize_int4(src: Path, dst: Path, job: ConversionJob, accuracy_level: int 
     128-token prompt 0.17-0.24 s against 0.26-0.31 s; the reference encoder at 1 x 128 ran 34 ms
     at level 4 against 27 ms at 0.
     """
-    with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
     level = accuracy_level if accuracy_level is not None else INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0
-    block_size = job.block_size
+    return quantize_blockwise(src, dst, job, bits=4, block_size=job.block_size, accuracy_level=level,
+                              head_bits=job.head_bits, method=job.int4_method)  # fmt: skip
+
+
+def output_products(model: onnx.ModelProto) -> list[str]:
+    """The MatMul nodes with a constant weight whose output is a graph output's only source: a
+    language model's head (its logits)."""
+    outputs = {o.name for o in model.graph.output}
+    init = {t.name for t in model.graph.initializer}
+    by_output = {o: n for n in model.graph.node for o in n.output}
+    found = []
+    for name in outputs:
+        node = by_output.get(name)
+        while node is not None and node.op_type in ("Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"):
+            node = by_output.get(node.input[0])
+        if node is not None and node.op_type == "MatMul" and node.input[1] in init:
+            found.append(node.name)
+    return found
+
+
+def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, block_size: int, accuracy_level: int,
+                       head_bits: int, symmetric: bool = True, method: str = "rtn") -> dict[str, Any]:  # fmt: skip
+    """Block-wise ``bits``-bit weights (MatMulNBits) for every MatMul with a constant weight but
+    those of ``job.exclude``, and for large embedding tables (GatherBlockQuantized); the output
+    layer at ``head_bits`` (a second pass, symmetric), an embedding tied to it reading its weights.
+    ``symmetric`` False gives each block a zero point; ``method`` "rtn" rounds to the nearest
+    level, "hqq" fits scales and zero points by half-quadratic optimisation (ONNX Runtime's HQQ,
+    always with zero points)."""
+    with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            HQQWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+
     model = onnx.load(str(src))
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     small_tables = [  # embeddings too small to matter for the footprint keep their precision
         n.name for n in model.graph.node if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING
     ]  # fmt: skip
     tied = {gather: out for gather, out in tied_tables(model).items() if gather not in small_tables}
-    quantizer = MatMulNBitsQuantizer(
-        model, block_size=block_size, is_symmetric=True, accuracy_level=level,
-        op_types_to_quantize=("MatMul", "Gather"), quant_axes=(("MatMul", 0), ("Gather", 1)),
-        nodes_to_exclude=small_tables + list(tied),
-    )  # fmt: skip
-    with quiet_quantization():
-        quantizer.process()
-    proto = quantizer.model.model
+    heads = [h for h in output_products(model) if h not in job.exclude] if head_bits != bits else []
+    weights = {n.name: n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
+    wide = [n for n, w in weights.items() if any(p in w for p in job.wide_products) and n not in job.exclude]
+    heads = [*heads, *(n for n in wide if n not in heads)] if head_bits != bits else []
+
+    ops, axes = ("MatMul", "Gather"), (("MatMul", 0), ("Gather", 1))
+
+    def run(proto: onnx.ModelProto, width: int, exclude: list[str], include: list[str] | None, sym: bool,
+            how: str) -> onnx.ModelProto:  # fmt: skip
+        if how == "hqq":
+            config: Any = HQQWeightOnlyQuantConfig(block_size=block_size, bits=width, op_types_to_quantize=("MatMul",),
+                                                   quant_axes=axes)  # fmt: skip
+        else:
+            config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=sym, bits=width,
+                                                  accuracy_level=accuracy_level, op_types_to_quantize=ops,
+                                                  quant_axes=axes)  # fmt: skip
+        quantizer = MatMulNBitsQuantizer(
+            proto, bits=width, block_size=block_size, is_symmetric=sym, accuracy_level=accuracy_level,
+            op_types_to_quantize=ops, quant_axes=axes, nodes_to_exclude=exclude, nodes_to_include=include,
+            algo_config=config,
+        )  # fmt: skip
+        with quiet_quantization():
+            quantizer.process()
+        return quantizer.model.model
+
+    proto = run(model, bits, [*small_tables, *tied, *job.exclude, *heads], None, symmetric, method)
+    if heads:
+        proto = run(proto, head_bits, [], heads, True, "rtn")
+    if method == "hqq":  # HQQ writes no accuracy_level: the level asked for is set on its products
+        for node in proto.graph.node:
+            if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
     shared = [name for name, output in tied.items() if share_tied_table(proto, name, output, block_size)]
     reduce_axes_as_inputs(proto)
-    quantizer.model.save_model_to_file(str(dst))
+    onnx.save(proto, str(dst), save_as_external_data=proto.ByteSize() > PROTOBUF_SAFE,
+              location=external_data_file(dst.name))
     return {
+        "bits": bits,
         "block_size": block_size,
-        "symmetric": True,
+        "symmetric": symmetric and method == "rtn",
+        "method": method,
         "operators": ["MatMulNBits", "GatherBlockQuantized"],
-        "accuracy_level": level,
+        "accuracy_level": accuracy_level,
+        **({"output_layer_bits": head_bits, "at_output_layer_bits": heads} if heads else {}),
         **({"tied_tables": shared} if shared else {}),
+        **({"excluded_nodes": list(job.exclude)} if job.exclude else {}),
     }
+
+
+#: a graph larger than this is saved with its weights in a data file (protobuf's limit is 2 GiB)
+PROTOBUF_SAFE = 1_800_000_000
 
 
 def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
@@ -319,9 +409,10 @@ def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
 
 
 def share_tied_table(model: onnx.ModelProto, gather: str, output: str, block_size: int) -> bool:
-    """Replace float Gather ``gather`` by a GatherBlockQuantized over the 4-bit weights of the
-    MatMulNBits that computes ``output`` (uint8 data follow MatMulNBits' layout, zero point 8);
-    False, and the graph unchanged, where that product was not quantised or its blocks are padded."""
+    """Replace float Gather ``gather`` by a GatherBlockQuantized over the weights of the
+    MatMulNBits that computes ``output`` (4 or 8 bits: uint8 data follow MatMulNBits' layout,
+    zero point 8 or 128); False, and the graph unchanged, where that product was not quantised or
+    its blocks are padded."""
     from onnx import helper, numpy_helper
 
     nodes = {n.name: n for n in model.graph.node}
@@ -329,19 +420,19 @@ def share_tied_table(model: onnx.ModelProto, gather: str, output: str, block_siz
     if product is None or len(product.input) > 3 and product.input[3]:
         return False
     attrs = {a.name: helper.get_attribute_value(a) for a in product.attribute}
-    k, n = attrs["K"], attrs["N"]
+    k, n, bits = attrs["K"], attrs["N"], attrs.get("bits", 4)
     if k % block_size:
         return False
     node = nodes[gather]
     table = node.input[0]
     shape = f"{product.input[1]}_as_table_shape"
-    model.graph.initializer.append(numpy_helper.from_array(np.array([n, k // 2], np.int64), shape))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([n, k * bits // 8], np.int64), shape))
     reshaped = f"{product.input[1]}_as_table"
     replacement = [
         helper.make_node("Reshape", [product.input[1], shape], [reshaped], name=f"{gather}_table"),
         helper.make_node("GatherBlockQuantized", [reshaped, node.input[1], product.input[2]], list(node.output),
                          name=gather, domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block_size,
-                         bits=4),  # fmt: skip
+                         bits=bits),  # fmt: skip
     ]
     index = list(model.graph.node).index(node)
     model.graph.node.remove(node)
@@ -384,6 +475,15 @@ def reduce_axes_as_inputs(model: onnx.ModelProto) -> int:
 def quantizable_nodes(src: Path) -> list[str]:
     """Names of the nodes int8 quantisation would change (its operators with a constant weight)."""
     return _quantizable(onnx.load(str(src), load_external_data=False))
+
+
+def quantizable_weights(src: Path) -> dict[str, str]:
+    """{node int8 quantisation would change: the name of its constant weight} (the sensitive-node
+    search groups nodes by the layer their weights belong to)."""
+    model = onnx.load(str(src), load_external_data=False)
+    inits = {t.name for t in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    return {name: next(i for i in nodes[name].input if i in inits) for name in _quantizable(model)}
 
 
 #: Every precision that is made by converting a fused float32 graph, and its converter.

@@ -22,6 +22,7 @@ from typing import Any
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
 from edgeattn.runtime import specs
+from edgeattn.runtime.precisions import Thresholds, get_precision
 from edgeattn.runtime.specs import GraphSpec
 
 #: verification sizes: lengths never traced, batch 1 and > 1
@@ -111,6 +112,30 @@ class GraphRole:
     #: SmolLM2-360M-shaped decoder, accuracy_level 4): 62 tokens/s against 51 at 32, and 4.5 bits a
     #: weight against 5.0 (llama.cpp's Q4_0 is 4.5); the gate judges what it costs
     int4_block_size: int = 32
+    #: the bits of its output layer (and an embedding tied to it) under int4: 8 for a language
+    #: model's decoder, measured here on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores of an
+    #: AVX-512 EPYC, standard-library prose): perplexity +25.8% against +49.3% with a 4-bit head at
+    #: block 64, +22.6% against +31.2% at block 32, for 90 MB against 76 (llama.cpp keeps its output
+    #: layer at 6 bits for the same reason)
+    int4_head_bits: int = 4
+    #: products (by a part of their weight's name) int4 keeps at ``int4_head_bits`` too, as
+    #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v and down projections,
+    #: measured on the real SmolLM2-135M-Instruct (block 64, 8-bit head, 2026-12-03): perplexity
+    #: +10.0% and next-token agreement 0.809 at 112 MB, against +25.8% / 0.646 at 90 MB all 4-bit,
+    #: +14.2% / 0.736 at 103 MB with the down projections alone (llama.cpp: Q4_0 +22.5% / 0.676
+    #: at 92 MB, Q4_K_M +5.7% / 0.862 at 105 MB)
+    int4_wide_products: tuple[str, ...] = ()
+    #: how its int4 blocks are fitted: "rtn" (symmetric, rounded to the nearest level) or "hqq"
+    #: (ONNX Runtime's half-quadratic fit of a scale and zero point per block). Measured on the real
+    #: SmolLM2-135M-Instruct at block 64 with an 8-bit head: HQQ keeps more (perplexity +18.5%
+    #: against RTN's +25.8%; RTN with zero points +33.0%), but its float zero points take ONNX
+    #: Runtime 1.32's slow path: 6.8 tokens/s decoding against 74, so "rtn" everywhere
+    int4_method: str = "rtn"
+    #: how its int8 variant is made: "dynamic" (MatMulInteger, activations quantised per tensor: the
+    #: fastest for encoders) or "blockwise" (8-bit weights in blocks of 32, MatMulNBits, as llama.cpp's
+    #: Q8_0): a real language model's large activations ruin per-tensor activations (SmolLM2-135M:
+    #: perplexity +77% dynamic, +0.6% block-wise)
+    int8_form: str = "dynamic"
     #: its reduced-precision variants keep their weights in a data file beside the graph, whatever
     #: their size: ONNX Runtime maps that file instead of parsing the weights out of the protobuf,
     #: and a SmolLM2-360M-shaped int4 decoder (204 MB) loaded with a peak of 363 MB instead of 431
@@ -145,6 +170,9 @@ class Family:
     stepper: str | None = None
     #: what a family's exports are for, in a line
     summary: str = ""
+    #: precision -> {metric: limit} replacing the precision's own thresholds for this family's
+    #: graphs (a limit of 0 reports the metric without judging it)
+    limits: dict[str, dict[str, float]] = field(default_factory=dict)
     graphs: dict[str, GraphRole] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +192,14 @@ class Family:
         if name not in self.graphs:
             raise ConfigError(f"a {self.name} model has no {name!r} graph; its graphs are {', '.join(self.graphs)}")
         return self.graphs[name]
+
+    def thresholds(self, precision: str) -> Thresholds | None:
+        """The gate's limits of ``precision`` for this family: the precision's, with the family's
+        :attr:`limits` in place of some (None: the precision is not gated)."""
+        own = get_precision(precision).thresholds
+        if own is None:
+            return None
+        return replace(own, **self.limits.get(precision, {}))
 
     def generates_with(self, graphs: Any) -> bool:
         """Whether ``graphs`` hold everything generation runs through."""
@@ -244,8 +280,9 @@ CAUSAL_FAMILY = Family(
     (
         GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
-                  decodes=True, in_place=True, int8_activations=True, int4_block_size=64, external_weights=True,
-                  float16_cache=True,
+                  decodes=True, in_place=True, int8_activations=True, int4_block_size=64, int4_head_bits=8,
+                  int4_wide_products=("attn.qkv_proj", "ff.down_proj"), int8_form="blockwise",
+                  external_weights=True, float16_cache=True,
                   builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),
     tasks={"complete": ("causal_decoder",)},
@@ -254,6 +291,15 @@ CAUSAL_FAMILY = Family(
     generation=("causal_decoder",),
     stepper="edgeattn.exporters.reference:CausalEagerStepper",
     summary="a decoder-only language model (GPT-2, Llama, Qwen, Phi-3): prompts and chats in, text out",
+    # Measured on real text (the real SmolLM2-135M-Instruct, standard-library prose, the same token
+    # ids through llama.cpp, 2026-12-03): a correct reduced model's greedy continuation leaves
+    # float32's at a near tie within 16 tokens on about half the rows (llama.cpp's Q8_0 agrees with
+    # its f32 on 95.6% of next tokens, Q4_K_M on 86.2%), so a language model is judged per token
+    # (teacher-forced top-1, perplexity kept, loops) and its exact-match rate is reported, not judged.
+    # int8 and int4 are held to what llama.cpp's Q8_0 and Q4_K_M keep, with a margin: Q8_0 keeps
+    # 0.991 of f32's perplexity (top-1 0.956), Q4_K_M 0.946 (0.862), Q4_0 0.816 (0.676: refused).
+    limits={"int8": {"exact_match": 0.0, "teacher_top1": 0.93, "perplexity_kept": 0.98},
+            "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88}},
 )  # fmt: skip
 
 #: Every family, by name.

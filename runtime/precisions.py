@@ -184,7 +184,7 @@ PRECISIONS: dict[str, Precision] = {
         ),
         Precision(
             "int8",
-            "dynamic int8, per-channel weights, embeddings too",
+            "dynamic int8, per-channel weights, embeddings too (a language model: 8-bit weights in blocks of 32)",
             "`onnxruntime.quantization.quantize_dynamic`",
             "convert",
             _FUSED_CPU,
@@ -233,7 +233,8 @@ PRECISIONS: dict[str, Precision] = {
         ),
         Precision(
             "int4",
-            "block-wise 4-bit weights (block 32; 64 for a language model's decoder), 4-bit embeddings when large",
+            "block-wise 4-bit weights (block 32; a language model's decoder: block 64, its output layer, q/k/v "
+            "and down projections 8-bit), 4-bit embeddings when large",
             "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized)",
             "convert",
             FusedForm(packed=False),

@@ -1,6 +1,6 @@
 """Decoder-only exports through the gate: int8 and int4 of a small Llama pass it on held-out text,
 a model built to break int4 (an outlier input channel, the same function in float32) is caught,
-and a large tied embedding reads the output layer's 4-bit weights instead of a copy."""
+and a large tied embedding reads the output layer's 8-bit weights instead of a copy."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ def test_an_outlier_channel_that_breaks_int4_is_caught(tmp_path):
     assert not (tmp_path / "lm").exists()
 
 
-def test_a_large_tied_embedding_reads_the_output_layers_4bit_weights(tmp_path):
+def test_a_large_tied_embedding_reads_the_output_layers_8bit_weights(tmp_path):
+    """int4 keeps a language model's output layer at 8 bits (the role's int4_head_bits), and the
+    tied embedding gathers from those weights instead of keeping its own copy."""
     torch.manual_seed(0)
     big = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=1 << 15, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
@@ -97,10 +99,18 @@ def test_a_large_tied_embedding_reads_the_output_layers_4bit_weights(tmp_path):
     gather = next(n for n in proto.graph.node if n.op_type == "GatherBlockQuantized")
     product = next(n for n in proto.graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
     assert gather.input[2] == product.input[2]  # the same scales, and the table reshaped from its weights
+    assert onnx.helper.get_attribute_value(next(a for a in product.attribute if a.name == "bits")) == 8
+    assert onnx.helper.get_attribute_value(next(a for a in gather.attribute if a.name == "bits")) == 8
+    assert variant.quantization["output_layer_bits"] == 8 and variant.quantization["method"] == "rtn"
+    bits_of = {n.input[1]: onnx.helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits"))
+               for n in proto.graph.node if n.op_type == "MatMulNBits"}  # fmt: skip
+    assert {w: b for w, b in bits_of.items() if "o_proj" in w or "gate_up" in w} and \
+        all(b == 4 for w, b in bits_of.items() if "o_proj" in w or "gate_up" in w)  # fmt: skip
+    assert all(b == 8 for w, b in bits_of.items() if "qkv_proj" in w or "down_proj" in w)  # the role's wide ones
     assert not [t for t in proto.graph.initializer if t.name == "embed.weight"]
     assert [d.file for d in variant.external_data] == [variant.file + ".data"]  # weights beside it, mapped at load
     bits = 8 * graph_bytes(tmp_path / "lm" / variant.file) / hf.model.config.parameter_count()
-    assert bits <= 4.7, bits  # 4-bit blocks of 64 with float32 scales: 4.5 bits a weight, norms aside
+    assert bits <= 8.7, bits  # nearly all weights are the 8-bit table's (blocks of 64, float32 scales: 8.5)
     ids = np.random.default_rng(0).integers(0, 1 << 15, size=(2, 9))
     fp32, int4 = load(tmp_path / "lm"), load(tmp_path / "lm", precision="int4")
     a, b = fp32.next_token_logits(ids), int4.next_token_logits(ids)
