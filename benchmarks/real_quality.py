@@ -44,7 +44,6 @@ INT4_METHODS = {
     "rtn block 32 zero points, 8-bit head": {"block_size": 32, "head_bits": 8, "symmetric": False},
     "hqq block 64, 8-bit head": {"block_size": 64, "head_bits": 8, "method": "hqq"},
     "hqq block 32, 8-bit head": {"block_size": 32, "head_bits": 8, "method": "hqq"},
-    "hqq block 128, 8-bit head": {"block_size": 128, "head_bits": 8, "method": "hqq"},
 }
 _WORKER = r"""
 import json, sys
@@ -65,9 +64,14 @@ json.dump(out, sys.stdout)
 """
 
 
-def evaluation_rows(text: Path | None, tokenizer) -> list[list[int]]:
+def evaluation_rows(text: Path | None, tokenizer, folder: Path) -> list[list[int]]:
+    """The token ids measured: ``text``'s lines through the tokenizer, or the evaluation split as
+    transformers tokenized it for the folder's reference (``reference.json``), else as edgeattn does."""
     import texts
 
+    reference = folder / "reference.json"
+    if text is None and reference.is_file():
+        return [r["ids"] for r in json.loads(reference.read_text())["evaluation"]["rows"] if len(r["ids"]) > 1]
     paragraphs = text.read_text(encoding="utf-8").splitlines() if text else texts.split("evaluation", 30_000)
     return [ids for ids in (tokenizer.encode(p) for p in paragraphs if p.strip()) if len(ids) > 1]
 
@@ -183,7 +187,7 @@ def main() -> None:
     from edgeattn.runtime.tokenizer import TextTokenizer
 
     tokenizer = TextTokenizer.load(args.folder / "tokenizer.json")
-    rows = evaluation_rows(args.text, tokenizer)
+    rows = evaluation_rows(args.text, tokenizer, args.folder)
     print(f"{len(rows)} paragraphs, {sum(len(r) - 1 for r in rows)} scored tokens")
     args.work.mkdir(parents=True, exist_ok=True)
     results = edgeattn_variants(args.export, rows, {} if args.no_methods else INT4_METHODS)

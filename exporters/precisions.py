@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 Model = TransformerModel
 
 
+#: the source key of a graph its role's builder writes fused (one file for every form)
+WRITTEN = "written"
+
 #: What int8-static's attention, encoder and cross_kv graphs can be made from (see PrecisionOptions).
 STATIC_FORMS = ("auto", "fused", "plain")
 
@@ -163,7 +166,7 @@ class PrecisionBuilder:
         self.reference = Reference(self.model, heldout, options.new_tokens, progress)
         self.fusable, self.not_fused_because = can_fuse(self.model)
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
-        self._sources: dict[tuple[str, FusedForm | None], Path] = {}
+        self._sources: dict[tuple[str, FusedForm | str | None], Path] = {}
         self._auto_plain: dict[str, bool] = {}
         self._made = 0
         self._index: CheckpointIndex | None = None
@@ -194,7 +197,8 @@ class PrecisionBuilder:
                 save_checked(proto, dst, self.options.external_threshold)
                 self._sources[(graph, None)] = dst
             return self._sources[(graph, None)]
-        key = (graph, form)
+        # a graph its role's builder writes is fused the same whatever the form: made once
+        key = (graph, WRITTEN if self.family.role(graph).builder is not None else form)
         if key not in self._sources:
             self._sources[key] = self._fused(graph, form)
         return self._sources[key]
