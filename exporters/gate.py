@@ -149,10 +149,11 @@ def heldout_sources(
         lengths = rng.integers(1, min(config.max_len, 48) + 1, size=n)
         texts = [rng.integers(low, config.vocab_size, size=int(k)).tolist() for k in lengths]
         source = "drawn from the model's vocabulary"
-    total = sum(len(t) for t in texts)
-    described = f"{source or 'given sequences'} ({len(texts)} sequences, {total:,} tokens)"
+    described = f"{source or 'given sequences'} ({len(texts)} sequences)"
     rows = spread_rows([len(t) for t in texts], max_tokens)
     if len(rows) < len(texts):
+        total = sum(len(t) for t in texts)
+        described = f"{described[:-1]}, {total:,} tokens)"
         texts = [texts[r] for r in rows]
         described += f"; measured on {len(texts)} spread over it, {sum(len(t) for t in texts):,} tokens"
     width = max(len(t) for t in texts)
@@ -390,7 +391,7 @@ def generation_metrics(ref: Reference, runtime: ExportedModel) -> dict[str, floa
 #: the most logits (batch x positions x vocabulary, float32) one teacher-forced call may return
 LOGITS_BYTES = 128 * 2**20
 #: prompt tokens whose greedy continuations the generation and loop checks compare at most
-GENERATION_TOKENS = 2048
+GENERATION_TOKENS = 4096
 GREEDY_ROWS_PER_CALL = 64
 
 

@@ -272,7 +272,8 @@ INT8_BLOCK = 32
 #: MatMulNBits' accuracy_level of the block-wise int8 form: 4, activations quantised to int8 per
 #: block as llama.cpp's Q8_0 does. Measured on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores
 #: of an AVX-512 EPYC, onnxruntime 1.32): level 0 (float activations) keeps more (perplexity +0.1%
-#: against +0.6%) but decodes at 3.7 tokens/s against 74 at level 4 (its 8-bit float path is slow)
+#: against +0.6% on a first sample of the text) but decodes at 3.7 tokens/s against 74 at level 4
+#: (its 8-bit float path is slow)
 INT8_BLOCKWISE_LEVEL = 4
 
 

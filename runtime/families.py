@@ -113,28 +113,27 @@ class GraphRole:
     #: weight against 5.0 (llama.cpp's Q4_0 is 4.5); the gate judges what it costs
     int4_block_size: int = 32
     #: the bits of its output layer (and an embedding tied to it) under int4: 8 for a language
-    #: model's decoder, measured here on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores of an
-    #: AVX-512 EPYC, standard-library prose): perplexity +25.8% against +49.3% with a 4-bit head at
-    #: block 64, +22.6% against +31.2% at block 32, for 90 MB against 76 (llama.cpp keeps its output
-    #: layer at 6 bits for the same reason)
+    #: model's decoder, measured on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores of an
+    #: AVX-512 EPYC, standard-library prose, benchmarks/results/real-quality-smollm2-135m.json):
+    #: perplexity +26.5% against +49.6% with a 4-bit head at block 64, for 90 MB against 76
+    #: (llama.cpp keeps its output layer at 6 bits for the same reason)
     int4_head_bits: int = 4
     #: products (by a part of their weight's name) int4 keeps at ``int4_head_bits`` too, as
     #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v and down projections,
-    #: measured on the real SmolLM2-135M-Instruct (block 64, 8-bit head, 2026-12-03): perplexity
-    #: +10.0% and next-token agreement 0.809 at 112 MB, against +25.8% / 0.646 at 90 MB all 4-bit,
-    #: +14.2% / 0.736 at 103 MB with the down projections alone (llama.cpp: Q4_0 +22.5% / 0.676
-    #: at 92 MB, Q4_K_M +5.7% / 0.862 at 105 MB)
+    #: measured on the real SmolLM2-135M-Instruct (block 64, 8-bit head, the same file): perplexity
+    #: +10.7% and next-token agreement 0.802 at 112 MB, against +26.5% / 0.629 at 90 MB without
+    #: (llama.cpp: Q4_0 +24.1% / 0.660 at 92 MB, Q4_K_M +6.7% / 0.858 at 105 MB)
     int4_wide_products: tuple[str, ...] = ()
     #: how its int4 blocks are fitted: "rtn" (symmetric, rounded to the nearest level) or "hqq"
     #: (ONNX Runtime's half-quadratic fit of a scale and zero point per block). Measured on the real
-    #: SmolLM2-135M-Instruct at block 64 with an 8-bit head: HQQ keeps more (perplexity +18.5%
-    #: against RTN's +25.8%; RTN with zero points +33.0%), but its float zero points take ONNX
-    #: Runtime 1.32's slow path: 6.8 tokens/s decoding against 74, so "rtn" everywhere
+    #: SmolLM2-135M-Instruct at block 64 with an 8-bit head: HQQ keeps more (perplexity +18.9%
+    #: against RTN's +26.5%; RTN with zero points, block 32, +32.2%), but its float zero points take
+    #: ONNX Runtime 1.32's slow path: 6.8 tokens/s decoding against RTN's 90, so "rtn" everywhere
     int4_method: str = "rtn"
     #: how its int8 variant is made: "dynamic" (MatMulInteger, activations quantised per tensor: the
     #: fastest for encoders) or "blockwise" (8-bit weights in blocks of 32, MatMulNBits, as llama.cpp's
     #: Q8_0): a real language model's large activations ruin per-tensor activations (SmolLM2-135M:
-    #: perplexity +77% dynamic, +0.6% block-wise)
+    #: perplexity +77% dynamic on a first sample of the text, +0.7% block-wise; llama.cpp Q8_0 +1.0%)
     int8_form: str = "dynamic"
     #: its reduced-precision variants keep their weights in a data file beside the graph, whatever
     #: their size: ONNX Runtime maps that file instead of parsing the weights out of the protobuf,
@@ -293,11 +292,12 @@ CAUSAL_FAMILY = Family(
     summary="a decoder-only language model (GPT-2, Llama, Qwen, Phi-3): prompts and chats in, text out",
     # Measured on real text (the real SmolLM2-135M-Instruct, standard-library prose, the same token
     # ids through llama.cpp, 2026-12-03): a correct reduced model's greedy continuation leaves
-    # float32's at a near tie within 16 tokens on about half the rows (llama.cpp's Q8_0 agrees with
-    # its f32 on 95.6% of next tokens, Q4_K_M on 86.2%), so a language model is judged per token
-    # (teacher-forced top-1, perplexity kept, loops) and its exact-match rate is reported, not judged.
-    # int8 and int4 are held to what llama.cpp's Q8_0 and Q4_K_M keep, with a margin: Q8_0 keeps
-    # 0.991 of f32's perplexity (top-1 0.956), Q4_K_M 0.946 (0.862), Q4_0 0.816 (0.676: refused).
+    # float32's at a near tie within 16 tokens on about half the rows (edgeattn int8: 0.50 exact;
+    # llama.cpp's Q8_0 agrees with its f32 on 95.4% of next tokens, Q4_K_M on 85.8%), so a language
+    # model is judged per token (teacher-forced top-1, perplexity kept, loops) and its exact-match
+    # rate is reported, not judged. int8 and int4 are held to what llama.cpp's Q8_0 and Q4_K_M keep,
+    # with a margin: Q8_0 keeps 0.990 of f32's perplexity (top-1 0.954), Q4_K_M 0.937 (0.858),
+    # Q4_0 0.806 (0.660: refused).
     limits={"int8": {"exact_match": 0.0, "teacher_top1": 0.93, "perplexity_kept": 0.98},
             "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88}},
 )  # fmt: skip
