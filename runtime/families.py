@@ -297,9 +297,11 @@ CAUSAL_FAMILY = Family(
     # model is judged per token (teacher-forced top-1, perplexity kept, loops) and its exact-match
     # rate is reported, not judged. int8 and int4 are held to what llama.cpp's Q8_0 and Q4_K_M keep,
     # with a margin: Q8_0 keeps 0.990 of f32's perplexity (top-1 0.954), Q4_K_M 0.937 (0.858),
-    # Q4_0 0.806 (0.660: refused).
+    # Q4_0 0.806 (0.660: refused). int4's loop check at 0.90: on 76 greedy continuations of that
+    # text it falls into 4 loops float32's does not (loop_free 0.947), where its per-token figures
+    # clear Q4_K_M-level limits; a model that loops in one continuation of ten is still refused.
     limits={"int8": {"exact_match": 0.0, "teacher_top1": 0.93, "perplexity_kept": 0.98},
-            "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88}},
+            "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88, "loop_free": 0.90}},
 )  # fmt: skip
 
 #: Every family, by name.
