@@ -105,8 +105,9 @@ def _perplexity(model, rows: list[dict]) -> float:
 
 
 def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, reference):
-    """On the evaluation paragraphs (never in the held-out file): fp32 equal to transformers to
-    0.05%; int8 within 1%, int4 within 30% (a broken graph is several times worse)."""
+    """On 40 evaluation paragraphs (never in the held-out file): fp32 equal to transformers to
+    0.05%; int8 within 2% (llama.cpp's Q8_0 +1.0% on all of them; per-tensor int8 was +77%), int4
+    within 20% (Q4_0 +24.1%; the all-4-bit int4 of before +49.6%)."""
     rows = reference["evaluation"]["rows"][:40]
     tokens = sum(len(r["ids"]) - 1 for r in rows)
     want = math.exp(-sum(r["logp_sum"] for r in rows) / tokens)
@@ -114,8 +115,8 @@ def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, r
     print(f"\nperplexity on {tokens} tokens: transformers {want:.3f}, " +
           ", ".join(f"{p} {v:.3f} ({100 * (v / want - 1):+.1f}%)" for p, v in got.items()))  # fmt: skip
     assert abs(got["fp32"] / want - 1) < 5e-4
-    assert got["int8"] / want - 1 < 0.01
-    assert got["int4"] / want - 1 < 0.30
+    assert got["int8"] / want - 1 < 0.02
+    assert got["int4"] / want - 1 < 0.20
 
 
 def test_chat_answers_equal_transformers_generate(export, reference):
