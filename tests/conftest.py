@@ -32,12 +32,9 @@ def tiny_config() -> ModelConfig:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The real checkpoint's tests first (the longest module: with ``--dist loadfile`` one worker
-    runs it while the other works through the rest); skip `cuda` tests cleanly where onnxruntime
-    has no CUDA provider (or no GPU answers)."""
+    """Skip `cuda` tests cleanly where onnxruntime has no CUDA provider (or no GPU answers)."""
     import onnxruntime as ort
 
-    items.sort(key=lambda item: "real" not in item.keywords)  # stable: the rest keep their order
     if "CUDAExecutionProvider" in ort.get_available_providers():
         return
     skip = pytest.mark.skip(reason="onnxruntime's CUDA provider is not available here")
