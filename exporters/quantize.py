@@ -314,7 +314,8 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
                        head_bits: int, symmetric: bool = True, method: str = "rtn") -> dict[str, Any]:  # fmt: skip
     """Block-wise ``bits``-bit weights (MatMulNBits) for every MatMul with a constant weight but
     those of ``job.exclude``, and for large embedding tables (GatherBlockQuantized); the output
-    layer at ``head_bits`` (a second pass, symmetric), an embedding tied to it reading its weights.
+    layer and the products ``job.wide_products`` names at ``head_bits`` (a second pass,
+    symmetric), an embedding tied to the output layer reading its weights.
     ``symmetric`` False gives each block a zero point; ``method`` "rtn" rounds to the nearest
     level, "hqq" fits scales and zero points by half-quadratic optimisation (ONNX Runtime's HQQ,
     always with zero points)."""
@@ -331,10 +332,11 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
         n.name for n in model.graph.node if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING
     ]  # fmt: skip
     tied = {gather: out for gather, out in tied_tables(model).items() if gather not in small_tables}
-    heads = [h for h in output_products(model) if h not in job.exclude] if head_bits != bits else []
+    # the products made at head_bits in a second pass: the output layer and the role's wide ones
     weights = {n.name: n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
-    wide = [n for n, w in weights.items() if any(p in w for p in job.wide_products) and n not in job.exclude]
-    heads = [*heads, *(n for n in wide if n not in heads)] if head_bits != bits else []
+    wide = [n for n, w in weights.items() if any(p in w for p in job.wide_products)]
+    second = [] if head_bits == bits else [n for n in dict.fromkeys([*output_products(model), *wide])
+                                           if n not in job.exclude]  # fmt: skip
 
     ops, axes = ("MatMul", "Gather"), (("MatMul", 0), ("Gather", 1))
 
@@ -356,9 +358,9 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
             quantizer.process()
         return quantizer.model.model
 
-    proto = run(model, bits, [*small_tables, *tied, *job.exclude, *heads], None, symmetric, method)
-    if heads:
-        proto = run(proto, head_bits, [], heads, True, "rtn")
+    proto = run(model, bits, [*small_tables, *tied, *job.exclude, *second], None, symmetric, method)
+    if second:
+        proto = run(proto, head_bits, [], second, True, "rtn")
     if method == "hqq":  # HQQ writes no accuracy_level: the level asked for is set on its products
         for node in proto.graph.node:
             if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
@@ -374,7 +376,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
         "method": method,
         "operators": ["MatMulNBits", "GatherBlockQuantized"],
         "accuracy_level": accuracy_level,
-        **({"output_layer_bits": head_bits, "at_output_layer_bits": heads} if heads else {}),
+        **({"output_layer_bits": head_bits, "at_output_layer_bits": second} if second else {}),
         **({"tied_tables": shared} if shared else {}),
         **({"excluded_nodes": list(job.exclude)} if job.exclude else {}),
     }
