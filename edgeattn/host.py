@@ -95,3 +95,23 @@ def loggers_at(names: tuple[str, ...], level: int) -> Iterator[None]:
     finally:
         for lg, before in zip(loggers, levels, strict=True):
             lg.setLevel(before)
+
+
+def release_freed_memory() -> None:
+    """Hand the memory Python and the libraries have freed back to the system: a collection of
+    cycles, then glibc's ``malloc_trim`` (a no-op elsewhere). Freed blocks below glibc's mapping
+    threshold stay in the process's heap otherwise, and the threshold rises with every large block
+    freed: an export's phases (a float64 copy of the model, serialised graphs) would each leave
+    their peak resident for the rest of the process."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if platform.system() != "Linux" or not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass

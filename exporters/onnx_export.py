@@ -207,9 +207,11 @@ def export_graph(
     """
     check_opset(opset)
     path = Path(path)
-    if family_of(model.config).role(name).builder is not None:  # written from the weights, not traced
+    role = family_of(model.config).role(name)
+    if role.builder is not None:  # written from the weights, not traced
         proto, spec = written_graph(model, name, fused)
-        save_checked(proto, path, external_threshold)
+        # weights outside the graph where the role keeps them so: checked without a copy in memory
+        save_checked(proto, path, 0 if role.external_weights else external_threshold)
         return spec
     module, spec = graph_module(name, model)
     feeds = sample_inputs(spec, model.config, {**EXPORT_SIZES, "total_len": 0}, np.random.default_rng(seed))

@@ -26,6 +26,7 @@ from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
+from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.families import family_of, resolve_graphs
@@ -141,12 +142,14 @@ def export_model(
                 path = tmp / graph_file(name)
                 spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
                 shared = compact and share_file_weights(path, index, external_threshold)
+                release_freed_memory()
                 manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset, [manifest.weights.as_data()] if shared
                                                            else None)  # fmt: skip
             manifest.write(tmp)
             report = None
             if verify:
                 report = verify_graphs(model, ExportedModel(tmp), progress=progress)
+                release_freed_memory()
                 for name, figures in report.summary().items():
                     manifest.graphs[name].parity = Parity(**figures)
                 if report.greedy is not None:
@@ -206,6 +209,7 @@ def build_precisions(
             build = builder.build(precision)
             for graph, variant in builder.commit(build, export_dir).items():
                 manifest.graphs[graph].precisions[precision] = variant
+            release_freed_memory()
             if build.gate is not None:
                 manifest.gates[precision] = build.gate.to_record(build.degraded)
                 gates[precision] = build.gate

@@ -69,7 +69,10 @@ def test_every_graph_and_cpu_precision_is_an_ort_file_whose_kernels_the_config_n
     for f in described["files"]:
         path = out / f["file"]
         assert path.read_bytes()[4:8] == b"ORTM"  # the ORT format's FlatBuffers identifier
-        assert f["sha256"] == sha256_file(path) and f["passed"] and f["max_abs"] < 1e-4
+        # float32 as the export computes it; a reduced precision by the package's own measure (its
+        # quantised embedding's lookup runs another kernel in the ORT format: 1.9e-3 apart at most)
+        assert f["sha256"] == sha256_file(path) and f["passed"] and f["max_abs"] < (1e-4 if f["precision"] == "fp32"
+                                                                                  else 5e-3), f  # fmt: skip
         for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
             asked = _kernels_loaded(path, level, tmp_path)
             assert asked <= configured, (f["file"], level, asked - configured)
