@@ -175,6 +175,21 @@ class CausalLM(TransformerModel):
         ``logits_at`` (B, N) picks the new tokens whose logits are computed (default: all T): a
         prompt's last one, say, instead of the whole vocabulary at every prompt position.
         """
+        x, mask, rope = self.layer_inputs(input_ids, attention_mask, position_ids, cache)
+        kept = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, mask, rope, None if cache is None else cache[i])
+            kept.append(kv)
+        if logits_at is not None:  # (B, N, d_model): the picked tokens alone reach the head
+            x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
+        logits = self.lm_head(self.norm(x))
+        return logits if cache is None else (logits, kept)
+
+    def layer_inputs(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                     cache: list[CacheSlots] | None = None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+        """What the first layer takes (arguments as :meth:`forward`'s): the embedded tokens (B, T,
+        d_model), the additive attention mask (B, 1, T, S) and the rotation's (cos, sin) (None for
+        learned positions, added to the embeddings)."""
         b, t = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -195,14 +210,7 @@ class CausalLM(TransformerModel):
         causal = torch.arange(slots, device=x.device)[None, :] <= query_at  # (T, S)
         allowed = causal[None] & attention_mask.bool()[:, None, :]  # (B, T, S)
         mask = torch.zeros(b, 1, t, slots, dtype=x.dtype).masked_fill(~allowed[:, None], torch.finfo(x.dtype).min)
-        kept = []
-        for i, layer in enumerate(self.layers):
-            x, kv = layer(x, mask, rope, None if cache is None else cache[i])
-            kept.append(kv)
-        if logits_at is not None:  # (B, N, d_model): the picked tokens alone reach the head
-            x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = self.lm_head(self.norm(x))
-        return logits if cache is None else (logits, kept)
+        return x, mask, rope
 
     def empty_cache(self, batch: int, capacity: int) -> list[CacheSlots]:
         """Every layer's cache of ``capacity`` zeroed slots, to be written from slot 0."""

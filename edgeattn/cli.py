@@ -129,8 +129,10 @@ _calibration_option = click.option(
     default=None,
     help="Calibration sequences for "
     + ", ".join(p.name for p in PRECISIONS.values() if p.calibrated)
-    + ", one per line: text when the model has a tokenizer, else token ids (default: drawn from the model's "
-    "vocabulary).",
+    + " (and the GPTQ fit of "
+    + ", ".join(p.name for p in PRECISIONS.values() if p.fitted)
+    + " where the model's family fits), one per line: text when the model has a tokenizer, else token ids "
+    "(default: drawn from the model's vocabulary; GPTQ: the held-out text the gate does not measure).",
 )
 _heldout_option = click.option(
     "--heldout",
@@ -194,9 +196,13 @@ def _precision_options(
             raise click.UsageError(f"--static-form is for {', '.join(formed)}; add it to --precision")
         options.static_form = static_form
     if calibration_file is not None:
-        calibrated = [p.name for p in PRECISIONS.values() if p.calibrated]
-        if not any(get_precision(p).calibrated for p in precisions):
-            raise click.UsageError(f"--calibration is for {', '.join(calibrated)}; add it to --precision")
+        from edgeattn.runtime.families import family_of
+
+        family = family_of(config)
+        calibrated = [p for p in PRECISIONS if family.calibrated(p)]
+        if not any(family.calibrated(p) for p in precisions):
+            raise click.UsageError(f"--calibration is for {', '.join(calibrated)} of a {family.name} model; "
+                                   "add one to --precision")  # fmt: skip
         options.calibration_data = read_sequences_file(calibration_file, config, tokenizer)
         options.calibration_source = f"file {calibration_file.name}"
     if heldout_file is not None:

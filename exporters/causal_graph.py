@@ -69,6 +69,23 @@ class _Builder:
         return out
 
 
+#: the names of each layer's matrix products (their weights are ``layers.<i>.<name>.weight.T``)
+QKV, OUT, GATE_UP, UP, DOWN = "attn.qkv_proj", "attn.o_proj", "ff.gate_up_proj", "ff.up_proj", "ff.down_proj"
+
+
+def product_weight(layer: int, product: str) -> str:
+    """The name of layer ``layer``'s ``product`` weight in the graph."""
+    return f"layers.{layer}.{product}.weight.T"
+
+
+def layer_products(layer: object) -> dict[str, list[object]]:
+    """One layer's matrix products in the order its forward runs them, each the projections it
+    packs side by side (their outputs concatenated; every one reads the same input)."""
+    attn, ff = layer.attn, layer.ff  # type: ignore[attr-defined]
+    feed = {GATE_UP: [ff.gate_proj, ff.up_proj]} if ff.gated else {UP: [ff.up_proj]}
+    return {QKV: [attn.q_proj, attn.k_proj, attn.v_proj], OUT: [attn.o_proj], **feed, DOWN: [ff.down_proj]}
+
+
 def _weight(module: object, name: str) -> np.ndarray:
     return getattr(module, name).detach().float().numpy()
 
@@ -196,12 +213,12 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         """The feed-forward branch of the normed ``h``."""
         ff = layer.ff
         if c.gated:
-            gate, up = g.op("Split", [packed(h, [ff.gate_proj, ff.up_proj], f"{p}.ff.gate_up_proj"), ff_sizes],
+            gate, up = g.op("Split", [packed(h, [ff.gate_proj, ff.up_proj], f"{p}.{GATE_UP}"), ff_sizes],
                             outputs=2, axis=-1)  # fmt: skip
             inner = g("Mul", activation(gate), up)
         else:
-            inner = activation(linear(h, ff.up_proj, f"{p}.ff.up_proj"))
-        return linear(inner, ff.down_proj, f"{p}.ff.down_proj")
+            inner = activation(linear(h, ff.up_proj, f"{p}.{UP}"))
+        return linear(inner, ff.down_proj, f"{p}.{DOWN}")
 
     # GroupQueryAttention rotates queries and keys itself where the rotation spans the head (and the
     # head is a multiple of 16 values, which its CPU kernel's rotation requires)
@@ -261,9 +278,9 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         h, x = add_norm(x, branch, layer.norm1, f"{p}.norm1")
         # 1 / sqrt(D) folded into the queries' projection (or their norm's weight): rotation is linear
         q_scale = (1.0,) if c.qk_norm or fused else (scale,)
-        qkv = packed(h, [attn.q_proj, attn.k_proj, attn.v_proj], f"{p}.attn.qkv_proj", (*q_scale, 1.0, 1.0))
+        qkv = packed(h, [attn.q_proj, attn.k_proj, attn.v_proj], f"{p}.{QKV}", (*q_scale, 1.0, 1.0))
         out = gqa(i, qkv, attn, p) if fused else attention(i, qkv, attn, p)
-        h, x = add_norm(x, linear(out, attn.o_proj, f"{p}.attn.o_proj"), layer.norm2, f"{p}.norm2")
+        h, x = add_norm(x, linear(out, attn.o_proj, f"{p}.{OUT}"), layer.norm2, f"{p}.norm2")
         branch = feed_forward(h, layer, p)
 
     picked = g("Expand", g("Unsqueeze", "logits_at", g.const("axis_last", i64(2))),

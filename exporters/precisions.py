@@ -16,6 +16,7 @@ import logging
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,16 @@ from edgeattn.exporters.calibration import calibration_feeds, describe_calibrati
 from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_between, share_weights
 from edgeattn.exporters.fusion import can_fuse, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GATE_TOKENS, GateResult, HeldOut, Reference, evaluate, spread_rows
+from edgeattn.exporters.gptq import ROW_TOKENS, calibration_rows
 from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked, written_graph
 from edgeattn.exporters.operators import fused_attention_count, operator_counts
 from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_weights
 from edgeattn.exporters.sensitivity import SEARCH_SECONDS, SearchResult, Trial, group_nodes, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
+from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, engine_emulated, engine_unavailable
-from edgeattn.runtime.families import family_of
+from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
@@ -44,6 +47,9 @@ from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import graph_spec
 
 log = logging.getLogger(__name__)
+
+#: the fewest held-out tokens the gate does not measure that GPTQ fits on (else it fits on all)
+FIT_TOKENS = 1024
 
 Model = TransformerModel
 
@@ -145,6 +151,25 @@ def check_engine(precision: Precision) -> None:
         raise ExportError(f"{precision.name} is {precision.summary}; it cannot be made and gated here: {problem}")
 
 
+def fit_sequences(options: PrecisionOptions) -> tuple[list[list[int]], str] | None:
+    """What GPTQ fits on, and in words: ``--calibration``'s sequences, else the held-out ones the
+    gate does not measure (all of them, said so, when those hold fewer than :data:`FIT_TOKENS`);
+    None where there is no real text (the gate's own random sequences fit nothing)."""
+    if options.calibration_data:
+        return options.calibration_data, describe_calibration(options.calibration_data, options.calibration_source)
+    if not options.heldout_data:
+        return None
+    measured = set(spread_rows([len(s) for s in options.heldout_data], options.gate_tokens))
+    rest = [s for i, s in enumerate(options.heldout_data) if i not in measured]
+    tokens = sum(len(s) for s in rest)
+    source = options.heldout_source or "held-out sequences"
+    if tokens >= FIT_TOKENS:
+        return rest, f"{source}: the {len(rest)} sequences the gate does not measure ({tokens:,} tokens)"
+    log.warning("GPTQ fits on the held-out sequences the gate measures (those it does not hold %d tokens, "
+                "fewer than %d): the gate is not blind to the fit; give --calibration", tokens, FIT_TOKENS)  # fmt: skip
+    return options.heldout_data, f"{source}, which the gate measures too"
+
+
 class PrecisionBuilder:
     """Makes and judges every precision of one model's export.
 
@@ -172,6 +197,7 @@ class PrecisionBuilder:
         self._index: CheckpointIndex | None = None
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
         self._search_reference: Reference | None = None
+        self._fits: dict[tuple[Any, ...], dict[str, Any]] = {}
         #: the latest sensitive-node search of each graph
         self.searches: dict[str, SearchResult[Candidate]] = {}
 
@@ -238,8 +264,11 @@ class PrecisionBuilder:
                          fused=self._blocks(graph) > 0)  # fmt: skip
             proto = optimize_fused(raw, self.model, form)
             finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
-        save_checked(proto, dst, self.options.external_threshold)
         expected, fused = self._blocks(graph), fused_attention_count(operator_counts(proto))
+        # weights outside the graph where its role keeps them so: checked without a copy in memory
+        save_checked(proto, dst, 0 if self.family.role(graph).external_weights else self.options.external_threshold)
+        del proto
+        release_freed_memory()
         if fused != expected:
             raise ExportError(f"{graph}: {fused} of {expected} attention blocks fused; all must be")
         return dst
@@ -276,7 +305,11 @@ class PrecisionBuilder:
             wide_products=self.family.role(graph).int4_wide_products,
             float16_cache=self.family.role(graph).float16_cache and precision.cache_dtype == "float16",
         )  # fmt: skip
+        if precision.fitted and self.family.role(graph).fitter is not None and self.fit_text is not None:
+            job.fit = lambda bits_of, block: self._fit(graph, bits_of, block)
+            job.fit_source = self.fit_text[1]
         info = CONVERTERS[precision.name](src, dst, job)
+        release_freed_memory()
         candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)
         if isinstance(candidate.model, bytes):
             shutil.rmtree(work)
@@ -288,6 +321,21 @@ class PrecisionBuilder:
             self._calibration[graph] = calibration_feeds(self.model, graph, self.options.calibration_data,
                                                          self.options.new_tokens)  # fmt: skip
         return self._calibration[graph]
+
+    @cached_property
+    def fit_text(self) -> tuple[list[list[int]], str] | None:
+        """What GPTQ fits on, and in words (:func:`fit_sequences`)."""
+        return fit_sequences(self.options)
+
+    def _fit(self, graph: str, bits_of: dict[str, int], block: int) -> dict[str, Any]:
+        """``graph``'s products fitted by its role's fitter on :attr:`fit_text` (made once per plan)."""
+        key = (graph, block, tuple(sorted(bits_of.items())))
+        if key not in self._fits:
+            assert self.fit_text is not None
+            fitter = resolve(self.family.role(graph).fitter or "")
+            rows = calibration_rows(self.fit_text[0], width=min(ROW_TOKENS, self.model.config.max_len))
+            self._fits = {key: fitter(self.model, rows, bits_of, block, self.progress)}  # one plan at a time
+        return self._fits[key]
 
     def runtime(self, candidates: dict[str, Candidate]) -> ExportedModel:
         """ONNX Runtime sessions over candidate graphs, built in memory (the CPU provider, or the

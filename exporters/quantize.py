@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from edgeattn.errors import ExportError
+from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_fitted
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.layout import external_data_file
@@ -98,8 +99,13 @@ class ConversionJob:
     #: the bits of a graph's output layer (and the embedding tied to it) under int4 (the family
     #: role's ``int4_head_bits``): 4, or 8
     head_bits: int = 4
-    #: how int4 blocks are fitted (the family role's ``int4_method``): "rtn" or "hqq"
+    #: how its int4 blocks are fitted (the family role's ``int4_method``): "rtn", "hqq" or "gptq"
     int4_method: str = "rtn"
+    #: GPTQ's fit, ``fit(bits_of, block) -> {weight name: FittedWeight}`` of the products whose
+    #: graph weight ``bits_of`` maps to their bits (None: no text to fit on, levels rounded to nearest)
+    fit: Callable[[dict[str, int], int], dict[str, FittedWeight]] | None = None
+    #: what ``fit`` fits on, in words (recorded in the manifest)
+    fit_source: str = ""
     #: products whose weight names hold one of these stay at ``head_bits`` under int4 (the family
     #: role's ``int4_wide_products``: the projections real models' quality hangs on)
     wide_products: tuple[str, ...] = ()
@@ -318,7 +324,8 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     symmetric), an embedding tied to the output layer reading its weights.
     ``symmetric`` False gives each block a zero point; ``method`` "rtn" rounds to the nearest
     level, "hqq" fits scales and zero points by half-quadratic optimisation (ONNX Runtime's HQQ,
-    always with zero points)."""
+    always with zero points), "gptq" writes ``job.fit``'s levels (symmetric) over the products it
+    fits (:mod:`edgeattn.exporters.gptq`; round to nearest without a fit)."""
     with quiet_quantization():  # the module calls logging.basicConfig(level=INFO) on import
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
@@ -326,17 +333,25 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
             MatMulNBitsQuantizer,
         )
 
-    model = onnx.load(str(src))
-    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
-    small_tables = [  # embeddings too small to matter for the footprint keep their precision
-        n.name for n in model.graph.node if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING
-    ]  # fmt: skip
-    tied = {gather: out for gather, out in tied_tables(model).items() if gather not in small_tables}
+    from onnx.external_data_helper import load_external_data_for_model
+
+    model = onnx.load(str(src), load_external_data=False)  # its weights once GPTQ's fit is made
     # the products made at head_bits in a second pass: the output layer and the role's wide ones
     weights = {n.name: n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
     wide = [n for n, w in weights.items() if any(p in w for p in job.wide_products)]
     second = [] if head_bits == bits else [n for n in dict.fromkeys([*output_products(model), *wide])
                                            if n not in job.exclude]  # fmt: skip
+    constant = {t.name for t in model.graph.initializer}
+    products = {w: head_bits if n in second else bits for n, w in weights.items()
+                if n not in job.exclude and w in constant}  # fmt: skip
+    fitted = job.fit(products, block_size) if method == "gptq" and job.fit is not None else {}
+    load_external_data_for_model(model, str(src.parent))
+    check_fitted(model, fitted)
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    small_tables = [  # embeddings too small to matter for the footprint keep their precision
+        n.name for n in model.graph.node if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING
+    ]  # fmt: skip
+    tied = {gather: out for gather, out in tied_tables(model).items() if gather not in small_tables}
 
     ops, axes = ("MatMul", "Gather"), (("MatMul", 0), ("Gather", 1))
 
@@ -358,9 +373,11 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
             quantizer.process()
         return quantizer.model.model
 
-    proto = run(model, bits, [*small_tables, *tied, *job.exclude, *second], None, symmetric, method)
+    grid = "rtn" if method == "gptq" else method  # GPTQ's levels replace round-to-nearest's below
+    proto = run(model, bits, [*small_tables, *tied, *job.exclude, *second], None, symmetric, grid)
     if second:
         proto = run(proto, head_bits, [], second, True, "rtn")
+    written = apply_fitted(proto, fitted)
     if method == "hqq":  # HQQ writes no accuracy_level: the level asked for is set on its products
         for node in proto.graph.node:
             if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
@@ -369,11 +386,17 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     reduce_axes_as_inputs(proto)
     onnx.save(proto, str(dst), save_as_external_data=proto.ByteSize() > PROTOBUF_SAFE,
               location=external_data_file(dst.name))
+    fitting: dict[str, Any] = {}
+    if method == "gptq":
+        method = "gptq" if written else "rtn"
+        fitting = {"fitted_products": len(written), "fitted_on": job.fit_source} if written else \
+            {"not_fitted_because": "no text to fit on: give --heldout or --calibration"}  # fmt: skip
     return {
         "bits": bits,
         "block_size": block_size,
-        "symmetric": symmetric and method == "rtn",
+        "symmetric": symmetric and method != "hqq",
         "method": method,
+        **fitting,
         "operators": ["MatMulNBits", "GatherBlockQuantized"],
         "accuracy_level": accuracy_level,
         **({"output_layer_bits": head_bits, "at_output_layer_bits": second} if second else {}),

@@ -48,7 +48,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.target_lint import webgpu_gaps
-from edgeattn.runtime.layout import partial_prefix
+from edgeattn.runtime.layout import external_data_file, partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
 from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.text import label_names
@@ -190,8 +190,10 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     what was remade and measured, or None; an int4 graph remade at ``int4_accuracy_level``
     (default: the export's). ExportError naming the nodes otherwise."""
     from edgeattn.exporters.compact import fold_transposes
+    from edgeattn.exporters.fitted_weights import carry_fitted
     from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantize_int4
     from edgeattn.exporters.target_lint import lint, summary
+    from edgeattn.runtime.families import family_of
     from edgeattn.runtime.precisions import get_precision
 
     model = onnx.load(str(check_file(export_dir, manifest.entry(graph, precision), checked)))
@@ -204,8 +206,11 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
         raise ExportError(f"the {precision} {graph} holds nodes {release} cannot run:\n{summary(findings)}")
     variant = manifest.graphs[graph].precisions[precision]
     quantization = variant.quantization or {}
+    # int4 as the export made it: its output layer's bits, and its role's wide products at them
+    wide = family_of(manifest.config).role(graph).int4_wide_products if "output_layer_bits" in quantization else ()
     job = ConversionJob(block_size=int(quantization.get("block_size", 32)),
-                        int8_activations=quantization.get("accuracy_level") == 4)  # fmt: skip
+                        int8_activations=quantization.get("accuracy_level") == 4,
+                        head_bits=int(quantization.get("output_layer_bits", 4)), wide_products=wide)  # fmt: skip
     dst = work / "remade" / f"{graph}.{precision}.onnx"
     dst.parent.mkdir(exist_ok=True)
     # the weights the plain graph shares with the checkpoint through Transpose nodes, folded back
@@ -218,6 +223,12 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     else:
         info = CONVERTERS[precision](src, dst, job)
     remade = onnx.load(str(dst))
+    if quantization.get("method") == "gptq":  # the export's fitted levels, where they stand for the same weights
+        carried = carry_fitted(remade, model, onnx.load(str(src)))
+        dst.with_name(external_data_file(dst.name)).unlink(missing_ok=True)
+        onnx.save_model(remade, str(dst))  # a target's graph is under protobuf's 2 GB (the bundle splits it)
+        info = {**info, "method": "gptq" if carried else info["method"], "fitted_products": len(carried),
+                "fitted_on": "carried over from the export's graph"}  # fmt: skip
     still = lint(remade)
     if still:
         raise ExportError(f"the {precision} {graph} remade from the plain graph still holds nodes {release} cannot "

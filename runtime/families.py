@@ -119,17 +119,23 @@ class GraphRole:
     #: (llama.cpp keeps its output layer at 6 bits for the same reason)
     int4_head_bits: int = 4
     #: products (by a part of their weight's name) int4 keeps at ``int4_head_bits`` too, as
-    #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v and down projections,
-    #: measured on the real SmolLM2-135M-Instruct (block 64, 8-bit head, the same file): perplexity
-    #: +10.7% and next-token agreement 0.802 at 112 MB, against +26.5% / 0.629 at 90 MB without
-    #: (llama.cpp: Q4_0 +24.1% / 0.660 at 92 MB, Q4_K_M +6.7% / 0.858 at 105 MB)
+    #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v projection. Measured on
+    #: the real SmolLM2-135M-Instruct (2026-12-03, block 64, 8-bit head, GPTQ on 4,096 held-out
+    #: tokens, perplexity on the evaluation split): q/k/v at 8 bits +4.7% at 98.3 MB; q/k/v and
+    #: down +2.8% at 111.6 MB; down alone +13.7% at 103.3 MB; none +15.2% at 90.1 MB (llama.cpp:
+    #: Q4_0 +24.1% at 92 MB, Q4_K_M +6.7% at 105.5 MB)
     int4_wide_products: tuple[str, ...] = ()
-    #: how its int4 blocks are fitted: "rtn" (symmetric, rounded to the nearest level) or "hqq"
-    #: (ONNX Runtime's half-quadratic fit of a scale and zero point per block). Measured on the real
-    #: SmolLM2-135M-Instruct at block 64 with an 8-bit head: HQQ keeps more (perplexity +18.9%
-    #: against RTN's +26.5%; RTN with zero points, block 32, +32.2%), but its float zero points take
-    #: ONNX Runtime 1.32's slow path: 6.8 tokens/s decoding against RTN's 90, so "rtn" everywhere
+    #: how its int4 blocks are fitted: "rtn" (symmetric, rounded to the nearest level), "hqq"
+    #: (ONNX Runtime's half-quadratic fit of a scale and zero point per block) or "gptq" (the
+    #: role's ``fitter`` on calibration text, symmetric levels: the same operators and speed as
+    #: "rtn"; rounded to nearest where there is no text). Measured on the real SmolLM2-135M-Instruct
+    #: at block 64 with an 8-bit head and q/k/v: GPTQ +4.7%, RTN +18.9%; with q/k/v and down at 8
+    #: bits GPTQ +2.8%, RTN +10.7%, HQQ +18.9% with down 4-bit too but its float zero points take
+    #: ONNX Runtime 1.32's slow path (6.8 tokens/s decoding against RTN's 90)
     int4_method: str = "rtn"
+    #: ``"module:function"`` fitting its int4 products by GPTQ, ``(model, ids, bits_of, block,
+    #: progress) -> {graph weight name: FittedWeight}`` (``int4_method`` "gptq")
+    fitter: str | None = None
     #: how its int8 variant is made: "dynamic" (MatMulInteger, activations quantised per tensor: the
     #: fastest for encoders) or "blockwise" (8-bit weights in blocks of 32, MatMulNBits, as llama.cpp's
     #: Q8_0): a real language model's large activations ruin per-tensor activations (SmolLM2-135M:
@@ -199,6 +205,12 @@ class Family:
         if own is None:
             return None
         return replace(own, **self.limits.get(precision, {}))
+
+    def calibrated(self, precision: str) -> bool:
+        """Whether ``precision``'s graphs of this family are calibrated or fitted on
+        representative inputs (``--calibration``)."""
+        record = get_precision(precision)
+        return record.calibrated or (record.fitted and any(r.fitter is not None for r in self.roles))
 
     def generates_with(self, graphs: Any) -> bool:
         """Whether ``graphs`` hold everything generation runs through."""
@@ -280,7 +292,8 @@ CAUSAL_FAMILY = Family(
         GraphRole("causal_decoder", specs.causal_decoder_spec, f"{_GRAPHS}:CausalDecoderGraph", causal_sizes,
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
                   decodes=True, in_place=True, int8_activations=True, int4_block_size=64, int4_head_bits=8,
-                  int4_wide_products=("attn.qkv_proj", "ff.down_proj"), int8_form="blockwise",
+                  int4_wide_products=("attn.qkv_proj",), int4_method="gptq",
+                  fitter="edgeattn.exporters.causal_fit:fit_causal", int8_form="blockwise",
                   external_weights=True, float16_cache=True,
                   builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),

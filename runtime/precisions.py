@@ -139,6 +139,9 @@ class Precision:
     sensitive_search: bool = False
     #: quantisation ranges are calibrated on representative inputs (``--calibration``)
     calibrated: bool = False
+    #: its weights are fitted on representative inputs where a graph's family role has a
+    #: ``fitter`` (GPTQ: ``--calibration``, else the held-out text the gate does not measure)
+    fitted: bool = False
     #: the graphs that are not decoding steps (a family role's ``decodes``: an encoder, attention,
     #: cross_kv) are made from the plain fp32 graph instead of ``form``'s fused one when the export
     #: asks for standard operators (``--static-form plain``, or ``auto`` for the graphs the runtime
@@ -233,11 +236,12 @@ PRECISIONS: dict[str, Precision] = {
         ),
         Precision(
             "int4",
-            "block-wise 4-bit weights (block 32; a language model's decoder: block 64, its output layer, q/k/v "
-            "and down projections 8-bit), 4-bit embeddings when large",
-            "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized)",
+            "block-wise 4-bit weights (block 32; a language model's decoder: block 64, fitted by GPTQ on real text, "
+            "its output layer and q/k/v projections 8-bit), 4-bit embeddings when large",
+            "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized); GPTQ fitted from the PyTorch model",
             "convert",
             FusedForm(packed=False),
+            fitted=True,
             thresholds=Thresholds(0.99, 0.90, 0.90, 0.85, 0.70, 0.85, 0.95),
         ),
     )

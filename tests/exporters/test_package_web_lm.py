@@ -56,6 +56,10 @@ def test_a_language_model_bundle_generates_as_the_python_runtime_on_both_runtime
         else:  # the export's fused GroupQueryAttention takes an input ONNX Runtime 1.30 lacks
             assert "GroupQueryAttention" in made["because"] and "takes 7 to 16" in made["because"], made
             assert made["top1_vs_fp32"] >= made["floor"] >= 0.85, made
+            if entry["precision"] == "int4":  # remade as the export made it, GPTQ's fitted levels carried over
+                quantization = made["quantization"]
+                assert quantization["method"] == "gptq" and quantization["fitted_products"] > 0, quantization
+                assert quantization["output_layer_bits"] == 8, quantization
     checks = check_and_record(lm_bundle, lm_export, node_modules, PROMPTS)
     assert [(c.runtime, c.precision) for c in checks] == [(r, p) for r in ("onnxruntime-node", "onnxruntime-web")
                                                           for p in ("fp32", "int8", "int4")]  # fmt: skip

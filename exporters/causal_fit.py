@@ -1,0 +1,72 @@
+"""The decoder-only family's GPTQ walk: its layers fitted one after another on calibration text.
+
+Each layer's products are fitted (:func:`edgeattn.exporters.gptq.gptq`) on the inputs the layers
+already quantised hand it, so that a layer's fit also makes up for what the ones before it lost
+(GPTQ's sequential order). A layer's weights are set to their quantised values while its output
+is computed for the next, then put back: the model is the gate's float32 reference and leaves as
+it came.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from edgeattn.causal_lm import CausalLM
+from edgeattn.exporters.causal_graph import layer_products, product_weight
+from edgeattn.exporters.fitted_weights import FittedWeight
+from edgeattn.exporters.gptq import Hessians, fits, gptq, nearest
+
+log = logging.getLogger(__name__)
+
+
+def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block: int, progress: bool = False
+               ) -> dict[str, FittedWeight]:  # fmt: skip
+    """GPTQ fits of ``model``'s products whose graph weight ``bits_of`` gives 4 bits (in blocks it
+    fits: :func:`~edgeattn.exporters.gptq.fits`), layer after layer over
+    ``ids`` (R, T) (no padding); the other products are rounded to the nearest level of their
+    width for the layers after them, and those not in ``bits_of`` stay float; ``progress`` shows a
+    bar of the layers."""
+    from tqdm import tqdm
+
+    fitted: dict[str, FittedWeight] = {}
+    bar = tqdm(total=len(model.layers), desc="int4: GPTQ fit", unit="layer", leave=False, disable=not progress)
+    with bar, torch.no_grad():
+        x, mask, rope = model.layer_inputs(torch.from_numpy(ids))
+        for i, layer in enumerate(model.layers):
+            products = layer_products(layer)
+            hessians = {name: Hessians(mods[0].in_features) for name, mods in products.items()
+                        if bits_of.get(product_weight(i, name)) == 4 and fits(block)}  # fmt: skip
+            hooks = [products[name][0].register_forward_hook(lambda m, a, o, h=h: h.add(a[0]))
+                     for name, h in hessians.items()]  # fmt: skip
+            try:
+                layer(x, mask, rope)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            kept = {}
+            for name, modules in products.items():
+                weight_name = product_weight(i, name)
+                bits = bits_of.get(weight_name)
+                if bits is None:
+                    continue
+                weight = torch.cat([m.weight for m in modules], 0)
+                if name in hessians:
+                    fitted[weight_name] = gptq(weight, hessians[name].value, bits, block)
+                    quantized = torch.from_numpy(fitted[weight_name].dequantized())
+                else:
+                    quantized = nearest(weight, bits, block)
+                row = 0
+                for m in modules:
+                    kept[m] = m.weight.detach().clone()
+                    m.weight.copy_(quantized[row : row + m.out_features])
+                    row += m.out_features
+            try:
+                x = layer(x, mask, rope)[0]
+            finally:
+                for m, weight in kept.items():
+                    m.weight.copy_(weight)
+            bar.update()
+    return fitted
