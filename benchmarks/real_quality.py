@@ -8,8 +8,10 @@ The checkpoint is the real SmolLM2-135M-Instruct folder ``tests/real/build_smoll
 or a file of your own (``--text``, a paragraph a line). llama.cpp (llama-cpp-python, from the
 peers' environment ``benchmarks/peers/setup.sh``) converts the same folder to an f32 GGUF with its
 ``convert_hf_to_gguf.py`` and quantises it (``llama_model_quantize``) to Q8_0, Q4_0, Q4_1 and
-Q4_K_M. Caveat: this checkpoint's weights come from a Q4_1 file (blocks of 32 with a minimum), so
-Q4_1 and any block-32 grid with a minimum is favoured here; choose defaults by the other rows.
+Q4_K_M; onnxruntime-genai's builder makes its int4 (its defaults, and ``k_quant``), scored by ONNX
+Runtime in the peers' environment. Caveat: this checkpoint's weights come from a Q4_1 file
+(blocks of 32 with a minimum), so Q4_1 and any block-32 grid with a minimum is favoured here;
+choose defaults by the other rows.
 
 Usage: ``python benchmarks/real_quality.py EXPORT [--json OUT]`` where EXPORT is an edgeattn export
 of the folder with fp32, int8 and int4 (``edgeattn export --from-hf FOLDER -o EXPORT --precision
@@ -36,15 +38,24 @@ FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn
 PEERS = Path(os.environ.get("EDGEATTN_PEERS", Path.home() / ".cache" / "edgeattn-peers"))
 #: llama.cpp file types (llama_ftype) measured
 LLAMA_TYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15}
-#: edgeattn int4 methods tried beside the export's own (quantize_blockwise settings)
+QKV, DOWN = "attn.qkv_proj", "ff.down_proj"
+#: edgeattn int4 forms tried beside the export's own (its GPTQ fit, q/k/v and the head 8-bit,
+#: block 64): quantize_blockwise settings, "wide" the products kept at the head's 8 bits. GPTQ
+#: rows fit on the held-out split (4,096 tokens, as the export does by default)
 INT4_METHODS = {
-    "rtn block 64, 4-bit head": {"block_size": 64, "head_bits": 4},
-    "rtn block 64, 8-bit head": {"block_size": 64, "head_bits": 8},
-    "rtn block 32, 8-bit head": {"block_size": 32, "head_bits": 8},
-    "rtn block 32 zero points, 8-bit head": {"block_size": 32, "head_bits": 8, "symmetric": False},
-    "hqq block 64, 8-bit head": {"block_size": 64, "head_bits": 8, "method": "hqq"},
-    "hqq block 32, 8-bit head": {"block_size": 32, "head_bits": 8, "method": "hqq"},
+    "rtn, q/k/v 8-bit (the export's form, rounded)": {"wide": (QKV,)},
+    "rtn, q/k/v and down 8-bit (the form before GPTQ)": {"wide": (QKV, DOWN)},
+    "rtn, all 4-bit but the head": {"wide": ()},
+    "rtn, all 4-bit, 4-bit head (the first form)": {"wide": (), "head_bits": 4},
+    "rtn block 32 zero points, q/k/v 8-bit": {"wide": (QKV,), "block_size": 32, "symmetric": False},
+    "hqq, q/k/v 8-bit": {"wide": (QKV,), "method": "hqq"},
+    "gptq, q/k/v and down 8-bit": {"wide": (QKV, DOWN), "method": "gptq"},
+    "gptq, all 4-bit but the head": {"wide": (), "method": "gptq"},
+    "gptq block 32, q/k/v 8-bit": {"wide": (QKV,), "method": "gptq", "block_size": 32},
 }
+#: onnxruntime-genai's int4 (its builder on the same folder, CPU): its defaults (round to nearest,
+#: block 32, int8 activations), and its k_quant method
+GENAI_INT4 = {"genai int4 (rtn, block 32)": [], "genai int4 k_quant": ["--extra_options", "algo_config=k_quant"]}
 _WORKER = r"""
 import json, sys
 import numpy as np
@@ -130,6 +141,51 @@ def llama_cpp_variants(work: Path, folder: Path, rows: list[list[int]]) -> dict[
     return out
 
 
+_GENAI_WORKER = r"""
+import json, sys
+import numpy as np
+import onnxruntime as ort
+path, rows = sys.argv[1], json.load(sys.stdin)
+options = ort.SessionOptions()
+options.intra_op_num_threads = 2
+session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
+config = json.load(open(path.rsplit("/", 1)[0] + "/genai_config.json"))["model"]["decoder"]
+out = []
+for ids in rows:
+    feeds = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, len(ids)), np.int64)}
+    for i in pasts:  # an empty cache: the whole text is the prompt
+        feeds[i.name] = np.zeros((1, config["num_key_value_heads"], 0, config["head_size"]), np.float32)
+    logits = session.run(["logits"], feeds)[0][0, :-1].astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    out.append({"logp": logp[np.arange(len(ids) - 1), ids[1:]].tolist(), "top1": logits.argmax(-1).tolist()})
+json.dump(out, sys.stdout)
+"""
+
+
+def genai_variants(work: Path, folder: Path, rows: list[list[int]]) -> dict[str, dict]:
+    """onnxruntime-genai's int4 graphs of the folder (its builder, CPU) scored on the same ids."""
+    python = PEERS / "bin" / "python"
+    if not python.is_file():
+        print(f"no peers' environment at {PEERS} (bash benchmarks/peers/setup.sh): onnxruntime-genai left out")
+        return {}
+    out = {}
+    for name, extra in GENAI_INT4.items():
+        built = work / name.replace(" ", "-").replace(",", "").replace("(", "").replace(")", "")
+        if not (built / "model.onnx").is_file():
+            subprocess.run([str(python), "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(built),
+                            "-p", "int4", "-e", "cpu", "-c", str(work / "genai-cache"), *extra], check=True,
+                           capture_output=True)  # fmt: skip
+        start = time.perf_counter()
+        done = subprocess.run([str(python), "-c", _GENAI_WORKER, str(built / "model.onnx")], input=json.dumps(rows),
+                              text=True, capture_output=True, check=True)  # fmt: skip
+        size = sum(p.stat().st_size for p in built.glob("model.onnx*"))
+        out[name] = {"scored": json.loads(done.stdout), "bytes": size, "seconds": time.perf_counter() - start}
+        print(f"  {name}: {time.perf_counter() - start:.0f} s", flush=True)
+    return out
+
+
 def edgeattn_variants(export: Path, rows: list[list[int]], methods: dict[str, dict]) -> dict[str, dict]:
     from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
     from edgeattn.exporters.quantize import ConversionJob, quantize_blockwise
@@ -154,15 +210,24 @@ def edgeattn_variants(export: Path, rows: list[list[int]], methods: dict[str, di
     if not methods:
         return out
     reference = load_model(check_file(export, manifest.weights), manifest.config)
+    import texts
+
+    from edgeattn.exporters.causal_fit import fit_causal
     from edgeattn.exporters.gate import heldout_sources
+    from edgeattn.exporters.gptq import calibration_rows
+    from edgeattn.runtime.tokenizer import TextTokenizer
 
     held = heldout_sources(manifest.config, texts=rows[:2], source="-")
+    tokenizer = TextTokenizer.load(export / "tokenizer.json")
+    calibration = calibration_rows([tokenizer.encode(t) for t in texts.split("heldout", 120_000)])
     with PrecisionBuilder(reference, manifest.graphs, export, held, PrecisionOptions()) as builder:
         source = builder.source("causal_decoder", get_precision("int4"))
         for name, settings in methods.items():
             dst = Path(tempfile.mkdtemp()) / "causal_decoder.onnx"
-            job = ConversionJob(int8_activations=True)
-            settings = {"head_bits": 4, "symmetric": True, "method": "rtn", **settings}
+            settings = {"head_bits": 8, "symmetric": True, "method": "rtn", "block_size": 64, **settings}
+            job = ConversionJob(int8_activations=True, wide_products=settings.pop("wide"),
+                                fit=lambda bits_of, block: fit_causal(reference, calibration, bits_of, block),
+                                fit_source="the held-out split, 4,096 tokens")  # fmt: skip
             quantize_blockwise(source, dst, job, bits=4, accuracy_level=4, **settings)
             runtime = ExportedModel.from_graphs(manifest.config, {"causal_decoder": dst}, precision="int4")
             start = time.perf_counter()
@@ -192,6 +257,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     results = edgeattn_variants(args.export, rows, {} if args.no_methods else INT4_METHODS)
     results.update(llama_cpp_variants(args.work, args.folder, rows))
+    results.update(genai_variants(args.work, args.folder, rows))
     from safetensors import safe_open
 
     with safe_open(str(args.folder / "model.safetensors"), "np") as f:

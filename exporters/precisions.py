@@ -197,7 +197,6 @@ class PrecisionBuilder:
         self._index: CheckpointIndex | None = None
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
         self._search_reference: Reference | None = None
-        self._fits: dict[tuple[Any, ...], dict[str, Any]] = {}
         #: the latest sensitive-node search of each graph
         self.searches: dict[str, SearchResult[Candidate]] = {}
 
@@ -328,14 +327,11 @@ class PrecisionBuilder:
         return fit_sequences(self.options)
 
     def _fit(self, graph: str, bits_of: dict[str, int], block: int) -> dict[str, Any]:
-        """``graph``'s products fitted by its role's fitter on :attr:`fit_text` (made once per plan)."""
-        key = (graph, block, tuple(sorted(bits_of.items())))
-        if key not in self._fits:
-            assert self.fit_text is not None
-            fitter = resolve(self.family.role(graph).fitter or "")
-            rows = calibration_rows(self.fit_text[0], width=min(ROW_TOKENS, self.model.config.max_len))
-            self._fits = {key: fitter(self.model, rows, bits_of, block, self.progress)}  # one plan at a time
-        return self._fits[key]
+        """``graph``'s products fitted by its role's fitter on :attr:`fit_text`."""
+        assert self.fit_text is not None
+        fitter = resolve(self.family.role(graph).fitter or "")
+        rows = calibration_rows(self.fit_text[0], width=min(ROW_TOKENS, self.model.config.max_len))
+        return fitter(self.model, rows, bits_of, block, self.progress)
 
     def runtime(self, candidates: dict[str, Candidate]) -> ExportedModel:
         """ONNX Runtime sessions over candidate graphs, built in memory (the CPU provider, or the

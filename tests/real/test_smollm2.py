@@ -78,6 +78,10 @@ def test_the_real_model_exports_verified_and_gated(export):
         gate = manifest["gates"][precision]
         assert gate["passed"] and not gate["degraded"], (precision, gate)
         assert "heldout.txt" in gate["heldout"]
+    # int4 fitted by GPTQ on the part of the held-out file the gate does not measure
+    quantization = manifest["graphs"]["causal_decoder"]["precisions"]["int4"]["quantization"]
+    assert quantization["method"] == "gptq" and quantization["fitted_products"] == 90, quantization
+    assert "sequences the gate does not measure" in quantization["fitted_on"], quantization
     assert "tokens identical" in output and "precision int8: ok" in output and "precision int4: ok" in output
     print(f"\nreal SmolLM2-135M export: {seconds:.0f} s\n{output}")
 
@@ -107,7 +111,8 @@ def _perplexity(model, rows: list[dict]) -> float:
 def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, reference):
     """On 40 evaluation paragraphs (never in the held-out file): fp32 equal to transformers to
     0.05%; int8 within 2% (llama.cpp's Q8_0 +1.0% on all of them; per-tensor int8 was +77%), int4
-    within 20% (Q4_0 +24.1%; the all-4-bit int4 of before +49.6%)."""
+    within 10% (GPTQ's +4.6% on all of them; Q4_K_M +6.7%; the same form rounded to nearest,
+    +18.9%, fails)."""
     rows = reference["evaluation"]["rows"][:40]
     tokens = sum(len(r["ids"]) - 1 for r in rows)
     want = math.exp(-sum(r["logp_sum"] for r in rows) / tokens)
@@ -116,7 +121,7 @@ def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, r
           ", ".join(f"{p} {v:.3f} ({100 * (v / want - 1):+.1f}%)" for p, v in got.items()))  # fmt: skip
     assert abs(got["fp32"] / want - 1) < 5e-4
     assert got["int8"] / want - 1 < 0.02
-    assert got["int4"] / want - 1 < 0.20
+    assert got["int4"] / want - 1 < 0.10
 
 
 def test_chat_answers_equal_transformers_generate(export, reference):
