@@ -2,18 +2,20 @@
 
 Checkpoints: a SmolLM2-360M-shaped Llama and a Qwen2.5-0.5B-shaped Qwen2, random weights, built
 with ``transformers`` and saved with ``save_pretrained`` (with a small SentencePiece
-``tokenizer.model`` for llama.cpp's converter). Variants: ``transformers`` eager fp32, Optimum
-fp32 and dynamic int8, onnxruntime-genai int4 (its builder on the same folder, its CPU defaults),
-llama.cpp Q4_0 and Q8_0 (``llama-cpp-python``; one sequence at a time), edgeattn fp32 (standard
-operators), fp32-opt (its GroupQueryAttention form), int8 and int4 (through the gate with
-``--allow-degraded``: random weights give flat logits whose top token
-is noise). Each variant runs in its own process, the variants interleaved round by round; greedy,
-every row made to run all new tokens. Reported per cell (checkpoint x prompt x batch): prefill
-seconds, decode tokens/s per row, peak resident MiB against the issue's budget (weights on disk +
-a float32 cache of prompt + new tokens + 150 MB), bytes on disk, the share of generated tokens
-equal to ``transformers``' (position by position) and whether the first token is; and the
-machine's memory bandwidth, measured in the same run, against which int4 decode is set
-(tokens/s x the bytes its weights hold).
+``tokenizer.model`` for llama.cpp's converter); or ``smollm2-135m-real``, the real
+SmolLM2-135M-Instruct ``tests/real/build_smollm2.py`` builds, which edgeattn exports gated (and
+its int4 fitted by GPTQ) on the held-out split of ``tests/real/texts.py``. Variants:
+``transformers`` eager fp32, Optimum fp32 and dynamic int8, onnxruntime-genai int4 (its builder
+on the same folder, its CPU defaults), llama.cpp Q4_0 and Q8_0 (``llama-cpp-python``; one
+sequence at a time), edgeattn fp32 (standard operators), fp32-opt (its GroupQueryAttention
+form), int8 and int4 (through the gate with ``--allow-degraded``: random weights give flat
+logits whose top token is noise). Each variant runs in its own process, the variants interleaved
+round by round; greedy, every row made to run all new tokens. Reported per cell (checkpoint x
+prompt x batch): prefill seconds, decode tokens/s per row, peak resident MiB against the issue's
+budget (weights on disk + a float32 cache of prompt + new tokens + 150 MB), bytes on disk, the
+share of generated tokens equal to ``transformers``' (position by position) and whether the
+first token is; and the machine's memory bandwidth, measured in the same run, against which int4
+decode is set (tokens/s x the bytes its weights hold).
 
 The peers live in their own environment (``bash benchmarks/peers/setup.sh``): onnxruntime-genai's
 builder needs a newer ``transformers`` than the project's tests, llama-cpp-python compiles.
@@ -147,6 +149,7 @@ def make_folder(name: str, out: Path, peers_python: Path | None) -> Path:
         folder = root / "smollm2-135m-instruct"
         if not (folder / "config.json").is_file():
             raise SystemExit(f"{folder} is not built: run {REAL[name][1]} in the transformers 5 environment")
+        out.mkdir(parents=True, exist_ok=True)  # the variants' files go beside it
         return folder
     if (out / "config.json").is_file():
         return out
@@ -469,8 +472,10 @@ def refresh_memory_and_tokens(args: argparse.Namespace) -> None:
 
 
 def table(result: dict[str, Any]) -> str:
+    real = sorted({r["model"] for r in result["rows"]} & set(REAL))
+    weights = f"real weights ({', '.join(real)})" if real else "random weights"
     lines = [
-        f"causal generation, greedy, {result['new_tokens']} new tokens, {result['threads']} threads, random weights, "
+        f"causal generation, greedy, {result['new_tokens']} new tokens, {result['threads']} threads, {weights}, "
         f"each variant in its own process, {result['rounds']} interleaved rounds; memory read "
         f"{result['bandwidth']['read_gb_s']:.1f} GB/s, copy {result['bandwidth']['copy_gb_s']:.1f} GB/s",
         f"{'model':<13} {'prompt':>6} {'batch':>5} {'variant':<15} {'prefill s':>9} {'decode tok/s':>12} "
