@@ -207,6 +207,7 @@ def build_precisions(
     with PrecisionBuilder(model, manifest.graphs, export_dir, heldout, options, progress) as builder:
         for precision in tqdm(wanted, desc="precisions", unit="precision", disable=not progress, leave=False):
             build = builder.build(precision)
+            release_freed_memory()  # the gate's sessions and arrays, before the graphs are written
             for graph, variant in builder.commit(build, export_dir).items():
                 manifest.graphs[graph].precisions[precision] = variant
             release_freed_memory()
