@@ -25,10 +25,9 @@ log = logging.getLogger(__name__)
 def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block: int, progress: bool = False
                ) -> dict[str, FittedWeight]:  # fmt: skip
     """GPTQ fits of ``model``'s products whose graph weight ``bits_of`` gives 4 bits (in blocks it
-    fits: :func:`~edgeattn.exporters.gptq.fits`), layer after layer over
-    ``ids`` (R, T) (no padding); the other products are rounded to the nearest level of their
-    width for the layers after them, and those not in ``bits_of`` stay float; ``progress`` shows a
-    bar of the layers."""
+    fits: :func:`~edgeattn.exporters.gptq.fits`), layer after layer over ``ids`` (R, T) (no
+    padding); the other products are rounded to the nearest level of their width for the layers
+    after them, and those not in ``bits_of`` stay float; ``progress`` shows a bar of the layers."""
     from tqdm import tqdm
 
     fitted: dict[str, FittedWeight] = {}

@@ -503,11 +503,15 @@ def shared_initializers(export_dir: Path, graphs: dict[str, Path]) -> dict[str, 
 _NUMPY = {1: np.float32, 10: np.float16, 7: np.int64}
 
 
+#: ONNX Runtime's type names of the caches' element types a graph may take, as numpy's
+_CACHE_TYPES = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}
+
+
 def input_dtype(session: Any, name: str) -> type:
-    """The numpy dtype of a session's float input ``name``: float16 where the graph takes it so (an
-    fp16 graph's in-place caches), else float32."""
+    """The numpy dtype of a session's cache input ``name``: float16 or int8 where the graph takes
+    it so (an fp16 graph's in-place caches, a cache kept in int8), else float32."""
     kind = next((i.type for i in session.get_inputs() if i.name == name), "")
-    return np.float16 if kind == "tensor(float16)" else np.float32
+    return _CACHE_TYPES.get(kind, np.float32)
 
 
 def batch_texts(value: Any) -> list[str]:
