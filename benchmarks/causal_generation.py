@@ -331,7 +331,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "rounds": args.rounds,
         "runs_per_process": args.runs,
-        "weights": "random",
+        "weights": ", ".join(sorted({"real" if m in REAL else "random" for m in args.models.split(",") if m})),
         "machine": machine_info(),
         "rows": [],
         "disk_mb": {},

@@ -53,7 +53,13 @@ TORCHSCRIPT_MAX_OPSET = 20
 #: Graphs with more weight bytes than this keep them in external data (protobuf stops at 2 GiB).
 PROTOBUF_LIMIT = 1_900_000_000
 
-_ELEM = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT16: "float16"}
+#: ONNX element types of graph inputs and outputs, by the names specs use
+ELEMENT_TYPES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.INT8: "int8",
+}
 
 
 def max_opset() -> int:
@@ -159,7 +165,7 @@ def check_against_spec(model: onnx.ModelProto, spec: GraphSpec) -> None:
 
 
 def _check_value(graph: str, kind: str, v: onnx.ValueInfoProto, t: TensorSpec) -> None:
-    dtype = _ELEM.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
+    dtype = ELEMENT_TYPES.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
     if dtype != t.dtype:
         raise ExportError(f"graph {graph!r}: {kind} {t.name!r} has dtype {dtype}, the spec says {t.dtype}")
     axes = _axes(v)

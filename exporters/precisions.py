@@ -30,7 +30,24 @@ from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_b
 from edgeattn.exporters.fusion import can_fuse, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GATE_TOKENS, GateResult, HeldOut, Reference, evaluate, spread_rows
 from edgeattn.exporters.gptq import ROW_TOKENS, calibration_rows
-from edgeattn.exporters.onnx_export import PROTOBUF_LIMIT, export_graph, finalize, save_checked, written_graph
+from edgeattn.exporters.kv_cache import (
+    DRAWN_MARGIN,
+    SCALE_ROW_TOKENS,
+    SCALE_ROWS,
+    SCALE_TOKENS,
+    CacheScales,
+    measure_scales,
+    quantize_cache,
+    why_not_supported,
+)
+from edgeattn.exporters.onnx_export import (
+    ELEMENT_TYPES,
+    PROTOBUF_LIMIT,
+    export_graph,
+    finalize,
+    save_checked,
+    written_graph,
+)
 from edgeattn.exporters.operators import fused_attention_count, operator_counts
 from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_weights
 from edgeattn.exporters.sensitivity import SEARCH_SECONDS, SearchResult, Trial, group_nodes, search_sensitive
@@ -44,7 +61,7 @@ from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FusedForm, Precision, get_precision, source_name
 from edgeattn.runtime.session import CPU
-from edgeattn.runtime.specs import graph_spec
+from edgeattn.runtime.specs import LOGITS_AT, graph_spec, is_in_place_cache
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +76,8 @@ WRITTEN = "written"
 
 #: What int8-static's attention, encoder and cross_kv graphs can be made from (see PrecisionOptions).
 STATIC_FORMS = ("auto", "fused", "plain")
+#: How a language model's int8 and int4 keep their key/value cache (see PrecisionOptions).
+KV_CACHES = ("int8", "float32")
 
 
 @dataclass
@@ -91,10 +110,15 @@ class PrecisionOptions:
     #: OpenVINO runs it whole), or "auto": plain for each graph the runtime would run on OpenVINO
     #: on this machine (:func:`edgeattn.runtime.engines.choose_engine`), else fused
     static_form: str = "auto"
+    #: a language model's int8 and int4 key/value cache: "int8" (where the graph and ONNX Runtime
+    #: can: decoding reads half the bytes, prompts over ~1,000 tokens run slower) or "float32"
+    kv_cache: str = "int8"
 
     def __post_init__(self) -> None:
         if self.static_form not in STATIC_FORMS:
             raise ExportError(f"static form {self.static_form!r} is not one of {', '.join(STATIC_FORMS)}")
+        if self.kv_cache not in KV_CACHES:
+            raise ExportError(f"key/value cache {self.kv_cache!r} is not one of {', '.join(KV_CACHES)}")
 
 
 @dataclass
@@ -123,8 +147,9 @@ class Candidate:
         else:
             proto = onnx.load(str(self.model), load_external_data=True)
         spec = graph_spec(self.graph, config)
-        if family_of(config).role(self.graph).float16_cache:
-            spec = spec.with_cache_dtype(get_precision(self.precision).cache_dtype)
+        caches = [v.type.tensor_type.elem_type for v in proto.graph.input if is_in_place_cache(v.name)]
+        if caches and caches[0] != onnx.TensorProto.FLOAT:  # as the converter wrote them (float16, int8)
+            spec = spec.with_cache_dtype(ELEMENT_TYPES[caches[0]])
         finalize(proto, config, spec, self.precision)
         return proto
 
@@ -196,6 +221,7 @@ class PrecisionBuilder:
         self._made = 0
         self._index: CheckpointIndex | None = None
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
+        self._cache_scales: dict[str, CacheScales] = {}
         self._search_reference: Reference | None = None
         #: the latest sensitive-node search of each graph
         self.searches: dict[str, SearchResult[Candidate]] = {}
@@ -302,17 +328,51 @@ class PrecisionBuilder:
             block_size=self.family.role(graph).int4_block_size, head_bits=self.family.role(graph).int4_head_bits,
             int8_form=self.family.role(graph).int8_form, int4_method=self.family.role(graph).int4_method,
             wide_products=self.family.role(graph).int4_wide_products,
-            float16_cache=self.family.role(graph).float16_cache and precision.cache_dtype == "float16",
+            float16_cache=self.family.role(graph).cache_dtype(precision) == "float16",
         )  # fmt: skip
         if precision.fitted and self.family.role(graph).fitter is not None and self.fit_text is not None:
             job.fit = lambda bits_of, block: self._fit(graph, bits_of, block)
             job.fit_source = self.fit_text[1]
         info = CONVERTERS[precision.name](src, dst, job)
         release_freed_memory()
-        candidate = Candidate.read(graph, precision.name, dst, {"quantization": info, **source}, keep=False)
+        fields = {"quantization": info, **source}
+        if self.family.role(graph).cache_dtype(precision) == "int8":
+            fields["kv_cache"] = self._int8_cache(graph, src, dst)
+        candidate = Candidate.read(graph, precision.name, dst, fields, keep=False)
         if isinstance(candidate.model, bytes):
             shutil.rmtree(work)
         return candidate
+
+    def _int8_cache(self, graph: str, src: Path, dst: Path) -> dict[str, Any]:
+        """The converted graph in ``dst`` made to keep its cache in int8, scales measured on the
+        float graph ``src``; the manifest's record of its cache either way."""
+        why = "--kv-cache float32 was asked for" if self.options.kv_cache == "float32" else why_not_supported()
+        if why is None:
+            if graph not in self._cache_scales:
+                self._cache_scales[graph] = self._measure_cache(graph, src)
+            record = quantize_cache(dst, self._cache_scales[graph])
+            if record is not None:
+                return record
+            why = "its graph has no GroupQueryAttention over its cache"
+        if self.options.kv_cache != "float32":
+            log.warning("%s: the key/value cache stays float32: %s", graph, why)
+        return {"dtype": "float32", "not_int8_because": why}
+
+    def _measure_cache(self, graph: str, src: Path) -> CacheScales:
+        """The cache's largest magnitudes on the calibration text (:attr:`fit_text`), else on the
+        calibration feeds drawn from the vocabulary, with room to spare."""
+        if self.fit_text is None:
+            return measure_scales(src, self._calibration_feeds(graph), self.model.config,
+                                  "token ids drawn from the vocabulary", margin=DRAWN_MARGIN)  # fmt: skip
+        width = min(SCALE_ROW_TOKENS, self.model.config.max_len)
+        rows = calibration_rows(self.fit_text[0], tokens=SCALE_TOKENS, width=width)
+        feeds = calibration_feeds(self.model, graph, rows.tolist(), batches=-(-len(rows) // SCALE_ROWS))
+        for feed in feeds:  # one position's logits where the graph picks them: the cache is what counts
+            if LOGITS_AT in feed:
+                feed[LOGITS_AT] = feed[LOGITS_AT][:, -1:]
+        scales = measure_scales(src, feeds, self.model.config, f"{self.fit_text[1]}, {rows.size:,} tokens")
+        release_freed_memory()
+        return scales
 
     def _calibration_feeds(self, graph: str) -> list[dict[str, np.ndarray]]:
         """Made once per graph: the sensitive-node search quantises again for every node."""

@@ -110,7 +110,7 @@ class ConversionJob:
     #: role's ``int4_wide_products``: the projections real models' quality hangs on)
     wide_products: tuple[str, ...] = ()
     #: fp16 makes the in-place caches (``cache_*`` in, ``updated_*`` out) float16 too (the family
-    #: role's ``float16_cache``, where the precision record's ``cache_dtype`` is float16)
+    #: role's ``cache_dtype`` at the precision is float16)
     float16_cache: bool = False
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
 from edgeattn.runtime import specs
-from edgeattn.runtime.precisions import Thresholds, get_precision
+from edgeattn.runtime.precisions import Precision, Thresholds, get_precision
 from edgeattn.runtime.specs import GraphSpec
 
 #: verification sizes: lengths never traced, batch 1 and > 1
@@ -145,13 +145,19 @@ class GraphRole:
     #: their size: ONNX Runtime maps that file instead of parsing the weights out of the protobuf,
     #: and a SmolLM2-360M-shaped int4 decoder (204 MB) loaded with a peak of 363 MB instead of 431
     external_weights: bool = False
-    #: under fp16 its in-place caches are float16 inputs and outputs too: a float32 cache around
-    #: float16 attention would be a cast copy, not written in place (and GroupQueryAttention takes
-    #: one element type for its query and its past)
-    float16_cache: bool = False
+    #: the element types besides float32 its in-place caches take where a precision record's
+    #: ``cache_dtype`` asks for one: "float16" (under fp16 a float32 cache around float16 attention
+    #: would be a cast copy, not written in place, and GroupQueryAttention takes one element type
+    #: for its query and its past), "int8" (GroupQueryAttention's int8 cache, scales per channel
+    #: measured on the calibration text: :mod:`edgeattn.exporters.kv_cache`)
+    cache_types: tuple[str, ...] = ()
     #: ``"module:function"`` writing its ONNX graph from the model, ``(model, spec) -> ModelProto``,
     #: instead of tracing ``module`` (which stays the eager reference it is verified against)
     builder: str | None = None
+
+    def cache_dtype(self, precision: Precision) -> str:
+        """The element type of its in-place caches at ``precision``."""
+        return precision.cache_dtype if precision.cache_dtype in self.cache_types else "float32"
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,10 @@ class Family:
     @property
     def graph_names(self) -> list[str]:
         return [r.name for r in self.roles]
+
+    def caches(self, precision: str, dtype: str) -> bool:
+        """Whether a graph of it keeps its in-place caches in ``dtype`` at ``precision``."""
+        return any(role.cache_dtype(get_precision(precision)) == dtype for role in self.roles)
 
     @property
     def primary_graph(self) -> str:
@@ -294,7 +304,7 @@ CAUSAL_FAMILY = Family(
                   decodes=True, in_place=True, int8_activations=True, int4_block_size=64, int4_head_bits=8,
                   int4_wide_products=("attn.qkv_proj",), int4_method="gptq",
                   fitter="edgeattn.exporters.causal_fit:fit_causal", int8_form="blockwise",
-                  external_weights=True, float16_cache=True,
+                  external_weights=True, cache_types=("float16", "int8"),
                   builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
     ),
     tasks={"complete": ("causal_decoder",)},

@@ -129,10 +129,13 @@ class Variant(FileEntry):
     not_fused_because: str | None = None
     #: float32 parity, for precisions held to it
     parity: Parity | None = None
+    #: how the graph keeps its in-place key/value cache where its precision asks for int8 (the
+    #: element type, its scales and what they were measured on, or why it stayed float32)
+    kv_cache: dict[str, Any] | None = None
 
     OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset(
         {"external_data", "source", "quantization", "fused_operators", "attention_blocks", "attention_fused",
-         "not_fused_because", "parity"}
+         "not_fused_because", "parity", "kv_cache"}
     )  # fmt: skip
 
 

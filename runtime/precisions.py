@@ -150,8 +150,8 @@ class Precision:
     #: the execution provider that runs the graphs ("engine" builds), and its options
     engine: str | None = None
     engine_options: tuple[tuple[str, str], ...] = ()
-    #: the element type of the in-place caches of a graph whose family role keeps them in its
-    #: precision (``GraphRole.float16_cache``)
+    #: the element type of the in-place caches of a graph whose family role can keep them so
+    #: (``GraphRole.cache_types``; float32 elsewhere)
     cache_dtype: str = "float32"
 
     @property
@@ -187,12 +187,14 @@ PRECISIONS: dict[str, Precision] = {
         ),
         Precision(
             "int8",
-            "dynamic int8, per-channel weights, embeddings too (a language model: 8-bit weights in blocks of 32)",
+            "dynamic int8, per-channel weights, embeddings too (a language model: 8-bit weights in blocks of 32, "
+            "its key/value cache int8)",
             "`onnxruntime.quantization.quantize_dynamic`",
             "convert",
             _FUSED_CPU,
             thresholds=Thresholds(0.999, 0.98, 0.95, 0.95, 0.90, 0.95, 0.95),
             sensitive_search=True,
+            cache_dtype="int8",
         ),
         Precision(
             "int8-static",
@@ -237,12 +239,13 @@ PRECISIONS: dict[str, Precision] = {
         Precision(
             "int4",
             "block-wise 4-bit weights (block 32; a language model's decoder: block 64, fitted by GPTQ on real text, "
-            "its output layer and q/k/v projections 8-bit), 4-bit embeddings when large",
+            "its output layer and q/k/v projections 8-bit, its key/value cache int8), 4-bit embeddings when large",
             "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized); GPTQ fitted from the PyTorch model",
             "convert",
             FusedForm(packed=False),
             fitted=True,
             thresholds=Thresholds(0.99, 0.90, 0.90, 0.85, 0.70, 0.85, 0.95),
+            cache_dtype="int8",
         ),
     )
 }

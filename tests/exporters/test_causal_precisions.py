@@ -50,7 +50,15 @@ def test_int8_int4_and_fp16_pass_the_gate_on_held_out_text(folder, tmp_path):
     # fitted by GPTQ on the held-out text (too little of it for the gate not to measure it too)
     assert variant["quantization"]["method"] == "gptq" and variant["quantization"]["fitted_products"] > 0
     assert variant["quantization"]["fitted_on"] == "file notes.txt, which the gate measures too"
+    for precision in ("int8", "int4"):  # the key/value cache in int8, its scales measured on the text
+        cache = manifest["graphs"]["causal_decoder"]["precisions"][precision]["kv_cache"]
+        assert cache["dtype"] == "int8" and cache["measured_on"].startswith("file notes.txt"), cache
     model = load(out, precision="int4")
+    graph = onnx.load(str(out / "causal_decoder.int4.onnx"), load_external_data=False)
+    assert {v.type.tensor_type.elem_type for v in graph.graph.input if v.name.startswith("cache_")} == {
+        onnx.TensorProto.INT8}  # fmt: skip
+    state = model.state(np.array([[5, 9, 12, 7]]), np.ones((1, 4), np.int64), capacity=12)
+    assert next(iter(state.host.values())).dtype == np.int8
     assert len(model.generate_text(["the sea is", "hello"], 8)) == 2
     gate = manifest["gates"]["fp16"]
     assert gate["passed"] and gate["metrics"]["causal_decoder"]["teacher_top1"] >= 0.99, gate
