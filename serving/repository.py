@@ -42,6 +42,7 @@ from edgeattn.runtime.manifest import DataFile, FileEntry, Manifest, check_file,
 from edgeattn.runtime.precisions import FP32, get_precision
 from edgeattn.runtime.specs import GraphSpec, graph_spec
 from edgeattn.serving.tasks import TRITON_TYPES, ServedTensor, generates, task_inputs, task_of, task_outputs
+from edgeattn.serving.vendoring import vendor
 
 log = logging.getLogger(__name__)
 
@@ -277,22 +278,6 @@ def _rows_alone(model: onnx.ModelProto) -> dict[str, int] | None:
     return changed
 
 
-def _vendor(dst: Path) -> None:
-    """The torch-free part of edgeattn under ``dst``: its top module, config, errors and host facts,
-    the runtime, and the serving modules the Python-backend model runs."""
-    package = Path(edgeattn.__file__).resolve().parent
-    runtime = Path(__import__("edgeattn.runtime", fromlist=["_"]).__file__).resolve().parent
-    serving = Path(__file__).resolve().parent
-    (dst / "edgeattn" / "runtime").mkdir(parents=True)
-    (dst / "edgeattn" / "serving").mkdir()
-    for name in ("__init__.py", "config.py", "errors.py", "host.py"):
-        shutil.copy2(package / name, dst / "edgeattn" / name)
-    for path in runtime.glob("*.py"):
-        shutil.copy2(path, dst / "edgeattn" / "runtime" / path.name)
-    for name in ("__init__.py", "tasks.py", "triton_backend.py"):
-        shutil.copy2(serving / name, dst / "edgeattn" / "serving" / name)
-
-
 @dataclass
 class Repository:
     """What :func:`write_repository` wrote."""
@@ -387,7 +372,7 @@ def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, tas
         "edgeattn_version": edgeattn.__version__,
     }  # fmt: skip
     (version / TRITON_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-    _vendor(version / "vendor")
+    vendor(version / "vendor")  # what the backend imports, found from its imports
 
 
 def carry_export(export_dir: Path, manifest: Manifest, precision: str, graphs: list[str], dst: Path,
