@@ -203,9 +203,12 @@ def edgeattn_variants(export: Path, rows: list[list[int]], methods: dict[str, di
                           else manifest.graphs["causal_decoder"].file)  # fmt: skip
         data = sum(p.stat().st_size for p in export.glob(graph.name + "*"))
         start = time.perf_counter()
+        variant = manifest.graphs["causal_decoder"].precisions.get(precision)
         out[f"edgeattn {precision}"] = {"scored": score_rows(lambda b, m=model: m.next_token_logits(b, np.ones_like(b)),
                                                              rows), "bytes": data,
-                                        "seconds": time.perf_counter() - start}  # fmt: skip
+                                        "seconds": time.perf_counter() - start,
+                                        "kv_cache": ((variant.kv_cache or {}).get("dtype") if variant else None)
+                                        or "float32"}  # fmt: skip
         print(f"  edgeattn {precision}: {time.perf_counter() - start:.0f} s", flush=True)
     if not methods:
         return out
@@ -234,7 +237,7 @@ def edgeattn_variants(export: Path, rows: list[list[int]], methods: dict[str, di
             out[f"edgeattn int4 {name}"] = {
                 "scored": score_rows(lambda b, r=runtime: r.next_token_logits(b, np.ones_like(b)), rows),
                 "bytes": sum(p.stat().st_size for p in dst.parent.iterdir()), "seconds": time.perf_counter() - start,
-                "settings": settings}  # fmt: skip
+                "settings": settings, "kv_cache": "float32"}  # fmt: skip
             print(f"  edgeattn int4 {name}: {time.perf_counter() - start:.0f} s", flush=True)
     return out
 
@@ -271,6 +274,8 @@ def main() -> None:
         s["seconds"] = round(r["seconds"], 1)
         if "settings" in r:
             s["settings"] = r["settings"]
+        if "kv_cache" in r:  # edgeattn's: the export's int8 and int4 keep it int8, the methods' rows float32
+            s["kv_cache"] = r["kv_cache"]
         table[name] = s
     f32 = table.get("llama.cpp f32", table["edgeattn fp32"])["perplexity"]
     print(f"\n{'variant':44s} {'perplexity':>10s} {'vs f32':>8s} {'top-1':>6s} {'MB':>7s} {'bits/w':>6s}")

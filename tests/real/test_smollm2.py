@@ -82,6 +82,9 @@ def test_the_real_model_exports_verified_and_gated(export):
     quantization = manifest["graphs"]["causal_decoder"]["precisions"]["int4"]["quantization"]
     assert quantization["method"] == "gptq" and quantization["fitted_products"] == 90, quantization
     assert "sequences the gate does not measure" in quantization["fitted_on"], quantization
+    for precision in ("int8", "int4"):  # their key/value cache int8, its scales measured on the same text
+        cache = manifest["graphs"]["causal_decoder"]["precisions"][precision]["kv_cache"]
+        assert cache["dtype"] == "int8" and "sequences the gate does not measure" in cache["measured_on"], cache
     assert "tokens identical" in output and "precision int8: ok" in output and "precision int4: ok" in output
     print(f"\nreal SmolLM2-135M export: {seconds:.0f} s\n{output}")
 
