@@ -793,8 +793,13 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
 
 
 @cli.command()
-@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.argument("exports", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_serving_options
+@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+              help="Triton's protocols (one export), or an OpenAI-compatible HTTP API (every export, by name).")
+@click.option("--api-key", default=None, help="With --api openai: the bearer token every request must carry.")
+@click.option("--max-rows", default=8, show_default=True,
+              help="With --api openai: a language model's concurrent generations in its batch (more wait).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
 @click.option("--port", default=8000, show_default=True, help="HTTP port.")
 @click.option("--grpc-port", default=8001, show_default=True)
@@ -806,18 +811,35 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
     help="Keep the Triton repository here (default: a temporary directory).",
 )
 @_needs("export", "onnx")
-def serve(export_dir: Path, precision: str, max_batch_size: int, max_queue_delay_us: int, instances: int,
-          dynamic_batching: bool,
-          name: str | None, task: str | None, host: str, port: int, grpc_port: int, metrics_port: int,
-          repository: Path | None) -> None:  # fmt: skip
-    """Serve an export behind a Triton Inference Server on this machine (HTTP, gRPC, metrics).
+def serve(exports: tuple[Path, ...], precision: str, max_batch_size: int, max_queue_delay_us: int, instances: int,
+          dynamic_batching: bool, name: str | None, task: str | None, api: str, api_key: str | None, max_rows: int,
+          host: str, port: int, grpc_port: int, metrics_port: int, repository: Path | None) -> None:  # fmt: skip
+    """Serve exports on this machine: behind a Triton Inference Server (HTTP, gRPC, metrics; one
+    export), or as an OpenAI-compatible API (--api openai: chat and completions with continuous
+    batching for language models, embeddings for encoders; every export by its directory's name).
 
-    The end-to-end model runs the graphs in its own process with dynamic batching; needs the
-    serve extra (nvidia-pytriton's server) and no torch. Stops on Ctrl-C.
+    Triton's end-to-end model runs the graphs in its own process with dynamic batching and needs
+    the serve extra (nvidia-pytriton's server); the OpenAI API needs aiohttp. Neither needs
+    torch. Stops on Ctrl-C.
     """
     import signal
     import tempfile
 
+    if api == "openai":
+        from edgeattn.serving.openai_api import run_api
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _interrupt)
+        try:
+            run_api(list(exports), host, port, api_key, max_rows,
+                    ready=lambda url: click.echo(f"serving {', '.join(e.name for e in exports)} at {url}; "
+                                                 "Ctrl-C stops"))  # fmt: skip
+        except KeyboardInterrupt:
+            click.echo("stopping")
+        return
+    if len(exports) != 1:
+        raise click.UsageError("Triton serves one export at a time; give one, or --api openai for several")
+    export_dir = exports[0]
     from edgeattn.serving.repository import RepositoryOptions, write_repository
     from edgeattn.serving.triton_server import TritonServer
 

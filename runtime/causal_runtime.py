@@ -191,6 +191,36 @@ class CausalState:
         """(rows, vocab) True for every token of each row's prompt (where a repetition penalty starts)."""
         return prompt_seen(self.prompt_ids, self.prompt_mask, self.model.config.vocab_size)
 
+    @classmethod
+    def merged(cls, model: CausalRuntime, rows: Sequence[tuple[CausalState, int]], room: int = 0) -> CausalState:
+        """A state whose row i is row ``r`` of state ``s`` for each ``(s, r)`` of ``rows`` (a
+        running batch that rows join and leave): each row's filled slots copied to the front in
+        order, ``room`` free slots after the longest. The next :meth:`step` feeds a token a row.
+        On the CPU (the caches are host arrays)."""
+        if not rows:
+            raise InputError("a merged state needs at least one row")
+        if any(not s.on_host for s, _ in rows):
+            raise InputError("rows are merged on the CPU; this state keeps its cache on a device")
+        filled = [np.flatnonzero(s.slots[r, : s.position]) for s, r in rows]
+        width = max(len(f) for f in filled)
+        state = cls.__new__(cls)
+        state.model, state.session = model, model.sessions[CAUSAL_DECODER]
+        state.rows, state.on_host, state.position = len(rows), True, width
+        state.next_position = np.array([s.next_position[r] for s, r in rows], dtype=np.int64)
+        capacity = min(model.config.max_len, width + max(room, 1))
+        if width + room > model.config.max_len:
+            raise InputError(f"{width + room} tokens would not fit: this model attends over at most "
+                             f"{model.config.max_len} (max_len)")  # fmt: skip
+        state._allocate(capacity)
+        for i, ((s, r), slots) in enumerate(zip(rows, filled, strict=True)):
+            for name, array in state.host.items():
+                array[i, :, : len(slots)] = s.host[name][r][:, slots]
+            state.slots[i, : len(slots)] = 1
+        state.prompt_ids = np.zeros((state.rows, 1), np.int64)
+        state.prompt_mask = np.zeros_like(state.prompt_ids)
+        state._pending = None
+        return state
+
 
 class CausalRuntime(ExportedModel):
     """A decoder-only language model's export (GPT-2, Llama, Qwen, Phi-3): generate and stream
@@ -365,12 +395,12 @@ class CausalRuntime(ExportedModel):
                     answers[i] = tokenizer.decode(rows[i])
                     continue
                 rows[i].append(token)
-                cut = _cut_at_stop(tokenizer.decode(rows[i]), stop)
+                cut = cut_at_stop(tokenizer.decode(rows[i]), stop)
                 if cut is not None:
                     answers[i] = cut
             if all(a is not None for a in answers):
                 break  # every row is done: the rest of the search is not run
-        texts = [a if a is not None else _cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
+        texts = [a if a is not None else cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
                  for a, r in zip(answers, rows, strict=True)]  # fmt: skip
         return [(text, np.array(r, dtype=np.int64)) for text, r in zip(texts, rows, strict=True)]
 
@@ -392,12 +422,12 @@ class CausalRuntime(ExportedModel):
                 break
             tokens.append(token)
             text = tokenizer.decode(tokens)
-            cut = _cut_at_stop(text, stop)
+            cut = cut_at_stop(text, stop)
             if cut is not None:
                 if len(cut) > len(shown):
                     yield cut[len(shown) :]
                 return
-            safe = len(text) - _held_back(text, stop)
+            safe = len(text) - held_back(text, stop)
             if text.startswith(shown) and safe > len(shown):
                 yield text[len(shown) : safe]
                 shown = text[:safe]
@@ -524,13 +554,13 @@ def forced_feeds(config: ModelConfig, ids: np.ndarray, mask: np.ndarray) -> dict
             **{n: zeros for n in cache_names(SLOT_CACHE, c.n_layers)}}  # fmt: skip
 
 
-def _cut_at_stop(text: str, stop: list[str]) -> str | None:
+def cut_at_stop(text: str, stop: list[str]) -> str | None:
     """``text`` up to the first stop string in it, or None when it holds none."""
     found = [text.index(s) for s in stop if s and s in text]
     return text[: min(found)] if found else None
 
 
-def _held_back(text: str, stop: list[str]) -> int:
+def held_back(text: str, stop: list[str]) -> int:
     """How many characters at the end of ``text`` could begin a stop string (not shown yet)."""
     held = 0
     for s in stop:

@@ -1,0 +1,224 @@
+"""Continuous batching of a language model's generations: concurrent requests share one batch of
+the runtime's in-place cache. A request's prompt runs alone, then the request joins the batch at
+the next step and leaves it when it ends (or its client goes); each step feeds every row one
+token. Greedy answers equal what each request gets alone."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.causal_runtime import CausalState, cut_at_stop, held_back
+from edgeattn.runtime.generate import filter_logits, log_softmax
+
+log = logging.getLogger(__name__)
+
+#: free slots a merged batch keeps after its longest row, so that steps seldom grow the cache
+ROOM = 64
+
+
+@dataclass
+class Piece:
+    """What one step of a request added: its text (may be empty while a stop string could
+    start), the token, its log-probability and the most likely alternatives'."""
+
+    text: str
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Finished:
+    """A request's end: why ("stop", "length", "cancelled" or "error"), and token counts."""
+
+    reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+    #: text held back in case a stop string began, given at the end
+    tail: str = ""
+
+
+@dataclass
+class Generation:
+    """One generation a client asked for, and where its pieces go (``emit``, called from the
+    batching thread)."""
+
+    ids: list[int]
+    max_tokens: int
+    emit: Callable[[Piece | Finished], None]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    #: how many alternatives each piece reports (0: none)
+    top_logprobs: int = 0
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    tokens: list[int] = field(default_factory=list)
+    shown: str = ""
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+
+
+class Batcher:
+    """Runs the generations given to :meth:`submit` in one batch of at most ``max_rows`` rows, in
+    its own thread, until :meth:`close`."""
+
+    def __init__(self, model: Any, max_rows: int = 8) -> None:
+        if max_rows < 1:
+            raise EdgeattnError(f"a batch needs at least one row, not {max_rows}")
+        self.model, self.max_rows = model, max_rows
+        self.tokenizer = model._tokenizer()
+        self.waiting: queue.Queue[Generation | None] = queue.Queue()
+        self.active: list[Generation] = []
+        self.state: CausalState | None = None
+        self.steps = 0
+        #: the most rows one step has fed, and how generations ended, by reason (tests, figures)
+        self.widest = 0
+        self.ended: Counter[str] = Counter()
+        self._thread = threading.Thread(target=self._run, name="edgeattn-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, generation: Generation) -> None:
+        self.waiting.put(generation)
+
+    def close(self) -> None:
+        self.waiting.put(None)
+        self._thread.join(timeout=30)
+
+    @property
+    def rows(self) -> int:
+        """Rows in the batch now."""
+        return len(self.active)
+
+    # ------------------------------------------------------------------ loop
+    def _run(self) -> None:
+        while True:
+            joined, closing = self._admit()
+            if closing:
+                for g in self.active:
+                    self._finish(g, "cancelled")
+                return
+            try:
+                self._regroup(joined)
+                if self.state is None:
+                    continue
+                tokens = np.array([[g.tokens[-1]] for g in self.active], dtype=np.int64)
+                logits = self.state.feed(tokens)
+                self.steps += 1
+                self.widest = max(self.widest, len(self.active))
+                for g, row in zip(self.active, logits, strict=True):
+                    if not g.cancelled.is_set():
+                        self._advance(g, row)
+            except Exception as exc:  # a broken step ends every request in it, with the reason
+                log.exception("batch step failed")
+                for g in self.active:
+                    self._finish(g, "error", str(exc))
+                self.active, self.state = [], None
+            self._leave()
+
+    def _admit(self) -> tuple[list[tuple[Generation, CausalState]], bool]:
+        """Waiting generations, their prompts run alone (blocking while the batch is empty)."""
+        joined: list[tuple[Generation, CausalState]] = []
+        while len(self.active) + len(joined) < self.max_rows:
+            try:
+                g = self.waiting.get(block=not self.active and not joined)
+            except queue.Empty:
+                break
+            if g is None:
+                for waiting, _ in joined:
+                    self._finish(waiting, "cancelled")
+                return joined, True
+            if g.cancelled.is_set():
+                self._finish(g, "cancelled")
+                continue
+            try:
+                alone = self.model.state(np.array([g.ids]), np.ones((1, len(g.ids)), np.int64))
+                self._advance(g, alone.step(np.zeros(1, np.int64))[0])
+            except Exception as exc:
+                log.exception("prompt failed")
+                self._finish(g, "error", str(exc))
+                continue
+            if not g.done:
+                joined.append((g, alone))
+        return joined, False
+
+    def _regroup(self, joined: list[tuple[Generation, CausalState]]) -> None:
+        """The batch with the new rows after the ones it has."""
+        if not joined:
+            return
+        rows = [(self.state, i) for i in range(len(self.active))] if self.state is not None else []
+        rows += [(alone, 0) for _, alone in joined]
+        self.active += [g for g, _ in joined]
+        self.state = CausalState.merged(self.model, rows, room=ROOM)
+
+    def _leave(self) -> None:
+        """Rows whose generation ended (or whose client went) leave the batch."""
+        staying = [i for i, g in enumerate(self.active) if not g.done and not g.cancelled.is_set()]
+        for g in self.active:
+            if g.cancelled.is_set() and not g.done:
+                self._finish(g, "cancelled")
+        if len(staying) == len(self.active):
+            return
+        assert self.state is not None
+        self.state = CausalState.merged(self.model, [(self.state, i) for i in staying], room=ROOM) if staying else None
+        self.active = [self.active[i] for i in staying]
+
+    # ------------------------------------------------------------- one token
+    def _advance(self, g: Generation, logits: np.ndarray) -> None:
+        """Choose ``g``'s next token from its row's logits, emit what it adds, end it when due."""
+        scores = logits.astype(np.float32)
+        if g.tokens and (g.presence_penalty or g.frequency_penalty):
+            seen, counts = np.unique(np.array(g.tokens), return_counts=True)
+            scores = scores.copy()
+            scores[seen] -= g.presence_penalty + g.frequency_penalty * counts
+        logp = log_softmax(scores[None])[0]
+        if g.temperature == 0:
+            token = int(scores.argmax())
+        else:
+            filtered = log_softmax(filter_logits(scores[None], g.temperature, 0, g.top_p))[0]
+            probs = np.exp(filtered)
+            token = int(g.rng.choice(len(probs), p=probs / probs.sum()))
+        top = []
+        if g.top_logprobs:
+            best = np.argsort(-logp, kind="stable")[: g.top_logprobs]
+            top = [(int(t), float(logp[t])) for t in best]
+        if token in self.model.stop_ids:
+            self._finish(g, "stop")
+            return
+        g.tokens.append(token)
+        text = self.tokenizer.decode(g.tokens)
+        cut = cut_at_stop(text, g.stop)
+        last = len(g.tokens) >= g.max_tokens
+        shown = cut if cut is not None else text if last else text[: len(text) - held_back(text, g.stop)]
+        piece = ""
+        if shown.startswith(g.shown) and len(shown) > len(g.shown):
+            piece, g.shown = shown[len(g.shown) :], shown
+        g.emit(Piece(piece, token, float(logp[token]), top))
+        if cut is not None or last:
+            self._finish(g, "stop" if cut is not None else "length")
+
+    def _finish(self, g: Generation, reason: str, error: str | None = None) -> None:
+        if g.done:
+            return
+        g.done = True
+        self.ended[reason] += 1
+        tail = ""
+        if reason == "stop" and g.tokens:  # a stop token: what was held back in case a stop string began
+            text = self.tokenizer.decode(g.tokens)
+            if cut_at_stop(text, g.stop) is None and text.startswith(g.shown):
+                tail, g.shown = text[len(g.shown) :], text
+        g.emit(Finished(reason, len(g.ids), len(g.tokens), error, tail))

@@ -1,0 +1,476 @@
+"""An OpenAI-compatible HTTP API over exports (aiohttp): ``GET /v1/models``,
+``POST /v1/chat/completions`` and ``/v1/completions`` for language models (continuous batching,
+:mod:`edgeattn.serving.batching`), ``POST /v1/embeddings`` for encoders. Errors are OpenAI's
+error objects with their HTTP status; an API key, when set, is required as a bearer token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from edgeattn.errors import EdgeattnError
+from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
+
+log = logging.getLogger(__name__)
+
+#: the largest request body read (bytes)
+MAX_BODY = 4 * 1024 * 1024
+#: the most stop strings, choices and top log-probabilities a request may ask for (OpenAI's limits)
+MAX_STOP, MAX_N, MAX_TOP_LOGPROBS = 4, 8, 20
+#: the most texts one embeddings request may give
+MAX_INPUTS = 256
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return web.json_response(body, status=self.status)
+
+
+@dataclass
+class Served:
+    """One export the API serves, by name."""
+
+    name: str
+    model: Any
+    created: int
+    batcher: Batcher | None = None
+
+    @property
+    def generates(self) -> bool:
+        return self.batcher is not None
+
+
+def served_models(exports: list[Path], max_rows: int) -> dict[str, Served]:
+    """Each export loaded (its directory's name the model's), a language model with its batcher."""
+    from edgeattn.runtime import load
+
+    models: dict[str, Served] = {}
+    for path in exports:
+        name = path.resolve().name
+        if name in models:
+            raise EdgeattnError(f"two exports are named {name!r}; serve exports whose directories differ in name")
+        model = load(path)
+        batcher = Batcher(model, max_rows) if hasattr(model, "stop_ids") else None
+        if batcher is None and not hasattr(model, "embed"):
+            raise EdgeattnError(f"{path} is neither a language model nor an encoder that embeds")
+        models[name] = Served(name, model, int(path.stat().st_mtime), batcher)
+    return models
+
+
+# ------------------------------------------------------------------ fields
+def _field(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], default: Any = None,
+           low: float | None = None, high: float | None = None) -> Any:  # fmt: skip
+    value = body.get(name, default)
+    if value is None:
+        return default
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+        raise ApiError(400, f"{name} has the wrong type ({type(value).__name__})", name)
+    if low is not None and value < low or high is not None and value > high:
+        raise ApiError(400, f"{name} must be between {low} and {high}, got {value}", name)
+    return value
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP:
+        raise ApiError(400, f"stop is a string or a list of at most {MAX_STOP} non-empty strings", "stop")
+    return stops
+
+
+UNSUPPORTED = {
+    "tools": "tool calls are not served yet",
+    "tool_choice": "tool calls are not served yet",
+    "functions": "function calls are not served yet",
+    "logit_bias": "logit_bias is not served yet",
+}
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) not in (None, [], {}):
+            raise ApiError(400, why, name)
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind != "text":
+            raise ApiError(400, f"response_format {kind!r} is not served yet (only 'text')", "response_format")
+
+
+class OpenAIApi:
+    """The application: :meth:`app` for aiohttp, ``models`` by name."""
+
+    def __init__(self, models: dict[str, Served], api_key: str | None = None, owns_models: bool = True) -> None:
+        #: ``owns_models``: the batchers stop when the application shuts down
+        self.models, self.api_key, self.owns_models = models, api_key, owns_models
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{name}", self.get_model)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        if self.owns_models:
+            app.on_shutdown.append(self._close)
+        return app
+
+    async def _close(self, app: web.Application) -> None:
+        for served in self.models.values():
+            if served.batcher is not None:
+                await asyncio.get_running_loop().run_in_executor(None, served.batcher.close)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            if self.api_key is not None and request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+                raise ApiError(401, "incorrect API key provided", kind="invalid_request_error", code="invalid_api_key")
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+        except web.HTTPRequestEntityTooLarge:
+            return ApiError(413, f"the request body is over {MAX_BODY} bytes").response()
+        except web.HTTPException as exc:
+            return ApiError(exc.status, exc.reason or "not found", kind="invalid_request_error").response()
+        except EdgeattnError as exc:
+            return ApiError(400, str(exc)).response()
+
+    # ------------------------------------------------------------ helpers
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body is a JSON object")
+        return body
+
+    def _model(self, body: dict[str, Any], generates: bool) -> Served:
+        name = body.get("model")
+        if not isinstance(name, str):
+            raise ApiError(400, "model is required", "model")
+        served = self.models.get(name)
+        if served is None:
+            raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(self.models)})", "model",
+                           code="model_not_found")  # fmt: skip
+        if generates != served.generates:
+            does = "generates text" if served.generates else "embeds text"
+            use = "completions" if served.generates else "embeddings"
+            raise ApiError(400, f"the model {name!r} {does}; use the {use} endpoints for it", "model")
+        return served
+
+    # ----------------------------------------------------------- endpoints
+    def _card(self, served: Served) -> dict[str, Any]:
+        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "edgeattn"}
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._card(s) for s in self.models.values()]})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        served = self.models.get(request.match_info["name"])
+        if served is None:
+            raise ApiError(404, f"the model {request.match_info['name']!r} does not exist", "model",
+                           code="model_not_found")  # fmt: skip
+        return web.json_response(self._card(served))
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        served = self._model(body, generates=True)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "messages is a non-empty list of {role, content} objects", "messages")
+        conversation = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise ApiError(400, f"messages[{i}] needs a role", f"messages[{i}].role")
+            content = m.get("content")
+            if isinstance(content, list):  # parts: only text is served
+                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                    raise ApiError(400, f"messages[{i}].content: only text parts are served", f"messages[{i}].content")
+                content = "".join(p.get("text", "") for p in content)
+            if not isinstance(content, str):
+                raise ApiError(400, f"messages[{i}].content is a string", f"messages[{i}].content")
+            conversation.append({"role": m["role"], "content": content})
+        model = served.model
+        if model.chat_template is None:
+            raise ApiError(400, f"the model {served.name!r} has no chat template; use /v1/completions", "messages")
+        ids = model._tokenizer().encode(model.render_chat(conversation), False)
+        limit = _field(body, "max_completion_tokens", int, None, 1)
+        limit = _field(body, "max_tokens", int, limit, 1)
+        return await self._generate(request, body, served, [ids], "chat.completion", limit)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        served = self._model(body, generates=True)
+        prompt = body.get("prompt")
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise ApiError(400, "prompt is a non-empty string or a list of them", "prompt")
+        tokenizer = served.model._tokenizer()
+        ids = [tokenizer.encode(p, True) for p in prompts]
+        limit = _field(body, "max_tokens", int, 16, 1)
+        return await self._generate(request, body, served, ids, "text_completion", limit)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        served = self._model(body, generates=False)
+        given = body.get("input")
+        texts = [given] if isinstance(given, str) else given
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+            raise ApiError(400, "input is a non-empty string or a list of them", "input")
+        if len(texts) > MAX_INPUTS:
+            raise ApiError(400, f"input holds {len(texts)} texts; at most {MAX_INPUTS} a request", "input")
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise ApiError(400, "encoding_format is 'float' or 'base64'", "encoding_format")
+        if body.get("dimensions") is not None:
+            raise ApiError(400, "dimensions is not served (the export's vectors have their own size)", "dimensions")
+        tokenizer = served.model.tokenizer
+        counts = sum(len(tokenizer.encode(t)) for t in texts) if hasattr(tokenizer, "encode") else 0
+        vectors = await asyncio.get_running_loop().run_in_executor(None, lambda: served.model.embed(texts))
+        data = []
+        for i, v in enumerate(np.asarray(vectors, np.float32)):
+            value = base64.b64encode(v.tobytes()).decode() if encoding == "base64" else v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return web.json_response({"object": "list", "data": data, "model": served.name,
+                                  "usage": {"prompt_tokens": counts, "total_tokens": counts}})  # fmt: skip
+
+    # --------------------------------------------------------- generation
+    async def _generate(self, request: web.Request, body: dict[str, Any], served: Served, prompts: list[list[int]],
+                        kind: str, limit: int | None) -> web.StreamResponse:  # fmt: skip
+        _refuse_unsupported(body)
+        max_len = served.model.config.max_len
+        longest = max(len(p) for p in prompts)
+        if longest >= max_len:
+            where = "messages" if kind == "chat.completion" else "prompt"
+            raise ApiError(400, f"the prompt is {longest} tokens; this model's context is {max_len} tokens", where,
+                           code="context_length_exceeded")  # fmt: skip
+        limit = max_len - longest if limit is None else limit
+        if longest + limit > max_len:
+            raise ApiError(400, f"the prompt's {longest} tokens and max_tokens {limit} exceed this model's context of "
+                           f"{max_len} tokens", "max_tokens", code="context_length_exceeded")  # fmt: skip
+        n = _field(body, "n", int, 1, 1, MAX_N)
+        stream = _field(body, "stream", bool, False)
+        usage_in_stream = bool((_field(body, "stream_options", dict, {}) or {}).get("include_usage"))
+        logprobs = _field(body, "logprobs", (bool, int), False)
+        top = _field(body, "top_logprobs", int, 0, 0, MAX_TOP_LOGPROBS)
+        if kind == "text_completion" and not isinstance(logprobs, bool):  # completions: logprobs is the count
+            logprobs, top = True, int(_field(body, "logprobs", int, 0, 0, 5))
+        settings = {
+            "temperature": float(_field(body, "temperature", (int, float), 1.0, 0, 2)),
+            "top_p": float(_field(body, "top_p", (int, float), 1.0, 0, 1)),
+            "presence_penalty": float(_field(body, "presence_penalty", (int, float), 0.0, -2, 2)),
+            "frequency_penalty": float(_field(body, "frequency_penalty", (int, float), 0.0, -2, 2)),
+            "stop": _stop(body),
+            "top_logprobs": top if logprobs else 0,
+        }
+        seed = _field(body, "seed", int, None)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[int, Piece | Finished]] = asyncio.Queue()
+        generations = []
+        for p, ids in enumerate(prompts):
+            for j in range(n):
+                index = p * n + j
+
+                def emit(event: Piece | Finished, index: int = index) -> None:
+                    loop.call_soon_threadsafe(events.put_nowait, (index, event))
+
+                generations.append(Generation(ids, limit, emit, seed=None if seed is None else seed + index,
+                                              **settings))  # fmt: skip
+        assert served.batcher is not None
+        for g in generations:
+            served.batcher.submit(g)
+        ident = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
+        try:
+            if stream:
+                return await self._stream(request, served, kind, ident, events, generations, usage_in_stream,
+                                          bool(logprobs), sum(len(p) for p in prompts))  # fmt: skip
+            return await self._whole(served, kind, ident, events, generations, bool(logprobs), len(prompts))
+        finally:  # a client that went (or an error) frees its rows at the next step
+            for g in generations:
+                g.cancelled.set()
+
+    def _logprob_entry(self, served: Served, piece: Piece) -> dict[str, Any]:
+        tokenizer = served.model._tokenizer()
+
+        def text(token: int) -> str:
+            return tokenizer.decode([token])
+
+        return {"token": text(piece.token), "logprob": piece.logprob, "bytes": list(text(piece.token).encode()),
+                "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(text(t).encode())}
+                                 for t, lp in piece.top]}  # fmt: skip
+
+    async def _whole(self, served: Served, kind: str, ident: str, events: asyncio.Queue, generations: list,
+                     logprobs: bool, n_prompts: int) -> web.Response:  # fmt: skip
+        texts = [""] * len(generations)
+        pieces: list[list[Piece]] = [[] for _ in generations]
+        ends: dict[int, Finished] = {}
+        while len(ends) < len(generations):
+            index, event = await events.get()
+            if isinstance(event, Piece):
+                texts[index] += event.text
+                pieces[index].append(event)
+            else:
+                texts[index] += event.tail
+                ends[index] = event
+        errors = [e.error for e in ends.values() if e.reason == "error"]
+        if errors:
+            raise ApiError(500, f"generation failed: {errors[0]}", kind="server_error")
+        choices = []
+        for i, text in enumerate(texts):
+            reason = ends[i].reason
+            entry: dict[str, Any] = {"index": i, "finish_reason": reason}
+            if kind == "chat.completion":
+                entry["message"] = {"role": "assistant", "content": text}
+                content = [self._logprob_entry(served, p) for p in pieces[i]]
+                entry["logprobs"] = {"content": content} if logprobs else None
+            else:
+                entry["text"] = text
+                entry["logprobs"] = self._completion_logprobs(served, pieces[i]) if logprobs else None
+            choices.append(entry)
+        prompt_tokens = sum(len(g.ids) for g in generations[:: len(generations) // n_prompts])
+        completion = sum(e.completion_tokens for e in ends.values())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": prompt_tokens + completion}  # fmt: skip
+        return web.json_response({"id": ident, "object": kind, "created": int(time.time()), "model": served.name,
+                                  "choices": choices, "usage": usage})  # fmt: skip
+
+    def _completion_logprobs(self, served: Served, pieces: list[Piece]) -> dict[str, Any]:
+        tokenizer = served.model._tokenizer()
+        tokens = [tokenizer.decode([p.token]) for p in pieces]
+        return {"tokens": tokens, "token_logprobs": [p.logprob for p in pieces],
+                "top_logprobs": [{tokenizer.decode([t]): lp for t, lp in p.top} for p in pieces],
+                "text_offset": list(np.cumsum([0] + [len(t) for t in tokens[:-1]]).tolist())}  # fmt: skip
+
+    async def _stream(self, request: web.Request, served: Served, kind: str, ident: str, events: asyncio.Queue,
+                      generations: list, usage: bool, logprobs: bool, prompt_tokens: int
+                      ) -> web.StreamResponse:  # fmt: skip
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        try:
+            await self._events(response, served, kind, ident, events, generations, usage, logprobs, prompt_tokens)
+        except ConnectionResetError:  # the client went: the caller frees its rows
+            log.info("%s: the client went mid-stream", ident)
+        return response
+
+    async def _events(self, response: web.StreamResponse, served: Served, kind: str, ident: str,
+                      events: asyncio.Queue, generations: list, usage: bool, logprobs: bool, prompt_tokens: int
+                      ) -> None:  # fmt: skip
+        created = int(time.time())
+        chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
+
+        async def send(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
+            chunk = {"id": ident, "object": chunk_kind, "created": created, "model": served.name, "choices": choices,
+                     **(extra or {})}  # fmt: skip
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        if kind == "chat.completion":
+            await send([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                        for i in range(len(generations))])  # fmt: skip
+        ends: dict[int, Finished] = {}
+        while len(ends) < len(generations):
+            index, event = await events.get()
+            if isinstance(event, Finished):
+                ends[index] = event
+                if event.reason == "error":
+                    failed = {"error": {"message": event.error, "type": "server_error"}}
+                    await response.write(f"data: {json.dumps(failed)}\n\n".encode())
+                    continue
+                if event.tail:
+                    await send([self._delta(served, kind, index, event.tail, None, None)])
+                await send([self._delta(served, kind, index, "", event.reason, None)])
+                continue
+            if event.text or logprobs:
+                await send([self._delta(served, kind, index, event.text, None, event if logprobs else None)])
+        if usage:
+            completion = sum(e.completion_tokens for e in ends.values())
+            await send([], {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                      "total_tokens": prompt_tokens + completion}})  # fmt: skip
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+
+    def _delta(self, served: Served, kind: str, index: int, text: str, reason: str | None,
+               piece: Piece | None) -> dict[str, Any]:  # fmt: skip
+        if kind == "chat.completion":
+            entry: dict[str, Any] = {"index": index, "delta": {"content": text} if text or reason is None else {},
+                                     "finish_reason": reason}  # fmt: skip
+            entry["logprobs"] = {"content": [self._logprob_entry(served, piece)]} if piece is not None else None
+            return entry
+        return {"index": index, "text": text, "finish_reason": reason,
+                "logprobs": self._completion_logprobs(served, [piece]) if piece is not None else None}  # fmt: skip
+
+
+def run_api(exports: list[Path], host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+            max_rows: int = 8, ready: Any = None) -> None:  # fmt: skip
+    """Serve ``exports`` until interrupted (``ready``: called with the URL once listening)."""
+    api = OpenAIApi(served_models(exports, max_rows), api_key)
+
+    async def main() -> None:
+        runner = web.AppRunner(api.app())
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        if ready is not None:
+            ready(f"http://{host}:{port}/v1")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+class ApiThread:
+    """The API served from a thread of this process on a free port (tests, benchmarks):
+    ``with ApiThread(api) as server: server.url``."""
+
+    def __init__(self, api: OpenAIApi, host: str = "127.0.0.1", port: int = 0) -> None:
+        import threading
+
+        self.api, self.host, self.port = api, host, port
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="edgeattn-openai-api", daemon=True)
+
+    def __enter__(self) -> ApiThread:
+        self._thread.start()
+
+        async def start() -> web.AppRunner:
+            runner = web.AppRunner(self.api.app())
+            await runner.setup()
+            site = web.TCPSite(runner, self.host, self.port)
+            await site.start()
+            self.port = runner.addresses[0][1]
+            return runner
+
+        self._runner = asyncio.run_coroutine_threadsafe(start(), self.loop).result(timeout=60)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)

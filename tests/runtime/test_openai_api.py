@@ -1,0 +1,219 @@
+"""The OpenAI-compatible API through a real server on loopback and the official ``openai`` client:
+chat and completions (plain and streamed) equal the runtime's greedy answers, concurrent chats share
+one batch and each answers as alone, a client that goes mid-stream frees its row, embeddings equal
+``embed``, and every error is OpenAI's object with its status."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+openai = pytest.importorskip("openai")
+transformers = pytest.importorskip("transformers")
+import causal_folders  # noqa: E402
+
+from edgeattn.runtime import load  # noqa: E402
+from edgeattn.serving.batching import Finished, Generation  # noqa: E402
+from edgeattn.serving.openai_api import ApiThread, OpenAIApi, served_models  # noqa: E402
+
+QUESTIONS = ["the sea is", "write a haiku about the sea", "hello", "waves fold over the sand under", "the moon",
+             "tell me about waves", "sand and sea", "hello how are you"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lm_export(tmp_path_factory):
+    return causal_folders.export_trained(tmp_path_factory.mktemp("openai-lm"), "int8")
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer
+
+    from edgeattn.exporters.package import export_model
+    from edgeattn.sources import resolve_model
+
+    root = tmp_path_factory.mktemp("openai-embed")
+    _checkpoint("Bert", "Model").save_pretrained(root / "hf")
+    _tokenizer(*BERT_SPECIALS).save_pretrained(root / "hf")
+    source = resolve_model(from_hf=root / "hf")
+    export_model(source.model, root / "bert", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
+                 verify=False)  # fmt: skip
+    return root / "bert"
+
+
+@pytest.fixture(scope="module")
+def server(lm_export, embedder):
+    api = OpenAIApi(served_models([lm_export, embedder], max_rows=8))
+    with ApiThread(api) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_models_and_a_greedy_chat_equal_the_runtime(client, lm_export):
+    assert {m.id for m in client.models.list().data} == {"lm", "bert"}
+    runtime = load(lm_export)
+    want = runtime.chat(_chat(QUESTIONS[0]), 12)
+    answer = client.chat.completions.create(model="lm", messages=_chat(QUESTIONS[0]), max_tokens=12, temperature=0)
+    assert answer.choices[0].message.content == want and answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    prompt = len(runtime._tokenizer().encode(runtime.render_chat(_chat(QUESTIONS[0])), False))
+    assert answer.usage.prompt_tokens == prompt and 0 < answer.usage.completion_tokens <= 12
+    pieces, usage = [], None
+    for chunk in client.chat.completions.create(model="lm", messages=_chat(QUESTIONS[0]), max_tokens=12,
+                                                temperature=0, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        pieces += [c.delta.content or "" for c in chunk.choices]
+    assert "".join(pieces) == want and usage is not None and usage.total_tokens == answer.usage.total_tokens
+
+
+def test_completions_stop_strings_n_and_logprobs(client, lm_export):
+    runtime = load(lm_export)
+    want = runtime.generate_text([QUESTIONS[1]], 10)[0]
+    got = client.completions.create(model="lm", prompt=QUESTIONS[1], max_tokens=10, temperature=0)
+    assert got.choices[0].text == want
+    words = want.split()
+    stop = words[1] if len(words) > 1 else None
+    if stop:
+        cut = client.completions.create(model="lm", prompt=QUESTIONS[1], max_tokens=10, temperature=0, stop=[stop])
+        assert cut.choices[0].text == want[: want.index(stop)] and cut.choices[0].finish_reason == "stop"
+    two = client.chat.completions.create(model="lm", messages=_chat("hello"), max_tokens=6, n=2, seed=3,
+                                         temperature=0.9, logprobs=True, top_logprobs=3)  # fmt: skip
+    again = client.chat.completions.create(model="lm", messages=_chat("hello"), max_tokens=6, n=2, seed=3,
+                                           temperature=0.9, logprobs=True, top_logprobs=3)  # fmt: skip
+    assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]  # seeded
+    entries = two.choices[0].logprobs.content
+    assert entries and all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in entries)
+    assert all(e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob for e in entries)
+
+
+def test_concurrent_streams_share_a_batch_and_answer_as_alone(client, server, lm_export):
+    runtime = load(lm_export)
+    lengths = [4 + 3 * (i % 5) for i in range(16)]
+    asked = [(QUESTIONS[i % len(QUESTIONS)], lengths[i]) for i in range(16)]
+    want = [runtime.chat(_chat(q), n) for q, n in asked]
+
+    def stream(item):
+        q, n = item
+        pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="lm", messages=_chat(q), max_tokens=n, temperature=0, stream=True) if c.choices]  # fmt: skip
+        return "".join(pieces)
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(stream, asked))
+    assert got == want
+    batcher = server.api.models["lm"].batcher
+    assert batcher.widest > 1  # rows decoded together
+    assert batcher.rows == 0 and batcher.state is None  # every row left
+
+
+def test_a_client_that_goes_mid_stream_frees_its_row(server, lm_export):
+    """Through HTTP: a client that reads one chunk and goes leaves no row behind. In the batch: a
+    generation cancelled after its first token ends there, as cancelled, and its row is freed."""
+    body = json.dumps({"model": "lm", "messages": _chat("the sea is"), "temperature": 0.8,
+                       "stream": True}).encode()  # fmt: skip
+    request = urllib.request.Request(server.url + "/chat/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.readline().startswith(b"data: ")  # the first chunk, then the client goes
+    batcher = server.api.models["lm"].batcher
+    deadline = time.time() + 30
+    while (batcher.rows or not batcher.waiting.empty()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert batcher.rows == 0 and batcher.state is None
+
+    runtime = load(lm_export)
+    prompt = runtime._tokenizer().encode(runtime.render_chat(_chat(QUESTIONS[3])), False)
+    assert len(runtime.generate_answers([_chat(QUESTIONS[3])], 8)[0][1]) >= 2  # its answer runs past one token
+    events, before = [], batcher.ended["cancelled"]
+
+    def emit(event):
+        events.append(event)
+        if len(events) == 1:  # the first token, chosen after its prompt ran alone
+            generation.cancelled.set()
+
+    generation = Generation(prompt, 40, emit, temperature=0)
+    batcher.submit(generation)
+    deadline = time.time() + 30
+    while not any(isinstance(e, Finished) for e in events) and time.time() < deadline:
+        time.sleep(0.01)
+    assert isinstance(events[-1], Finished) and events[-1].reason == "cancelled", events
+    assert events[-1].completion_tokens == 1 and batcher.ended["cancelled"] == before + 1
+    assert batcher.rows == 0
+
+
+def test_embeddings_equal_embed(client, embedder):
+    texts = ["Angela Merkel visited Paris.", "the sea"]
+    want = load(embedder).embed(texts)
+    got = client.embeddings.create(model="bert", input=texts)
+    assert np.allclose([d.embedding for d in got.data], want, atol=1e-6)
+    raw = client.embeddings.create(model="bert", input=texts[0], encoding_format="base64")
+    vector = raw.data[0].embedding
+    if isinstance(vector, str):  # the client hands base64 back as it came
+        vector = np.frombuffer(base64.b64decode(vector), np.float32)
+    assert np.allclose(vector, want[0], atol=1e-6)
+
+
+def test_errors_are_openais_objects(client, server):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="nope", messages=_chat("hi"))
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="lm", messages=_chat("hi"), temperature=5)
+    assert bad.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model="lm", prompt="the sea " * 400, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="not served yet"):
+        client.chat.completions.create(model="lm", messages=_chat("hi"), response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="embeds text"):
+        client.chat.completions.create(model="bert", messages=_chat("hi"))
+    keyed = OpenAIApi(server.api.models, api_key="sesame", owns_models=False)
+    with ApiThread(keyed) as locked:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=locked.url, api_key="wrong", max_retries=0).models.list()
+        assert openai.OpenAI(base_url=locked.url, api_key="sesame", max_retries=0).models.list().data
+
+
+def test_edgeattn_serve_api_openai_answers_curl_until_interrupted(lm_export, embedder):
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "edgeattn.cli", "serve", str(lm_export), str(embedder), "--api", "openai",
+               "--port", str(port), "--api-key", "sesame"]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving lm, bert at http://127.0.0.1:"), (line, server.stderr.read())
+        body = json.dumps({"model": "lm", "prompt": "the sea is", "max_tokens": 4, "temperature": 0})
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        if shutil.which("curl"):
+            ask = ["curl", "-s", url, "-H", "Authorization: Bearer sesame", "-H", "Content-Type: application/json",
+                   "-d", body]  # fmt: skip
+            got = json.loads(subprocess.run(ask, capture_output=True, text=True, timeout=60, check=True).stdout)
+            assert got["choices"][0]["text"] == load(lm_export).generate_text(["the sea is"], 4)[0]
+            denied = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url, "-d", body],
+                                    capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert denied.stdout == "401"
+    finally:
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    assert server.returncode == 0 and "stopping" in out, err
