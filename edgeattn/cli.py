@@ -831,7 +831,7 @@ def serve(exports: tuple[Path, ...], precision: str, max_batch_size: int, max_qu
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _interrupt)
         try:
-            run_api(list(exports), host, port, api_key, max_rows,
+            run_api(list(exports), host, port, api_key, max_rows, precision,
                     ready=lambda url: click.echo(f"serving {', '.join(e.name for e in exports)} at {url}; "
                                                  "Ctrl-C stops"))  # fmt: skip
         except KeyboardInterrupt:

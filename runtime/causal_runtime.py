@@ -260,6 +260,8 @@ class CausalRuntime(ExportedModel):
         """Checked settings and prompts as the keyword arguments of the search functions."""
         if CAUSAL_DECODER not in self.sessions:
             raise EdgeattnError(f"generation needs the {CAUSAL_DECODER} graph, which this export lacks")
+        options = dict(options)
+        schema, regex = options.pop("json_schema", None), options.pop("regex", None)
         cfg = self.generation_config(max_new_tokens, strategy, options)
         ids, mask = self.check_source(input_ids, attention_mask)
         capacity = ids.shape[1] + cfg.max_new_tokens
@@ -267,8 +269,26 @@ class CausalRuntime(ExportedModel):
             raise InputError(f"a prompt of {ids.shape[1]} tokens and {cfg.max_new_tokens} new ones exceed the "
                              f"model's max_len {self.config.max_len}")  # fmt: skip
         c = self.config
+
+        def make(n: int) -> Any:
+            return self.state(ids, mask, n, capacity=capacity)
+
+        if schema is not None or regex is not None:  # every row's answer decoded under its grammar
+            from edgeattn.runtime.constrained import Constrained, Constraint
+
+            if schema is not None and regex is not None:
+                raise InputError("give json_schema or regex, not both")
+            if cfg.strategy == "beam":
+                raise InputError("a grammar constrains greedy and sampled decoding, not beam search")
+            plain = make
+
+            def make(n: int) -> Any:
+                grammars = [Constraint.json_schema(self, schema) if schema is not None
+                            else Constraint.regex(self, regex) for _ in range(ids.shape[0] * n)]  # fmt: skip
+                return Constrained(plain(n), grammars, self.stop_ids)
+
         return {
-            "make": lambda n: self.state(ids, mask, n, capacity=capacity),
+            "make": make,
             "batch": ids.shape[0],
             "bos_id": c.bos_id,  # stands for the prompt: the state answers the first step from it
             "eos_id": self.stop_ids if eos_id is None else eos_id,
@@ -281,9 +301,11 @@ class CausalRuntime(ExportedModel):
                  **options: Any) -> GenerationOutput:  # fmt: skip
         """Continue a batch of prompts of different lengths (padding, on either side, marked by the
         mask). ``strategy``: ``greedy``, ``beam`` (``num_beams``, ``length_penalty``) or ``sample``
-        (``temperature``, ``top_k``, ``top_p``, ``seed``); ``repetition_penalty`` with any. Each row
-        stops at ``eos_id`` (default: the model's stop ids). Returns the new tokens (B, N), padded
-        with ``pad_id`` after a row's stop token, and per-row scores."""
+        (``temperature``, ``top_k``, ``top_p``, ``seed``); ``repetition_penalty`` with any;
+        ``json_schema`` (a dict) or ``regex`` decodes each answer under that grammar (greedy or
+        sampled; llguidance). Each row stops at ``eos_id`` (default: the model's stop ids).
+        Returns the new tokens (B, N), padded with ``pad_id`` after a row's stop token, and per-row
+        scores."""
         return generate(**self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options))
 
     def stream(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 32,

@@ -126,6 +126,10 @@ class TextTokenizer:
     def save(self, path: str | Path) -> None:
         self._tok.save(str(path))
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` holds it (what other libraries build theirs from)."""
+        return str(self._tok.to_str())
+
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, with the special tokens the tokenizer adds around a text (a BOS,
         [CLS] ... [SEP]) unless ``special_tokens`` is False (a rendered chat carries its own)."""

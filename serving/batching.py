@@ -64,6 +64,8 @@ class Generation:
     stop: list[str] = field(default_factory=list)
     #: how many alternatives each piece reports (0: none)
     top_logprobs: int = 0
+    #: the grammar the answer keeps to (:class:`edgeattn.runtime.constrained.Constraint`), if any
+    constraint: Any = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     tokens: list[int] = field(default_factory=list)
     shown: str = ""
@@ -185,6 +187,8 @@ class Batcher:
             seen, counts = np.unique(np.array(g.tokens), return_counts=True)
             scores = scores.copy()
             scores[seen] -= g.presence_penalty + g.frequency_penalty * counts
+        if g.constraint is not None:  # only the tokens that keep the answer on its grammar
+            scores = g.constraint.mask(scores)
         logp = log_softmax(scores[None])[0]
         if g.temperature == 0:
             token = int(scores.argmax())
@@ -199,17 +203,21 @@ class Batcher:
         if token in self.model.stop_ids:
             self._finish(g, "stop")
             return
+        if g.constraint is not None:
+            g.constraint.consume(token)
         g.tokens.append(token)
         text = self.tokenizer.decode(g.tokens)
         cut = cut_at_stop(text, g.stop)
-        last = len(g.tokens) >= g.max_tokens
-        shown = cut if cut is not None else text if last else text[: len(text) - held_back(text, g.stop)]
+        # the answer is whole at its length limit, or when its grammar allows nothing more
+        complete = g.constraint is not None and g.constraint.finished
+        whole = complete or len(g.tokens) >= g.max_tokens
+        shown = cut if cut is not None else text if whole else text[: len(text) - held_back(text, g.stop)]
         piece = ""
         if shown.startswith(g.shown) and len(shown) > len(g.shown):
             piece, g.shown = shown[len(g.shown) :], shown
         g.emit(Piece(piece, token, float(logp[token]), top))
-        if cut is not None or last:
-            self._finish(g, "stop" if cut is not None else "length")
+        if cut is not None or whole:
+            self._finish(g, "stop" if cut is not None or complete else "length")
 
     def _finish(self, g: Generation, reason: str, error: str | None = None) -> None:
         if g.done:

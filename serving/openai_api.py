@@ -58,8 +58,9 @@ class Served:
         return self.batcher is not None
 
 
-def served_models(exports: list[Path], max_rows: int) -> dict[str, Served]:
-    """Each export loaded (its directory's name the model's), a language model with its batcher."""
+def served_models(exports: list[Path], max_rows: int, precision: str = "fp32") -> dict[str, Served]:
+    """Each export loaded at ``precision`` (its directory's name the model's), a language model
+    with its batcher."""
     from edgeattn.runtime import load
 
     models: dict[str, Served] = {}
@@ -67,7 +68,7 @@ def served_models(exports: list[Path], max_rows: int) -> dict[str, Served]:
         name = path.resolve().name
         if name in models:
             raise EdgeattnError(f"two exports are named {name!r}; serve exports whose directories differ in name")
-        model = load(path)
+        model = load(path, precision=precision)
         batcher = Batcher(model, max_rows) if hasattr(model, "stop_ids") else None
         if batcher is None and not hasattr(model, "embed"):
             raise EdgeattnError(f"{path} is neither a language model nor an encoder that embeds")
@@ -111,11 +112,28 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     for name, why in UNSUPPORTED.items():
         if body.get(name) not in (None, [], {}):
             raise ApiError(400, why, name)
+
+
+def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema ``response_format`` asks answers to keep to (json_object: any object), or
+    None for text."""
     fmt = body.get("response_format")
-    if fmt is not None:
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind != "text":
-            raise ApiError(400, f"response_format {kind!r} is not served yet (only 'text')", "response_format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ApiError(400, "response_format.json_schema.schema is the JSON schema (an object)",
+                           "response_format")  # fmt: skip
+        return schema
+    raise ApiError(400, f"response_format type is 'text', 'json_object' or 'json_schema', not {kind!r}",
+                   "response_format")  # fmt: skip
 
 
 class OpenAIApi:
@@ -286,6 +304,14 @@ class OpenAIApi:
             "top_logprobs": top if logprobs else 0,
         }
         seed = _field(body, "seed", int, None)
+        schema = _response_schema(body)
+        if schema is not None:
+            from edgeattn.runtime.constrained import Constraint
+
+            try:
+                Constraint.json_schema(served.model, schema)  # the schema checked before any row is taken
+            except EdgeattnError as exc:
+                raise ApiError(400, str(exc), "response_format") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Piece | Finished]] = asyncio.Queue()
         generations = []
@@ -296,8 +322,9 @@ class OpenAIApi:
                 def emit(event: Piece | Finished, index: int = index) -> None:
                     loop.call_soon_threadsafe(events.put_nowait, (index, event))
 
+                constraint = None if schema is None else Constraint.json_schema(served.model, schema)
                 generations.append(Generation(ids, limit, emit, seed=None if seed is None else seed + index,
-                                              **settings))  # fmt: skip
+                                              constraint=constraint, **settings))  # fmt: skip
         assert served.batcher is not None
         for g in generations:
             served.batcher.submit(g)
@@ -422,9 +449,10 @@ class OpenAIApi:
 
 
 def run_api(exports: list[Path], host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-            max_rows: int = 8, ready: Any = None) -> None:  # fmt: skip
-    """Serve ``exports`` until interrupted (``ready``: called with the URL once listening)."""
-    api = OpenAIApi(served_models(exports, max_rows), api_key)
+            max_rows: int = 8, precision: str = "fp32", ready: Any = None) -> None:  # fmt: skip
+    """Serve ``exports`` at ``precision`` until interrupted (``ready``: called with the URL once
+    listening)."""
+    api = OpenAIApi(served_models(exports, max_rows, precision), api_key)
 
     async def main() -> None:
         runner = web.AppRunner(api.app())

@@ -139,3 +139,34 @@ def test_chat_answers_equal_transformers_generate(export, reference):
         want = want[: ended[0]] if ended else want
         assert tokens.tolist() == want, (case["prompt"], text, case["answer"])
         assert text.strip() == case["answer"].strip()
+
+
+def test_the_openai_api_answers_json_that_validates(export):
+    """The real int4 behind the OpenAI-compatible API: answers under a JSON schema parse and
+    validate, greedy and sampled, several decoded in one batch; a plain chat answers as
+    ``chat``."""
+    openai = pytest.importorskip("openai")
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    from edgeattn.serving.openai_api import ApiThread, OpenAIApi, served_models
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "country": {"type": "string", "maxLength": 40},
+                                               "population_millions": {"type": "integer", "minimum": 0,
+                                                                       "maximum": 100}},
+              "required": ["city", "country", "population_millions"], "additionalProperties": False}  # fmt: skip
+    question = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema, "strict": True}}
+    with ApiThread(OpenAIApi(served_models([export[0]], max_rows=4, precision="int4"))) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
+        name = export[0].name
+        greedy = client.chat.completions.create(model=name, messages=question, temperature=0, max_tokens=120,
+                                                response_format=fmt)  # fmt: skip
+        sampled = client.chat.completions.create(model=name, messages=question, temperature=0.7, seed=1, n=3,
+                                                 max_tokens=120, response_format=fmt)  # fmt: skip
+        for choice in [*greedy.choices, *sampled.choices]:
+            assert choice.finish_reason == "stop", choice
+            jsonschema.validate(json.loads(choice.message.content), schema)
+        print(f"\nJSON answer (int4): {greedy.choices[0].message.content}")
+        plain = client.chat.completions.create(model=name, messages=question[:1], temperature=0, max_tokens=24)
+        assert plain.choices[0].message.content == load(export[0], precision="int4").chat(question, 24)

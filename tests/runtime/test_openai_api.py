@@ -49,8 +49,38 @@ def embedder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(lm_export, embedder):
-    api = OpenAIApi(served_models([lm_export, embedder], max_rows=8))
+def json_lm(tmp_path_factory):
+    """A random Llama whose byte-level tokenizer can spell any JSON (what llguidance reads)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from edgeattn.exporters.package import export_model
+    from edgeattn.sources import resolve_model
+
+    root = tmp_path_factory.mktemp("openai-json")
+    folder = root / "hf"
+    folder.mkdir()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(['{"ok": true, "n": 1, "name": "sea"}', "the sea is blue"] * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    settings = {"chat_template": causal_folders.CHATML, "eos_token": "<|im_end|>", "pad_token": "<pad>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    config = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+                                      eos_token_id=2)  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    source = resolve_model(from_hf=folder)
+    export_model(source.model, root / "json-lm", verify=False, **source.export_fields())
+    return root / "json-lm"
+
+
+@pytest.fixture(scope="module")
+def server(lm_export, embedder, json_lm):
+    api = OpenAIApi(served_models([lm_export, embedder, json_lm], max_rows=8))
     with ApiThread(api) as running:
         yield running
 
@@ -65,7 +95,7 @@ def _chat(text: str) -> list[dict[str, str]]:
 
 
 def test_models_and_a_greedy_chat_equal_the_runtime(client, lm_export):
-    assert {m.id for m in client.models.list().data} == {"lm", "bert"}
+    assert {m.id for m in client.models.list().data} == {"lm", "bert", "json-lm"}
     runtime = load(lm_export)
     want = runtime.chat(_chat(QUESTIONS[0]), 12)
     answer = client.chat.completions.create(model="lm", messages=_chat(QUESTIONS[0]), max_tokens=12, temperature=0)
@@ -176,8 +206,12 @@ def test_errors_are_openais_objects(client, server):
     assert bad.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="lm", prompt="the sea " * 400, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="response_format type") as bad:
+        client.chat.completions.create(model="lm", messages=_chat("hi"), response_format={"type": "yaml"})
+    assert bad.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError, match="not served yet"):
-        client.chat.completions.create(model="lm", messages=_chat("hi"), response_format={"type": "json_object"})
+        client.chat.completions.create(model="lm", messages=_chat("hi"), tools=[{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object"}}}])  # fmt: skip
     with pytest.raises(openai.BadRequestError, match="embeds text"):
         client.chat.completions.create(model="bert", messages=_chat("hi"))
     keyed = OpenAIApi(server.api.models, api_key="sesame", owns_models=False)
@@ -217,3 +251,53 @@ def test_edgeattn_serve_api_openai_answers_curl_until_interrupted(lm_export, emb
         server.send_signal(signal.SIGINT)
         out, err = server.communicate(timeout=60)
     assert server.returncode == 0 and "stopping" in out, err
+
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "enum": [1, 2, 3]},
+                                           "name": {"type": "string", "enum": ["sea", "moon"]}},
+          "required": ["ok", "n", "name"], "additionalProperties": False}  # fmt: skip
+
+
+def test_json_schema_answers_parse_and_validate(client):
+    """Random weights, so only the grammar makes these JSON: every answer parses and validates,
+    greedy and sampled, several in one batch; json_object gives an object."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+    greedy = client.chat.completions.create(model="json-lm", messages=_chat("answer"), temperature=0,
+                                            response_format=fmt, max_tokens=60)  # fmt: skip
+    sampled = client.chat.completions.create(model="json-lm", messages=_chat("answer"), temperature=1.0, seed=5,
+                                             n=4, response_format=fmt, max_tokens=60)  # fmt: skip
+    for choice in [*greedy.choices, *sampled.choices]:
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+        assert choice.finish_reason == "stop"
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="json-lm", messages=_chat("answer"), temperature=0, response_format=fmt, max_tokens=60, stream=True)
+        if c.choices]  # fmt: skip
+    assert "".join(pieces) == greedy.choices[0].message.content
+    anything = client.chat.completions.create(model="json-lm", messages=_chat("answer"), temperature=0,
+                                              response_format={"type": "json_object"}, max_tokens=200)  # fmt: skip
+    if anything.choices[0].finish_reason == "stop":  # random weights may run out of tokens inside an object
+        assert isinstance(json.loads(anything.choices[0].message.content), dict)
+    with pytest.raises(openai.BadRequestError, match="JSON schema") as bad:
+        client.chat.completions.create(model="json-lm", messages=_chat("answer"), response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})  # fmt: skip
+    assert bad.value.body["param"] == "response_format"
+
+
+def test_the_runtime_decodes_under_a_schema_or_a_regex(json_lm):
+    """``chat`` / ``generate_text`` take ``json_schema`` or ``regex`` (no server): batched rows of
+    different prompts, greedy and sampled, each answer on its grammar."""
+    import re
+
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    model = load(json_lm)
+    jsonschema.validate(json.loads(model.chat(_chat("answer"), 60, json_schema=SCHEMA)), SCHEMA)
+    for answer in model.generate_text(["the sea", "is blue and the sea"], 60, json_schema=SCHEMA, strategy="sample",
+                                      seed=2):  # fmt: skip
+        jsonschema.validate(json.loads(answer), SCHEMA)
+    pattern = r"(sea|blue)( (sea|blue)){2}"
+    assert all(re.fullmatch(pattern, a) for a in model.generate_text(["the", "sea is"], 30, regex=pattern))
+    with pytest.raises(Exception, match="not beam search"):
+        model.generate_text(["the"], 8, regex=pattern, strategy="beam")
