@@ -9,7 +9,7 @@ PIP="$VENV/bin/python -m pip"
 $PIP install --quiet --upgrade pip
 $PIP install --quiet torch==2.13.0
 $PIP install --quiet "onnxruntime-genai==0.18.*" "transformers>4.58" onnx onnx_ir numpy psutil sentencepiece
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" $PIP install --quiet --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" $PIP install --quiet --no-binary llama-cpp-python "llama-cpp-python[server]==0.3.36"
 SRC="$($PIP download --quiet --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$VENV/src" >/dev/null && ls "$VENV"/src/llama_cpp_python-*.tar.gz)"
 tar -xzf "$SRC" -C "$VENV/src"
 echo "peers ready in $VENV"

@@ -1,0 +1,236 @@
+"""Concurrent streaming chat clients against OpenAI-compatible servers: edgeattn's
+(``edgeattn serve EXPORT --api openai``, continuous batching) and llama.cpp's
+(``llama-cpp-python[server]``, from the peers' environment), the same real checkpoint, the same
+threads: throughput in tokens/s, time to first token and inter-token latency (p50 / p99).
+``--soak SECONDS`` instead runs 32 clients against edgeattn's server in this process for that
+long, one in four going mid-stream, and reports errors, rows left and memory growth.
+
+Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--clients 1,8,32]
+[--requests 2] [--new-tokens 128] [--threads 2] [--json OUT]`` where EXPORT is the real
+SmolLM2-135M-Instruct's export (int4) and the GGUF its llama.cpp Q4_0 (``benchmarks/real_quality.py``
+writes both into ``~/.cache/edgeattn-real/gguf``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = Path(os.environ.get("EDGEATTN_PEERS", Path.home() / ".cache" / "edgeattn-peers"))
+PROMPTS = ["Write a long story about the sea.", "Explain how a lighthouse works, in detail.",
+           "Describe a walk along the beach at night.", "Tell me everything you know about the moon.",
+           "Write a letter to a friend about your summer.", "Describe how bread is made, step by step.",
+           "Write a poem about waves, then explain it.", "What makes a good teacher? Explain at length."]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server stopped (exit {process.returncode}); its log is in the temporary directory")
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"{url} did not answer within {timeout} s")
+
+
+def one_chat(url: str, model: str, prompt: str, new_tokens: int, go: threading.Event | None = None) -> dict[str, Any]:
+    """One streamed chat: when each content piece came, and the answer's token count."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    start = time.perf_counter()
+    times, usage = [], None
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=new_tokens, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})  # fmt: skip
+    for i, chunk in enumerate(stream):
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter() - start)
+        if go is not None and i == 3:  # a client that goes mid-stream
+            stream.close()
+            return {"times": times, "tokens": None, "went": True}
+    return {"times": times, "tokens": usage if usage is not None else len(times), "went": False}
+
+
+def load_round(url: str, model: str, clients: int, requests: int, new_tokens: int) -> dict[str, Any]:
+    jobs = [PROMPTS[i % len(PROMPTS)] for i in range(clients * requests)]
+    start = time.perf_counter()
+    errors = 0
+
+    def client(k: int) -> list[dict[str, Any]]:
+        nonlocal errors
+        done = []
+        for prompt in jobs[k::clients]:
+            try:
+                done.append(one_chat(url, model, prompt, new_tokens))
+            except Exception:  # counted, never silently dropped
+                errors += 1
+        return done
+
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.perf_counter() - start
+    tokens = sum(r["tokens"] for r in results)
+    ttft = [r["times"][0] for r in results if r["times"]]
+    gaps = [b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)]
+    return {"clients": clients, "requests": len(jobs), "errors": errors, "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "ttft_p50_ms": 1e3 * float(np.percentile(ttft, 50)),
+            "ttft_p99_ms": 1e3 * float(np.percentile(ttft, 99)), "itl_p50_ms": 1e3 * float(np.percentile(gaps, 50)),
+            "itl_p99_ms": 1e3 * float(np.percentile(gaps, 99))}  # fmt: skip
+
+
+def _log(name: str) -> Any:
+    """A file for a server's log (a pipe nobody reads would fill and stop it)."""
+    import tempfile
+
+    return open(Path(tempfile.gettempdir()) / f"openai-load-{name}.log", "w")  # noqa: SIM115
+
+
+def start_edgeattn(export: Path, port: int, threads: int, rows: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen([sys.executable, "-m", "edgeattn.cli", "serve", str(export), "--api", "openai",
+                             "--precision", "int4", "--port", str(port), "--max-rows", str(rows)],
+                            stdout=subprocess.DEVNULL, stderr=_log("edgeattn"), text=True, env=env)  # fmt: skip
+
+
+def start_llama(gguf: Path, port: int, threads: int) -> subprocess.Popen:
+    return subprocess.Popen([str(PEERS / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
+                             "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "4096",
+                             "--port", str(port), "--model_alias", "q4_0",
+                             "--interrupt_requests", "False"],  # queued, as a server must: not cut off
+                            stdout=subprocess.DEVNULL, stderr=_log("llama-cpp"), text=True)  # fmt: skip
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS"))
+
+
+def soak(export: Path, seconds: float, clients: int, new_tokens: int) -> dict[str, Any]:
+    """``clients`` streaming clients for ``seconds`` against a server in this process, one in four
+    going after a few pieces: errors, rows left, this process's memory after warm-up and at the end."""
+    from edgeattn.serving.openai_api import ApiThread, OpenAIApi, served_models
+
+    api = OpenAIApi(served_models([export], max_rows=clients, precision="int4"))
+    name = export.resolve().name
+    stats = {"answers": 0, "went": 0, "errors": 0, "tokens": 0}
+    lock = threading.Lock()
+    with ApiThread(api) as server:
+        one_chat(server.url, name, PROMPTS[0], 16)  # warm-up
+        end = time.time() + seconds
+        samples: list[tuple[float, float]] = []
+
+        def client(k: int) -> None:
+            i = 0
+            while time.time() < end:
+                goes = (k + i) % 4 == 0
+                try:
+                    r = one_chat(server.url, name, PROMPTS[(k + i) % len(PROMPTS)], new_tokens,
+                                 threading.Event() if goes else None)  # fmt: skip
+                    with lock:
+                        stats["went" if r["went"] else "answers"] += 1
+                        stats["tokens"] += r["tokens"] or 0
+                except Exception:
+                    with lock:
+                        stats["errors"] += 1
+                i += 1
+
+        def sampler() -> None:
+            while time.time() < end:
+                samples.append((time.time(), rss_mb(os.getpid())))
+                time.sleep(1)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)] + [threading.Thread(
+            target=sampler)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        batcher = api.models[name].batcher
+        deadline = time.time() + 30
+        while batcher.rows and time.time() < deadline:
+            time.sleep(0.1)
+        warm = [m for t, m in samples if t > samples[0][0] + seconds / 4] or [m for _, m in samples]
+        return {**stats, "seconds": seconds, "clients": clients, "rows_left": batcher.rows,
+                "ended": dict(batcher.ended), "widest_batch": batcher.widest,
+                "rss_after_warmup_mb": warm[0], "rss_end_mb": samples[-1][1], "rss_max_mb": max(m for _, m in samples)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("export", type=Path)
+    parser.add_argument("--gguf", type=Path, default=Path.home() / ".cache" / "edgeattn-real" / "gguf" / "q4_0.gguf")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--requests", type=int, default=2, help="streamed chats each client sends in turn")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--soak", type=float, default=0, help="seconds of the soak instead of the load run")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    from edgeattn.benchmark.machine import machine_info
+
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine_info(), "export": args.export.name,
+                              "new_tokens": args.new_tokens, "threads": args.threads}  # fmt: skip
+    if args.soak:
+        report["soak"] = soak(args.export, args.soak, 32, args.new_tokens)
+        print(json.dumps(report["soak"], indent=2))
+        out = args.json or ROOT / "benchmarks" / "results" / "openai-soak.json"
+    else:
+        counts = [int(c) for c in args.clients.split(",")]
+        rows = []
+        for server, start in (("edgeattn int4", lambda p: start_edgeattn(args.export, p, args.threads, max(counts))),
+                              ("llama.cpp Q4_0", lambda p: start_llama(args.gguf, p, args.threads))):  # fmt: skip
+            port = free_port()
+            process = start(port)
+            url = f"http://127.0.0.1:{port}/v1"
+            try:
+                wait_ready(url, process)
+                model = args.export.resolve().name if server.startswith("edgeattn") else "q4_0"
+                one_chat(url, model, PROMPTS[0], 16)  # warm-up
+                for clients in counts:
+                    row = {"server": server, **load_round(url, model, clients, args.requests, args.new_tokens)}
+                    print(f"{server:16s} {clients:3d} clients: {row['tokens_per_s']:7.1f} tok/s, TTFT p50 "
+                          f"{row['ttft_p50_ms']:.0f} ms p99 {row['ttft_p99_ms']:.0f}, ITL p50 {row['itl_p50_ms']:.1f} "
+                          f"ms p99 {row['itl_p99_ms']:.1f}, errors {row['errors']}", flush=True)  # fmt: skip
+                    rows.append(row)
+            finally:
+                process.terminate()
+                process.wait(timeout=60)
+        report["rows"] = rows
+        for clients in counts:
+            ours = next(r for r in rows if r["server"].startswith("edgeattn") and r["clients"] == clients)
+            theirs = next(r for r in rows if r["server"].startswith("llama") and r["clients"] == clients)
+            ours["vs_llama_cpp"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+            print(f"{clients:3d} clients: edgeattn {ours['vs_llama_cpp']:.2f}x llama.cpp's throughput, TTFT p50 "
+                  f"{ours['ttft_p50_ms']:.0f} vs {theirs['ttft_p50_ms']:.0f} ms")  # fmt: skip
+        out = args.json or ROOT / "benchmarks" / "results" / "openai-load.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
