@@ -195,7 +195,8 @@ class CausalState:
     def merged(cls, model: CausalRuntime, rows: Sequence[tuple[CausalState, int]], room: int = 0) -> CausalState:
         """A state whose row i is row ``r`` of state ``s`` for each ``(s, r)`` of ``rows`` (a
         running batch that rows join and leave): each row's filled slots copied to the front in
-        order, ``room`` free slots after the longest. The next :meth:`step` feeds a token a row.
+        order, ``room`` free slots after the longest (fewer where the model's max_len ends first).
+        The next :meth:`step` feeds a token a row.
         On the CPU (the caches are host arrays)."""
         if not rows:
             raise InputError("a merged state needs at least one row")
@@ -207,11 +208,10 @@ class CausalState:
         state.model, state.session = model, model.sessions[CAUSAL_DECODER]
         state.rows, state.on_host, state.position = len(rows), True, width
         state.next_position = np.array([s.next_position[r] for s, r in rows], dtype=np.int64)
-        capacity = min(model.config.max_len, width + max(room, 1))
-        if width + room > model.config.max_len:
-            raise InputError(f"{width + room} tokens would not fit: this model attends over at most "
+        if width >= model.config.max_len:
+            raise InputError(f"a row of {width} tokens leaves no room: this model attends over at most "
                              f"{model.config.max_len} (max_len)")  # fmt: skip
-        state._allocate(capacity)
+        state._allocate(min(model.config.max_len, width + max(room, 1)))  # the room, within max_len
         for i, ((s, r), slots) in enumerate(zip(rows, filled, strict=True)):
             for name, array in state.host.items():
                 array[i, :, : len(slots)] = s.host[name][r][:, slots]

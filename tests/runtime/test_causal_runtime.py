@@ -108,6 +108,31 @@ def test_a_prompt_in_chunks_answers_as_whole(exported, side, monkeypatch):
     assert np.array_equal(tokens, model.greedy(ids, mask, 8, stop_at_eos=False))
 
 
+def test_merged_states_decode_each_row_as_alone(exported):
+    """Rows of different states (prompts of 13, 8 and 1 tokens, one of them two steps ahead) merged
+    into one batch, then stepped together: each row's logits equal its own state's, and the batch's
+    room ends at max_len."""
+    from edgeattn.runtime.causal_runtime import CausalState
+
+    _, _, model = exported
+    ids, mask = _prompts("right")
+    alone = [model.state(ids[r : r + 1, : int(mask[r].sum())], np.ones((1, int(mask[r].sum())), np.int64))
+             for r in range(3)]  # fmt: skip
+    for state in alone:
+        state.step(np.zeros(1, np.int64))
+    alone[1].step(np.array([11]))
+    alone[1].step(np.array([12]))
+    merged = CausalState.merged(model, [(s, 0) for s in alone], room=4)
+    assert merged.rows == 3 and merged.position == 13 and merged.capacity == 17
+    for k in range(6):  # past the room: the cache grows as a state's does
+        tokens = np.array([20 + k, 30 + k, 40 + k])
+        got = merged.step(tokens)
+        want = np.concatenate([s.step(tokens[i : i + 1]) for i, s in enumerate(alone)])
+        assert np.abs(got - want).max() <= 1e-4, k
+    near = CausalState.merged(model, [(merged, 0)], room=10_000)
+    assert near.capacity == model.config.max_len
+
+
 def test_teacher_forced_logits_equal_transformers(exported):
     reference, _, model = exported
     ids, mask = _prompts("right", lengths=(29, 17, 5))
