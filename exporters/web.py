@@ -627,9 +627,10 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
     """Run the bundle under Node.js on ``runtime`` (an npm package installed in ``node_modules``:
     onnxruntime-node, or onnxruntime-web's wasm backend) on ``texts``, and compare the token ids and
     answers with the Python runtime's over the same files at each precision: float32 outputs
-    (embeddings, or a language model's next-token logits after each prompt) within 1e-4, others at
-    a worst cosine of 0.999; the same labels or entities; a language model's greedy answers, their
-    stream and a chat answer the same (at reduced precisions, 0.9 of the answers' tokens)."""
+    (embeddings, or a language model's next-token logits after each prompt) within 1e-4 + 1e-5 of
+    their largest magnitude, others at a worst cosine of 0.999; the same labels or entities; a
+    language model's greedy answers, their stream and a chat answer the same (at reduced
+    precisions, 0.9 of the answers' tokens)."""
     bundle_dir, node_modules = Path(bundle_dir).resolve(), Path(node_modules).resolve()
     described = json.loads((bundle_dir / BUNDLE).read_text())
     precisions = list(dict.fromkeys(f["precision"] for f in described["files"]))
@@ -667,8 +668,19 @@ def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: st
     return model
 
 
-def _close(precision: str, diff: float, cosine: float) -> bool:
-    return diff <= 1e-4 if precision in ("fp32", "fp32-opt") else cosine >= 0.999
+#: float32 outputs of a JavaScript runtime against ONNX Runtime's: within this plus ``FP32_RELATIVE``
+#: of the output's largest magnitude (the export's own float32 bar, 1e-4 + 1e-5·|reference|:
+#: onnxruntime-web's wasm kernels sum in another order, and a T5's logits of up to ~20 came 1.66e-4
+#: from ONNX Runtime's when its threads split the work otherwise under load, every token equal)
+FP32_ABSOLUTE, FP32_RELATIVE = 1e-4, 1e-5
+
+
+def _close(precision: str, diff: float, cosine: float, scale: float = 0.0) -> bool:
+    """Whether a runtime's outputs (max abs error ``diff`` against outputs of largest magnitude
+    ``scale``, worst row cosine ``cosine``) are close enough at ``precision``."""
+    if precision in ("fp32", "fp32-opt"):
+        return diff <= FP32_ABSOLUTE + FP32_RELATIVE * scale
+    return cosine >= 0.999
 
 
 def _compare(want: np.ndarray, have: np.ndarray) -> tuple[float, float]:
@@ -680,7 +692,8 @@ def _check_encoder(runtime: str, precision: str, model: Any, texts: list[str], r
     batch = model.text_batch(texts)
     ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
     tokens_equal = ids.shape == batch.ids.shape and bool((ids == batch.ids).all())
-    diff, cosine = _compare(model.embed(texts), np.array(row["embed"], np.float32))
+    want = model.embed(texts)
+    diff, cosine = _compare(want, np.array(row["embed"], np.float32))
     labels_equal = None
     if "classify" in row:
         labels_equal = [c.label for c in model.classify(texts)] == [c["label"] for c in row["classify"]]
@@ -688,7 +701,8 @@ def _check_encoder(runtime: str, precision: str, model: Any, texts: list[str], r
         labels_equal = all(_same_entities(model.tag(texts, aggregation=how), row[key])
                            for how, key in (("simple", "tag"), ("first", "tag_first")))  # fmt: skip
     return BundleCheck(runtime, precision, tokens_equal, diff, cosine, labels_equal,
-                       tokens_equal and _close(precision, diff, cosine) and labels_equal is not False)  # fmt: skip
+                       tokens_equal and _close(precision, diff, cosine, float(np.abs(want).max()))
+                       and labels_equal is not False)  # fmt: skip
 
 
 def _first_logits(model: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -725,4 +739,5 @@ def _check_causal(runtime: str, precision: str, model: Any, texts: list[str], ro
     answers_ok = (agreement == 1.0 and same_text and same_stream and same_chat) if exact else agreement >= 0.9
     equal = agreement == 1.0 and same_text and same_stream and same_chat
     return BundleCheck(runtime, precision, tokens_equal, diff, cosine, equal,
-                       tokens_equal and _close(precision, diff, cosine) and answers_ok, agreement)  # fmt: skip
+                       tokens_equal and _close(precision, diff, cosine, float(np.abs(want_logits).max()))
+                       and answers_ok, agreement)  # fmt: skip
