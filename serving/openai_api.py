@@ -90,6 +90,15 @@ def _field(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], defa
     return value
 
 
+def _texts(body: dict[str, Any], name: str) -> list[str]:
+    """Field ``name``: a non-empty string or a non-empty list of them, as a list."""
+    value = body.get(name)
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ApiError(400, f"{name} is a non-empty string or a list of them", name)
+    return texts
+
+
 def _stop(body: dict[str, Any]) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -241,10 +250,7 @@ class OpenAIApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         served = self._model(body, generates=True)
-        prompt = body.get("prompt")
-        prompts = [prompt] if isinstance(prompt, str) else prompt
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
-            raise ApiError(400, "prompt is a non-empty string or a list of them", "prompt")
+        prompts = _texts(body, "prompt")
         tokenizer = served.model._tokenizer()
         ids = [tokenizer.encode(p, True) for p in prompts]
         limit = _field(body, "max_tokens", int, 16, 1)
@@ -253,10 +259,7 @@ class OpenAIApi:
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         served = self._model(body, generates=False)
-        given = body.get("input")
-        texts = [given] if isinstance(given, str) else given
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-            raise ApiError(400, "input is a non-empty string or a list of them", "input")
+        texts = _texts(body, "input")
         if len(texts) > MAX_INPUTS:
             raise ApiError(400, f"input holds {len(texts)} texts; at most {MAX_INPUTS} a request", "input")
         encoding = body.get("encoding_format", "float")
@@ -305,11 +308,12 @@ class OpenAIApi:
         }
         seed = _field(body, "seed", int, None)
         schema = _response_schema(body)
-        if schema is not None:
+        constraints: list[Any] = [None] * (len(prompts) * n)
+        if schema is not None:  # built before any row is taken: a schema that cannot compile is the client's error
             from edgeattn.runtime.constrained import Constraint
 
             try:
-                Constraint.json_schema(served.model, schema)  # the schema checked before any row is taken
+                constraints = [Constraint.json_schema(served.model, schema) for _ in constraints]
             except EdgeattnError as exc:
                 raise ApiError(400, str(exc), "response_format") from None
         loop = asyncio.get_running_loop()
@@ -322,18 +326,18 @@ class OpenAIApi:
                 def emit(event: Piece | Finished, index: int = index) -> None:
                     loop.call_soon_threadsafe(events.put_nowait, (index, event))
 
-                constraint = None if schema is None else Constraint.json_schema(served.model, schema)
                 generations.append(Generation(ids, limit, emit, seed=None if seed is None else seed + index,
-                                              constraint=constraint, **settings))  # fmt: skip
+                                              constraint=constraints[index], **settings))  # fmt: skip
         assert served.batcher is not None
         for g in generations:
             served.batcher.submit(g)
         ident = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex
+        prompt_tokens = sum(len(p) for p in prompts)
         try:
             if stream:
                 return await self._stream(request, served, kind, ident, events, generations, usage_in_stream,
-                                          bool(logprobs), sum(len(p) for p in prompts))  # fmt: skip
-            return await self._whole(served, kind, ident, events, generations, bool(logprobs), len(prompts))
+                                          bool(logprobs), prompt_tokens)  # fmt: skip
+            return await self._whole(served, kind, ident, events, generations, bool(logprobs), prompt_tokens)
         finally:  # a client that went (or an error) frees its rows at the next step
             for g in generations:
                 g.cancelled.set()
@@ -349,7 +353,7 @@ class OpenAIApi:
                                  for t, lp in piece.top]}  # fmt: skip
 
     async def _whole(self, served: Served, kind: str, ident: str, events: asyncio.Queue, generations: list,
-                     logprobs: bool, n_prompts: int) -> web.Response:  # fmt: skip
+                     logprobs: bool, prompt_tokens: int) -> web.Response:  # fmt: skip
         texts = [""] * len(generations)
         pieces: list[list[Piece]] = [[] for _ in generations]
         ends: dict[int, Finished] = {}
@@ -376,7 +380,6 @@ class OpenAIApi:
                 entry["text"] = text
                 entry["logprobs"] = self._completion_logprobs(served, pieces[i]) if logprobs else None
             choices.append(entry)
-        prompt_tokens = sum(len(g.ids) for g in generations[:: len(generations) // n_prompts])
         completion = sum(e.completion_tokens for e in ends.values())
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                  "total_tokens": prompt_tokens + completion}  # fmt: skip

@@ -36,3 +36,21 @@ def run_vendored(version_dir: Path, code: str, timeout: float = 120) -> str:
                           timeout=timeout, env=env, cwd=version_dir)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def vendored_answers(version_dir: Path, texts: list[str], output: str, options: dict | None = None) -> list:
+    """The written ``model.py`` imported, then the served model's ``output`` for ``texts`` (one
+    call of ``answer_texts`` with ``options``), all where edgeattn is not installed."""
+    code = (
+        "import runpy\n"
+        "assert 'TritonPythonModel' in runpy.run_path(str(version / 'model.py'))\n"
+        "from edgeattn.serving.tasks import answer_texts\n"
+        "from edgeattn.serving.triton_backend import served_model\n"
+        "model, settings = served_model(version, 'in-process', 8)\n"
+        f"found = answer_texts(model, settings['task'], {texts!r}, {options or {}!r})\n"
+        f"print(repr(found[{output!r}][:, 0].tolist()))\n"
+        "assert not [m for m in sys.modules if m.startswith(('torch', 'transformers')) and sys.modules[m]]\n"
+    )
+    import ast
+
+    return ast.literal_eval(run_vendored(version_dir, code).strip())

@@ -84,21 +84,11 @@ def test_the_repository_carries_the_export_at_its_precision(lm_export, tmp_path,
 def test_a_written_repository_runs_where_edgeattn_is_not_installed(lm_export, tmp_path):
     """As in Triton's container (numpy, onnxruntime and tokenizers only): the carried export runs
     from the model's own vendor folder, its int8 cache included, and answers as the runtime does."""
-    from without_edgeattn import run_vendored
+    from without_edgeattn import vendored_answers
 
     repo = write_repository(lm_export, tmp_path / "repo", RepositoryOptions(precision="int8"))
-    code = (
-        "import runpy\n"
-        "assert 'TritonPythonModel' in runpy.run_path(str(version / 'model.py'))\n"
-        "from edgeattn.serving.tasks import answer_texts\n"
-        "from edgeattn.serving.triton_backend import served_model\n"
-        "model, settings = served_model(version, 'in-process', 8)\n"
-        f"found = answer_texts(model, settings['task'], {PROMPTS[:2]!r}, {{'max_new_tokens': 8}})\n"
-        "print(found['answer'][:, 0].tolist())\n"
-    )
-    out = run_vendored(repo.path / repo.name / "1", code)
-    expected = [a.encode() for a in load(lm_export, precision="int8").generate_text(PROMPTS[:2], 8)]
-    assert out.strip() == repr(expected)
+    got = vendored_answers(repo.path / repo.name / "1", PROMPTS[:2], "answer", {"max_new_tokens": 8})
+    assert got == [a.encode() for a in load(lm_export, precision="int8").generate_text(PROMPTS[:2], 8)]
 
 
 def test_bls_is_refused_and_a_bad_carried_file_is_found(lm_export, tmp_path):

@@ -470,21 +470,11 @@ def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task)
 def test_a_written_repository_runs_where_edgeattn_is_not_installed(demo_export, tmp_path):
     """As in Triton's container (numpy, onnxruntime and tokenizers only): the written model.py
     imports from its own vendor folder, and the served model answers as the runtime does."""
-    from without_edgeattn import run_vendored
+    from without_edgeattn import vendored_answers
 
     write_repository(demo_export, tmp_path / "repo", RepositoryOptions(precision="int8"))
-    code = (
-        "import runpy, sys\n"
-        "assert 'TritonPythonModel' in runpy.run_path(str(version / 'model.py'))\n"
-        "from edgeattn.serving.tasks import answer_texts\n"
-        "from edgeattn.serving.triton_backend import served_model\n"
-        "model, settings = served_model(version, 'in-process', 8)\n"
-        f"print(answer_texts(model, settings['task'], {SOURCES[:2]!r}, {{}})['answer'][:, 0].tolist())\n"
-        "assert not [m for m in sys.modules if m.startswith(('torch', 'transformers')) and sys.modules[m]]\n"
-    )
-    out = run_vendored(tmp_path / "repo" / "sorter" / "1", code)
-    expected = [a.encode() for a in load(demo_export, precision="int8").generate_text(SOURCES[:2])]
-    assert out.strip() == repr(expected)
+    got = vendored_answers(tmp_path / "repo" / "sorter" / "1", SOURCES[:2], "answer")
+    assert got == [a.encode() for a in load(demo_export, precision="int8").generate_text(SOURCES[:2])]
 
 
 def test_an_encoders_repository_runs_where_edgeattn_is_not_installed(tmp_path):
@@ -492,7 +482,7 @@ def test_an_encoders_repository_runs_where_edgeattn_is_not_installed(tmp_path):
     it) imports from its vendor folder alone and labels as the runtime does."""
     pytest.importorskip("transformers")
     from test_hf import BERT_SPECIALS, TEXTS, _checkpoint, _tokenizer
-    from without_edgeattn import run_vendored
+    from without_edgeattn import vendored_answers
 
     _checkpoint("Bert", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
     _tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
@@ -500,16 +490,8 @@ def test_an_encoders_repository_runs_where_edgeattn_is_not_installed(tmp_path):
     export_model(source.model, tmp_path / "out", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
                  labels=source.labels, verify=False)  # fmt: skip
     repo = write_repository(tmp_path / "out", tmp_path / "repo", RepositoryOptions(graphs="in-process"))
-    code = (
-        "import runpy\n"
-        "assert 'TritonPythonModel' in runpy.run_path(str(version / 'model.py'))\n"
-        "from edgeattn.serving.tasks import answer_texts\n"
-        "from edgeattn.serving.triton_backend import served_model\n"
-        "model, settings = served_model(version, 'in-process', 8)\n"
-        f"print(answer_texts(model, settings['task'], {TEXTS!r}, {{}})['label'][:, 0].tolist())\n"
-    )
-    out = run_vendored(repo.path / repo.name / "1", code)
-    assert out.strip() == repr([c.label.encode() for c in load(tmp_path / "out").classify(TEXTS)])
+    got = vendored_answers(repo.path / repo.name / "1", TEXTS, "label")
+    assert got == [c.label.encode() for c in load(tmp_path / "out").classify(TEXTS)]
 
 
 def test_writing_and_serving_need_no_torch(demo_export, tmp_path):
