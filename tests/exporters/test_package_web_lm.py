@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 import causal_folders  # noqa: E402
 from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
 
-from edgeattn.exporters.web import bundle_runtime, check_and_record, package_web  # noqa: E402
+from edgeattn.exporters.web import FP32_ABSOLUTE, FP32_RELATIVE, bundle_runtime, check_and_record, package_web  # noqa: E402
 from edgeattn.runtime.manifest import sha256_file  # noqa: E402
 
 #: prompts in the trained tokenizer's vocabulary (a BPE with no unknown token: text outside it is
@@ -66,7 +66,8 @@ def test_a_language_model_bundle_generates_as_the_python_runtime_on_both_runtime
     for c in checks:
         assert c.passed and c.tokens_equal, c
         if c.precision == "fp32":
-            assert c.max_abs < 1e-4 and c.labels_equal and c.agreement == 1.0, c
+            assert c.labels_equal and c.agreement == 1.0, c  # passed: logits within the float32 bar
+            assert c.max_abs <= FP32_ABSOLUTE + FP32_RELATIVE * 100, c
     assert json.loads((lm_bundle / "bundle.json").read_text())["parity"]["checks"][0]["agreement"] == 1.0
 
 

@@ -14,7 +14,7 @@ from test_hf_t5 import CORPUS, t5_folder  # noqa: E402
 from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
 
 from edgeattn.exporters.package import export_model  # noqa: E402
-from edgeattn.exporters.web import check_and_record, default_precision, package_web  # noqa: E402
+from edgeattn.exporters.web import FP32_ABSOLUTE, FP32_RELATIVE, check_and_record, default_precision, package_web  # noqa: E402
 from edgeattn.runtime.manifest import read_manifest, sha256_file  # noqa: E402
 from edgeattn.sources import resolve_model  # noqa: E402
 
@@ -40,5 +40,6 @@ def test_a_seq2seq_bundle_answers_as_the_python_runtime(t5_export, node_modules,
     texts = CORPUS[:3]
     checks = check_and_record(tmp_path / target, t5_export, node_modules, texts)
     assert [c.runtime for c in checks] == ["onnxruntime-node", "onnxruntime-web"]
-    for c in checks:  # the source ids, first-step logits, greedy answers and a stream
-        assert c.passed and c.tokens_equal and c.labels_equal and c.agreement == 1.0 and c.max_abs < 1e-4, c
+    for c in checks:  # the source ids, first-step logits (within the float32 bar), greedy answers and a stream
+        assert c.passed and c.tokens_equal and c.labels_equal and c.agreement == 1.0, c
+        assert c.max_abs <= FP32_ABSOLUTE + FP32_RELATIVE * 100, c  # logits far below 100: never the loose end
