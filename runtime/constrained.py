@@ -56,6 +56,20 @@ class Constraint:
         return cls(model, llguidance.LLMatcher.grammar_from_json_schema(text), "the JSON schema")
 
     @classmethod
+    def lark(cls, model: Any, grammar: str) -> Constraint:
+        """Answers in the language of ``grammar`` (llguidance's Lark syntax, ``%json {...}`` for an
+        embedded JSON schema)."""
+        return cls(model, _llguidance().LLMatcher.grammar_from_lark(grammar), "the grammar")
+
+    @classmethod
+    def of(cls, model: Any, kind: str, text: str) -> Constraint:
+        """A grammar by kind: ``json_schema`` (text of a schema), ``lark`` or ``regex``."""
+        makers = {"json_schema": cls.json_schema, "lark": cls.lark, "regex": cls.regex}
+        if kind not in makers:
+            raise InputError(f"grammar kind is one of {', '.join(makers)}, not {kind!r}")
+        return makers[kind](model, text)
+
+    @classmethod
     def regex(cls, model: Any, pattern: str) -> Constraint:
         """Answers that match ``pattern`` whole."""
         return cls(model, _llguidance().LLMatcher.grammar_from_regex(pattern), "the regular expression")

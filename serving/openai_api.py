@@ -19,6 +19,8 @@ import numpy as np
 from aiohttp import web
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.model import InputError
+from edgeattn.runtime.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
 
 log = logging.getLogger(__name__)
@@ -110,11 +112,44 @@ def _stop(body: dict[str, Any]) -> list[str]:
 
 
 UNSUPPORTED = {
-    "tools": "tool calls are not served yet",
-    "tool_choice": "tool calls are not served yet",
-    "functions": "function calls are not served yet",
+    "functions": "functions is replaced by tools (the legacy field is not served)",
+    "function_call": "function_call is replaced by tool_choice (the legacy field is not served)",
     "logit_bias": "logit_bias is not served yet",
 }
+
+
+def _conversation(messages: Any) -> list[dict[str, Any]]:
+    """A request's ``messages`` checked: each a role and text content (or text parts), an
+    assistant's earlier ``tool_calls``, a tool's ``tool_call_id``."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages is a non-empty list of {role, content} objects", "messages")
+    conversation = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] needs a role", f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list):  # parts: only text is served
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ApiError(400, f"messages[{i}].content: only text parts are served", f"messages[{i}].content")
+            content = "".join(p.get("text", "") for p in content)
+        message: dict[str, Any] = {"role": m["role"], "content": content}
+        calls = m.get("tool_calls")
+        if m["role"] == "assistant" and calls:
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str) for c in calls):  # fmt: skip
+                raise ApiError(400, f"messages[{i}].tool_calls are {{'id', 'type': 'function', 'function': "
+                               "{'name', 'arguments'}}", f"messages[{i}].tool_calls")  # fmt: skip
+            message["tool_calls"] = calls
+            message["content"] = content or ""
+        elif not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content is a string", f"messages[{i}].content")
+        if m["role"] == "tool":
+            message["tool_call_id"] = m.get("tool_call_id")
+            if isinstance(m.get("name"), str):
+                message["name"] = m["name"]
+        conversation.append(message)
+    return conversation
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -224,28 +259,24 @@ class OpenAIApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         served = self._model(body, generates=True)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages is a non-empty list of {role, content} objects", "messages")
-        conversation = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise ApiError(400, f"messages[{i}] needs a role", f"messages[{i}].role")
-            content = m.get("content")
-            if isinstance(content, list):  # parts: only text is served
-                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                    raise ApiError(400, f"messages[{i}].content: only text parts are served", f"messages[{i}].content")
-                content = "".join(p.get("text", "") for p in content)
-            if not isinstance(content, str):
-                raise ApiError(400, f"messages[{i}].content is a string", f"messages[{i}].content")
-            conversation.append({"role": m["role"], "content": content})
         model = served.model
         if model.chat_template is None:
             raise ApiError(400, f"the model {served.name!r} has no chat template; use /v1/completions", "messages")
-        ids = model._tokenizer().encode(model.render_chat(conversation), False)
+        conversation = _conversation(body.get("messages"))
+        try:
+            tools = tool_use(model.chat_template.source, body.get("tools"), body.get("tool_choice"),
+                             body.get("parallel_tool_calls", True), _response_schema(body))  # fmt: skip
+        except InputError as exc:
+            field = next((f for f in ("tool_choice", "parallel_tool_calls") if f in str(exc)), "tools")
+            raise ApiError(400, str(exc), field) from None
+        if tools is None:
+            text = model.render_chat(history(template_format(model.chat_template.source), conversation))
+        else:
+            text = model.render_chat(tools.messages(conversation), tools=tools.template_tools())
+        ids = model._tokenizer().encode(text, False)
         limit = _field(body, "max_completion_tokens", int, None, 1)
         limit = _field(body, "max_tokens", int, limit, 1)
-        return await self._generate(request, body, served, [ids], "chat.completion", limit)
+        return await self._generate(request, body, served, [ids], "chat.completion", limit, tools)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -279,7 +310,7 @@ class OpenAIApi:
 
     # --------------------------------------------------------- generation
     async def _generate(self, request: web.Request, body: dict[str, Any], served: Served, prompts: list[list[int]],
-                        kind: str, limit: int | None) -> web.StreamResponse:  # fmt: skip
+                        kind: str, limit: int | None, tools: ToolUse | None = None) -> web.StreamResponse:  # fmt: skip
         _refuse_unsupported(body)
         max_len = served.model.config.max_len
         longest = max(len(p) for p in prompts)
@@ -308,14 +339,15 @@ class OpenAIApi:
         }
         seed = _field(body, "seed", int, None)
         schema = _response_schema(body)
+        grammar = tools.grammar() if tools is not None else None if schema is None else ("json_schema", schema)
         constraints: list[Any] = [None] * (len(prompts) * n)
-        if schema is not None:  # built before any row is taken: a schema that cannot compile is the client's error
+        if grammar is not None:  # built before any row is taken: a grammar that cannot compile is the client's error
             from edgeattn.runtime.constrained import Constraint
 
             try:
-                constraints = [Constraint.json_schema(served.model, schema) for _ in constraints]
+                constraints = [Constraint.of(served.model, *grammar) for _ in constraints]
             except EdgeattnError as exc:
-                raise ApiError(400, str(exc), "response_format") from None
+                raise ApiError(400, str(exc), "tools" if tools is not None else "response_format") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Piece | Finished]] = asyncio.Queue()
         generations = []
@@ -336,8 +368,8 @@ class OpenAIApi:
         try:
             if stream:
                 return await self._stream(request, served, kind, ident, events, generations, usage_in_stream,
-                                          bool(logprobs), prompt_tokens)  # fmt: skip
-            return await self._whole(served, kind, ident, events, generations, bool(logprobs), prompt_tokens)
+                                          bool(logprobs), prompt_tokens, tools)  # fmt: skip
+            return await self._whole(served, kind, ident, events, generations, bool(logprobs), prompt_tokens, tools)
         finally:  # a client that went (or an error) frees its rows at the next step
             for g in generations:
                 g.cancelled.set()
@@ -353,7 +385,7 @@ class OpenAIApi:
                                  for t, lp in piece.top]}  # fmt: skip
 
     async def _whole(self, served: Served, kind: str, ident: str, events: asyncio.Queue, generations: list,
-                     logprobs: bool, prompt_tokens: int) -> web.Response:  # fmt: skip
+                     logprobs: bool, prompt_tokens: int, tools: ToolUse | None = None) -> web.Response:  # fmt: skip
         texts = [""] * len(generations)
         pieces: list[list[Piece]] = [[] for _ in generations]
         ends: dict[int, Finished] = {}
@@ -374,6 +406,12 @@ class OpenAIApi:
             entry: dict[str, Any] = {"index": i, "finish_reason": reason}
             if kind == "chat.completion":
                 entry["message"] = {"role": "assistant", "content": text}
+                if tools is not None:
+                    content, calls = tools.parse(text)
+                    entry["message"]["content"] = content
+                    if calls:
+                        entry["message"]["tool_calls"] = [c.openai() for c in calls]
+                        entry["finish_reason"] = "tool_calls" if reason == "stop" else reason
                 content = [self._logprob_entry(served, p) for p in pieces[i]]
                 entry["logprobs"] = {"content": content} if logprobs else None
             else:
@@ -394,19 +432,23 @@ class OpenAIApi:
                 "text_offset": list(np.cumsum([0] + [len(t) for t in tokens[:-1]]).tolist())}  # fmt: skip
 
     async def _stream(self, request: web.Request, served: Served, kind: str, ident: str, events: asyncio.Queue,
-                      generations: list, usage: bool, logprobs: bool, prompt_tokens: int
-                      ) -> web.StreamResponse:  # fmt: skip
+                      generations: list, usage: bool, logprobs: bool, prompt_tokens: int,
+                      tools: ToolUse | None = None) -> web.StreamResponse:  # fmt: skip
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         try:
-            await self._events(response, served, kind, ident, events, generations, usage, logprobs, prompt_tokens)
+            await self._events(response, served, kind, ident, events, generations, usage, logprobs, prompt_tokens,
+                               tools)  # fmt: skip
         except ConnectionResetError:  # the client went: the caller frees its rows
             log.info("%s: the client went mid-stream", ident)
         return response
 
     async def _events(self, response: web.StreamResponse, served: Served, kind: str, ident: str,
-                      events: asyncio.Queue, generations: list, usage: bool, logprobs: bool, prompt_tokens: int
-                      ) -> None:  # fmt: skip
+                      events: asyncio.Queue, generations: list, usage: bool, logprobs: bool, prompt_tokens: int,
+                      tools: ToolUse | None = None) -> None:  # fmt: skip
+        """Server-sent chunks as pieces come. With tools, an answer's text is held while it may
+        still become calls: calls are sent whole at the end (one delta a call), text once it
+        cannot be a call."""
         created = int(time.time())
         chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
 
@@ -419,6 +461,7 @@ class OpenAIApi:
             await send([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                         for i in range(len(generations))])  # fmt: skip
         ends: dict[int, Finished] = {}
+        held = {i: "" for i in range(len(generations))} if tools is not None else {}
         while len(ends) < len(generations):
             index, event = await events.get()
             if isinstance(event, Finished):
@@ -427,12 +470,29 @@ class OpenAIApi:
                     failed = {"error": {"message": event.error, "type": "server_error"}}
                     await response.write(f"data: {json.dumps(failed)}\n\n".encode())
                     continue
-                if event.tail:
+                reason = event.reason
+                if index in held:
+                    assert tools is not None
+                    content, calls = tools.parse(held.pop(index) + event.tail)
+                    if calls:
+                        deltas = [{"index": k, **c.openai()} for k, c in enumerate(calls)]
+                        await send([{"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None}])
+                        reason = "tool_calls" if reason == "stop" else reason
+                    elif content:
+                        await send([self._delta(served, kind, index, content, None, None)])
+                elif event.tail:
                     await send([self._delta(served, kind, index, event.tail, None, None)])
-                await send([self._delta(served, kind, index, "", event.reason, None)])
+                await send([self._delta(served, kind, index, "", reason, None)])
                 continue
-            if event.text or logprobs:
-                await send([self._delta(served, kind, index, event.text, None, event if logprobs else None)])
+            text = event.text
+            if index in held:
+                assert tools is not None
+                held[index] += text
+                if tools.may_be_call(held[index]):
+                    continue
+                text = held.pop(index)
+            if text or logprobs:
+                await send([self._delta(served, kind, index, text, None, event if logprobs else None)])
         if usage:
             completion = sum(e.completion_tokens for e in ends.values())
             await send([], {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,

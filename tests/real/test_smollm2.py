@@ -170,3 +170,21 @@ def test_the_openai_api_answers_json_that_validates(export):
         print(f"\nJSON answer (int4): {greedy.choices[0].message.content}")
         plain = client.chat.completions.create(model=name, messages=question[:1], temperature=0, max_tokens=24)
         assert plain.choices[0].message.content == load(export[0], precision="int4").chat(question, 24)
+        weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"], "additionalProperties": False}  # fmt: skip
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
+                                                   "parameters": weather}}]  # fmt: skip
+        asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+        for choice in ("required", "auto"):  # a template without tool support: the generic JSON format
+            called = client.chat.completions.create(model=name, messages=asked, tools=tools, tool_choice=choice,
+                                                    temperature=0, max_tokens=80)  # fmt: skip
+            message = called.choices[0].message
+            if choice == "auto" and not message.tool_calls:  # the model's choice: then it answers in words
+                assert called.choices[0].finish_reason == "stop" and message.content, called
+                continue
+            assert called.choices[0].finish_reason == "tool_calls" and message.tool_calls, called
+            arguments = json.loads(message.tool_calls[0].function.arguments)
+            jsonschema.validate(arguments, weather)
+            print(f"tool call (int4, {choice}): {message.tool_calls[0].function.name}({arguments})")
+            assert message.tool_calls[0].function.name == "get_weather"

@@ -70,7 +70,7 @@ def json_lm(tmp_path_factory):
     (folder / "tokenizer_config.json").write_text(json.dumps(settings))
     config = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+                                      max_position_embeddings=2048, pad_token_id=0, bos_token_id=1,
                                       eos_token_id=2)  # fmt: skip
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     source = resolve_model(from_hf=folder)
@@ -78,9 +78,31 @@ def json_lm(tmp_path_factory):
     return root / "json-lm"
 
 
+#: a template that speaks tools as Qwen 2.5's and Hermes' do (tools in the system turn, calls in <tool_call> tags)
+HERMES = """{%- if tools %}<|im_start|>system
+You may call functions: <tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
+Write each call as <tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}
+{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}<tool_call>
+{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}
+</tool_call>{% endfor %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
 @pytest.fixture(scope="module")
 def server(lm_export, embedder, json_lm):
-    api = OpenAIApi(served_models([lm_export, embedder, json_lm], max_rows=8))
+    from edgeattn.runtime.chat import ChatTemplate
+    from edgeattn.serving.batching import Batcher
+    from edgeattn.serving.openai_api import Served
+
+    models = served_models([lm_export, embedder, json_lm], max_rows=8)
+    hermes = load(json_lm)
+    hermes.chat_template = ChatTemplate(HERMES, hermes.chat_template.special_tokens)
+    models["hermes-lm"] = Served("hermes-lm", hermes, 0, Batcher(hermes, 4))
+    api = OpenAIApi(models)
     with ApiThread(api) as running:
         yield running
 
@@ -95,7 +117,7 @@ def _chat(text: str) -> list[dict[str, str]]:
 
 
 def test_models_and_a_greedy_chat_equal_the_runtime(client, lm_export):
-    assert {m.id for m in client.models.list().data} == {"lm", "bert", "json-lm"}
+    assert {m.id for m in client.models.list().data} == {"lm", "bert", "json-lm", "hermes-lm"}
     runtime = load(lm_export)
     want = runtime.chat(_chat(QUESTIONS[0]), 12)
     answer = client.chat.completions.create(model="lm", messages=_chat(QUESTIONS[0]), max_tokens=12, temperature=0)
@@ -209,9 +231,15 @@ def test_errors_are_openais_objects(client, server):
     with pytest.raises(openai.BadRequestError, match="response_format type") as bad:
         client.chat.completions.create(model="lm", messages=_chat("hi"), response_format={"type": "yaml"})
     assert bad.value.body["param"] == "response_format"
-    with pytest.raises(openai.BadRequestError, match="not served yet"):
-        client.chat.completions.create(model="lm", messages=_chat("hi"), tools=[{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object"}}}])  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="not among the tools") as bad:
+        client.chat.completions.create(model="lm", messages=_chat("hi"), tools=TOOLS, tool_choice={
+            "type": "function", "function": {"name": "nope"}})  # fmt: skip
+    assert bad.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\] is") as bad:
+        client.chat.completions.create(model="lm", messages=_chat("hi"), tools=[{"type": "retrieval"}])
+    assert bad.value.body["param"] == "tools"
+    with pytest.raises(openai.BadRequestError, match="legacy") as bad:
+        client.chat.completions.create(model="lm", messages=_chat("hi"), functions=[{"name": "f"}])
     with pytest.raises(openai.BadRequestError, match="embeds text"):
         client.chat.completions.create(model="bert", messages=_chat("hi"))
     keyed = OpenAIApi(server.api.models, api_key="sesame", owns_models=False)
@@ -301,3 +329,111 @@ def test_the_runtime_decodes_under_a_schema_or_a_regex(json_lm):
     assert all(re.fullmatch(pattern, a) for a in model.generate_text(["the", "sea is"], 30, regex=pattern))
     with pytest.raises(Exception, match="not beam search"):
         model.generate_text(["the"], 8, regex=pattern, strategy="beam")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                                              "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+             "required": ["city", "unit"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer", "enum": [1, 2]}, "b": {"type": "integer",
+                                                                                      "enum": [1, 2]}},
+             "required": ["a", "b"], "additionalProperties": False}}}]  # fmt: skip
+
+
+def _valid_calls(message, names=("get_weather", "add")):
+    """Each call names an offered tool, has an id, and its arguments validate against its schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert message.tool_calls, message
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+
+
+@pytest.mark.parametrize("model", ["json-lm", "hermes-lm"])
+def test_tool_calls_parse_and_validate(client, model):
+    """Random weights, so only the grammar makes these calls: under ``required`` and a named tool
+    every answer is calls whose arguments validate (a named tool's only), in both formats (the
+    generic JSON of a template without tools, and a template's own <tool_call> tags); a streamed
+    answer's calls equal the plain one's; ``auto`` answers text or calls; ``none`` answers text."""
+    pytest.importorskip("llguidance")
+    asked = dict(model=model, messages=_chat("weather in Paris?"), tools=TOOLS, temperature=0, max_tokens=120,
+                 parallel_tool_calls=False)  # random weights would add parallel calls until the limit
+    required = client.chat.completions.create(**asked, tool_choice="required")
+    assert required.choices[0].finish_reason == "tool_calls" and required.choices[0].message.content is None
+    calls = _valid_calls(required.choices[0].message)
+    named = client.chat.completions.create(**asked, tool_choice={"type": "function", "function": {"name": "add"}})
+    assert len(_valid_calls(named.choices[0].message, names=("add",))) == 1
+    parallel = client.chat.completions.create(**{**asked, "parallel_tool_calls": True}, tool_choice="required")
+    message = parallel.choices[0].message
+    if parallel.choices[0].finish_reason == "tool_calls":
+        assert len(_valid_calls(message)) >= 1
+    elif model == "hermes-lm":  # cut short: the whole calls, not the one cut
+        assert message.tool_calls is None or _valid_calls(message)
+        assert "<tool" not in (message.content or "") and "<" != (message.content or " ")[-1]
+    else:  # cut short inside the JSON: the text as it came
+        assert message.tool_calls is None and message.content.startswith('{"tool_calls": [')
+    streamed = []
+    for chunk in client.chat.completions.create(**asked, tool_choice="required", stream=True):
+        for call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            streamed.append((call.function.name, json.loads(call.function.arguments)))
+    assert streamed == calls
+    sampled = client.chat.completions.create(**{**asked, "temperature": 1.0}, tool_choice="required", n=3, seed=4)
+    for choice in sampled.choices:
+        _valid_calls(choice.message)
+    auto = client.chat.completions.create(**asked)
+    if auto.choices[0].finish_reason == "tool_calls":
+        _valid_calls(auto.choices[0].message)
+    else:
+        assert auto.choices[0].message.tool_calls is None and isinstance(auto.choices[0].message.content, str)
+    plain = client.chat.completions.create(**asked, tool_choice="none")
+    assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_conversation_goes_on_after_its_tool_results(client, json_lm):
+    """An assistant's earlier calls and the tools' results render in both formats (the calls'
+    JSON-string arguments handed to a template as objects) and the next answer keeps to the grammar."""
+    from edgeattn.runtime.tool_calls import tool_use
+
+    pytest.importorskip("llguidance")
+    conversation = [*_chat("weather in Paris?"),
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21"}]  # fmt: skip
+    for model in ("json-lm", "hermes-lm"):
+        answer = client.chat.completions.create(model=model, messages=conversation, tools=TOOLS, max_tokens=120,
+                                                temperature=0, tool_choice="required", parallel_tool_calls=False)
+        _valid_calls(answer.choices[0].message)
+    hermes = tool_use(HERMES, TOOLS)
+    prompt = load(json_lm).chat_template.__class__(HERMES).render(hermes.messages(conversation), True,
+                                                                   tools=hermes.template_tools())  # fmt: skip
+    assert '<tools>{"type": "function", "function": {"name": "get_weather"' in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}' in prompt
+    generic = tool_use(causal_folders.CHATML, TOOLS, "auto")
+    shown = generic.messages(conversation)
+    assert shown[0]["role"] == "system" and '"name": "get_weather"' in shown[0]["content"]
+    assert json.loads(shown[2]["content"]) == {"tool_calls": [{"name": "get_weather",
+                                                               "arguments": {"city": "Paris", "unit": "celsius"}}]}
+    assert shown[3] == {"role": "tool", "content": "sunny, 21"}
+
+
+def test_tool_answers_parse_in_both_formats():
+    from edgeattn.runtime.tool_calls import tool_use
+
+    generic, hermes = tool_use(causal_folders.CHATML, TOOLS), tool_use(HERMES, TOOLS)
+    assert (generic.format, hermes.format) == ("generic", "hermes")
+    content, calls = generic.parse('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}')
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})]
+    assert generic.parse('{"response": "hello"}') == ("hello", [])
+    assert generic.parse('{"tool_calls": [{"name": "add", "argu') == ('{"tool_calls": [{"name": "add", "argu', [])
+    content, calls = hermes.parse('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 1}}\n</tool_call>\n'
+                                  '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
+    assert content is None and [c.name for c in calls] == ["add", "get_weather"] and calls[0].id != calls[1].id
+    assert hermes.parse("plain words") == ("plain words", [])
+    content, calls = hermes.parse('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>\n<tool_call>\n{"na')
+    assert content is None and [c.name for c in calls] == ["add"]
+    assert hermes.parse('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>\n<tool_')[0] is None
+    assert hermes.may_be_call("") and hermes.may_be_call("<tool") and not hermes.may_be_call("The")
+    assert tool_use(HERMES, TOOLS, "none") is None and tool_use(HERMES, None) is None
