@@ -2,8 +2,8 @@
 (``edgeattn serve EXPORT --api openai``, continuous batching) and llama.cpp's
 (``llama-cpp-python[server]``, from the peers' environment), the same real checkpoint, the same
 threads: throughput in tokens/s, time to first token and inter-token latency (p50 / p99).
-``--soak SECONDS`` instead runs 32 clients against edgeattn's server in this process for that
-long, one in four going mid-stream, and reports errors, rows left and memory growth.
+``--soak SECONDS`` instead runs 32 clients against edgeattn's server (its own process) for that
+long, one in four going mid-stream, and reports errors, rows left and the server's memory over time.
 
 Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--clients 1,8,32]
 [--requests 2] [--new-tokens 128] [--threads 2] [--json OUT]`` where EXPORT is the real
@@ -130,18 +130,21 @@ def rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS"))
 
 
-def soak(export: Path, seconds: float, clients: int, new_tokens: int) -> dict[str, Any]:
-    """``clients`` streaming clients for ``seconds`` against a server in this process, one in four
-    going after a few pieces: errors, rows left, this process's memory after warm-up and at the end."""
-    from edgeattn.serving.openai_api import ApiThread, OpenAIApi, served_models
-
-    api = OpenAIApi(served_models([export], max_rows=clients, precision="int4"))
+def soak(export: Path, seconds: float, clients: int, new_tokens: int, threads: int) -> dict[str, Any]:
+    """``clients`` streaming clients for ``seconds`` against ``edgeattn serve`` in its own process,
+    one in four going after a few pieces: errors, the rows left (its /health), and the server's
+    memory every few seconds (growth over the second half says whether it is bounded)."""
+    port = free_port()
+    process = start_edgeattn(export, port, threads, clients)
+    url = f"http://127.0.0.1:{port}/v1"
     name = export.resolve().name
     stats = {"answers": 0, "went": 0, "errors": 0, "tokens": 0}
     lock = threading.Lock()
-    with ApiThread(api) as server:
-        one_chat(server.url, name, PROMPTS[0], 16)  # warm-up
-        end = time.time() + seconds
+    try:
+        wait_ready(url, process)
+        one_chat(url, name, PROMPTS[0], 16)  # warm-up
+        start = time.time()
+        end = start + seconds
         samples: list[tuple[float, float]] = []
 
         def client(k: int) -> None:
@@ -149,7 +152,7 @@ def soak(export: Path, seconds: float, clients: int, new_tokens: int) -> dict[st
             while time.time() < end:
                 goes = (k + i) % 4 == 0
                 try:
-                    r = one_chat(server.url, name, PROMPTS[(k + i) % len(PROMPTS)], new_tokens,
+                    r = one_chat(url, name, PROMPTS[(k + i) % len(PROMPTS)], new_tokens,
                                  threading.Event() if goes else None)  # fmt: skip
                     with lock:
                         stats["went" if r["went"] else "answers"] += 1
@@ -161,23 +164,35 @@ def soak(export: Path, seconds: float, clients: int, new_tokens: int) -> dict[st
 
         def sampler() -> None:
             while time.time() < end:
-                samples.append((time.time(), rss_mb(os.getpid())))
-                time.sleep(1)
+                samples.append((time.time() - start, rss_mb(process.pid)))
+                time.sleep(2)
 
-        threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)] + [threading.Thread(
+        threads_ = [threading.Thread(target=client, args=(k,)) for k in range(clients)] + [threading.Thread(
             target=sampler)]  # fmt: skip
-        for t in threads:
+        for t in threads_:
             t.start()
-        for t in threads:
+        for t in threads_:
             t.join()
-        batcher = api.models[name].batcher
         deadline = time.time() + 30
-        while batcher.rows and time.time() < deadline:
-            time.sleep(0.1)
-        warm = [m for t, m in samples if t > samples[0][0] + seconds / 4] or [m for _, m in samples]
-        return {**stats, "seconds": seconds, "clients": clients, "rows_left": batcher.rows,
-                "ended": dict(batcher.ended), "widest_batch": batcher.widest,
-                "rss_after_warmup_mb": warm[0], "rss_end_mb": samples[-1][1], "rss_max_mb": max(m for _, m in samples)}
+        while time.time() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+                batch = json.loads(r.read())["batches"][name]
+            if not batch["rows"]:
+                break
+            time.sleep(0.2)
+        settled = rss_mb(process.pid)
+    finally:
+        process.terminate()
+        process.wait(60)
+
+    def at(fraction: float) -> float:
+        return next(m for t, m in samples if t >= fraction * seconds)
+
+    return {**stats, "seconds": seconds, "clients": clients, "rows_left": batch["rows"], "ended": batch["ended"],
+            "widest_batch": batch["widest"], "rss_quarter_mb": at(0.25), "rss_half_mb": at(0.5),
+            "rss_end_mb": samples[-1][1], "rss_max_mb": max(m for _, m in samples), "rss_settled_mb": settled,
+            "growth_second_half_mb": samples[-1][1] - at(0.5),
+            "rss_series_mb": [(round(t), round(m, 1)) for t, m in samples[:: max(1, len(samples) // 60)]]}
 
 
 def main() -> None:
@@ -196,7 +211,7 @@ def main() -> None:
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine_info(), "export": args.export.name,
                               "new_tokens": args.new_tokens, "threads": args.threads}  # fmt: skip
     if args.soak:
-        report["soak"] = soak(args.export, args.soak, 32, args.new_tokens)
+        report["soak"] = soak(args.export, args.soak, 32, args.new_tokens, args.threads)
         print(json.dumps(report["soak"], indent=2))
         out = args.json or ROOT / "benchmarks" / "results" / "openai-soak.json"
     else:

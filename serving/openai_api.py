@@ -189,6 +189,7 @@ class OpenAIApi:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{name}", self.get_model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -206,7 +207,8 @@ class OpenAIApi:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         try:
-            if self.api_key is not None and request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+            if (self.api_key is not None and request.path != "/health"
+                    and request.headers.get("Authorization", "") != f"Bearer {self.api_key}"):  # fmt: skip
                 raise ApiError(401, "incorrect API key provided", kind="invalid_request_error", code="invalid_api_key")
             return await handler(request)
         except ApiError as exc:
@@ -245,6 +247,13 @@ class OpenAIApi:
     # ----------------------------------------------------------- endpoints
     def _card(self, served: Served) -> dict[str, Any]:
         return {"id": served.name, "object": "model", "created": served.created, "owned_by": "edgeattn"}
+
+    async def health(self, request: web.Request) -> web.Response:
+        """Liveness and each language model's batch: rows decoding now, the widest step, how
+        generations ended (open without the key, as llama.cpp's /health is)."""
+        batches = {s.name: {"rows": s.batcher.rows, "widest": s.batcher.widest, "ended": dict(s.batcher.ended)}
+                   for s in self.models.values() if s.batcher is not None}  # fmt: skip
+        return web.json_response({"status": "ok", "batches": batches})
 
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._card(s) for s in self.models.values()]})

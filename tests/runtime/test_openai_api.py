@@ -247,6 +247,11 @@ def test_errors_are_openais_objects(client, server):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=locked.url, api_key="wrong", max_retries=0).models.list()
         assert openai.OpenAI(base_url=locked.url, api_key="sesame", max_retries=0).models.list().data
+        with urllib.request.urlopen(locked.url.removesuffix("/v1") + "/health", timeout=30) as r:  # no key
+            health = json.loads(r.read())
+        assert health["status"] == "ok" and set(health["batches"]) == {"lm", "json-lm", "hermes-lm"}
+        lm = health["batches"]["lm"]  # the earlier tests' chats
+        assert lm["widest"] >= 1 and lm["ended"].get("stop", 0) + lm["ended"].get("length", 0) >= 1
 
 
 def test_edgeattn_serve_api_openai_answers_curl_until_interrupted(lm_export, embedder):
