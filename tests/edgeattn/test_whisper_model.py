@@ -16,14 +16,16 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.quick
 
 
-def whisper_folder(path, n_mels: int = 80, encoder_layers: int = 3, decoder_layers: int = 1, seed: int = 0):
+def whisper_folder(path, n_mels: int = 80, encoder_layers: int = 3, decoder_layers: int = 1, seed: int = 0,
+                   vocab_size: int = 120, target_positions: int = 40):
     """A random WhisperForConditionalGeneration saved as transformers saves one (30 s windows
     shrunk to 2 s: 100 audio positions, 200 frames)."""
     torch.manual_seed(seed)
     config = transformers.WhisperConfig(
-        vocab_size=120, num_mel_bins=n_mels, d_model=64, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=100, max_target_positions=40, pad_token_id=119, bos_token_id=117, eos_token_id=118,
+        vocab_size=vocab_size, num_mel_bins=n_mels, d_model=64, encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_source_positions=100, max_target_positions=target_positions, pad_token_id=119,
+        bos_token_id=117, eos_token_id=118,
         decoder_start_token_id=116,
     )  # fmt: skip
     model = transformers.WhisperForConditionalGeneration(config).eval()

@@ -1,0 +1,211 @@
+"""Whisper's decoding rules, torch-free, as transformers' ``WhisperForConditionalGeneration.generate``
+applies them to a 30 s window: the prompt (start, language, task, no-timestamps), language
+detection from the first step, suppressed tokens (always, and at the first step), and the
+timestamp rules (a first token that is a timestamp no later than ``max_initial_timestamp_index``,
+timestamps in pairs and never decreasing, a timestamp forced when their probabilities together
+outweigh every text token).
+
+The settings come from the folder's ``generation_config.json``; the rules act on one step's
+scores (B, vocab) given each row's tokens so far, so any decoder (PyTorch, ONNX Runtime) can be
+driven by :func:`greedy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.jsonfile import read_json_object
+
+GENERATION_CONFIG = "generation_config.json"
+TASKS = ("transcribe", "translate")
+
+
+class WhisperSettingsError(EdgeattnError):
+    """A generation config Whisper cannot decode by, or a language or task it does not have."""
+
+
+def _ids(value: Any, where: str, name: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+        raise WhisperSettingsError(f"{where}: {name} is a list of token ids")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class WhisperDecoding:
+    """What ``generation_config.json`` says of decoding a Whisper model."""
+
+    start: int
+    eos: int
+    #: ``<|notimestamps|>``; the timestamps follow it (0.00, 0.02, ... 30.00 s)
+    no_timestamps: int | None = None
+    suppress: tuple[int, ...] = ()
+    #: suppressed at the first generated position only (a space, the end token)
+    begin_suppress: tuple[int, ...] = ()
+    #: language token (``<|fr|>``) -> id; empty for English-only models
+    languages: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, int] = field(default_factory=dict)
+    multilingual: bool = False
+    max_initial_timestamp_index: int | None = None
+    #: the most tokens a window's sequence holds, prompt included
+    max_length: int = 448
+    #: (layer, head) pairs of cross-attention that align text with audio, for word timestamps
+    alignment_heads: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> WhisperDecoding:
+        path = Path(folder) / GENERATION_CONFIG
+        return cls.from_dict(read_json_object(path, WhisperSettingsError), str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "the generation config") -> WhisperDecoding:
+        def need(name: str) -> int:
+            value = data.get(name)
+            if not isinstance(value, int):
+                raise WhisperSettingsError(f"{where} lacks {name} (a token id)")
+            return value
+
+        eos = data.get("eos_token_id")
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        languages, tasks = data.get("lang_to_id") or {}, data.get("task_to_id") or {}
+        if not isinstance(languages, dict) or not isinstance(tasks, dict):
+            raise WhisperSettingsError(f"{where}: lang_to_id and task_to_id map names to token ids")
+        heads = data.get("alignment_heads") or []
+        if not isinstance(heads, list) or not all(isinstance(h, list) and len(h) == 2 for h in heads):
+            raise WhisperSettingsError(f"{where}: alignment_heads is a list of [layer, head] pairs")
+        initial = data.get("max_initial_timestamp_index")
+        return cls(
+            start=need("decoder_start_token_id"), eos=int(eos) if isinstance(eos, int) else need("eos_token_id"),
+            no_timestamps=data.get("no_timestamps_token_id"),
+            suppress=_ids(data.get("suppress_tokens"), where, "suppress_tokens"),
+            begin_suppress=_ids(data.get("begin_suppress_tokens"), where, "begin_suppress_tokens"),
+            languages={str(k): int(v) for k, v in languages.items()}, tasks={str(k): int(v) for k, v in tasks.items()},
+            multilingual=bool(data.get("is_multilingual", bool(languages))),
+            max_initial_timestamp_index=None if initial is None else int(initial),
+            max_length=int(data.get("max_length") or 448), alignment_heads=tuple((int(a), int(b)) for a, b in heads),
+        )  # fmt: skip
+
+    @property
+    def timestamp_begin(self) -> int | None:
+        return None if self.no_timestamps is None else self.no_timestamps + 1
+
+    def language_id(self, language: str) -> int:
+        """The token of ``language``: a code (``fr``), a token (``<|fr|>``)."""
+        token = language if language.startswith("<|") else f"<|{language.lower()}|>"
+        if token not in self.languages:
+            known = ", ".join(sorted(t.strip("<|>") for t in self.languages)) or "none: it is English-only"
+            raise WhisperSettingsError(f"this model has no language {language!r} (its languages: {known})")
+        return self.languages[token]
+
+    def prompt(self, language: str | int | None, task: str = "transcribe", timestamps: bool = False) -> list[int]:
+        """A window's first tokens: start, the language (a code, or a detected token id) and the
+        task (multilingual models), and no-timestamps unless ``timestamps``."""
+        tokens = [self.start]
+        if self.multilingual:
+            if task not in TASKS or task not in self.tasks:
+                raise WhisperSettingsError(f"the task is one of {', '.join(t for t in TASKS if t in self.tasks)}, "
+                                           f"not {task!r}")  # fmt: skip
+            if language is None:
+                raise WhisperSettingsError("a multilingual model's prompt needs its language (given, or detected)")
+            tokens += [language if isinstance(language, int) else self.language_id(language), self.tasks[task]]
+        elif language not in (None, "en") or task != "transcribe":
+            raise WhisperSettingsError("this model is English-only: it transcribes English, nothing else")
+        if timestamps and self.no_timestamps is None:
+            raise WhisperSettingsError("this model's generation config has no timestamp tokens")
+        if not timestamps and self.no_timestamps is not None:
+            tokens.append(self.no_timestamps)
+        return tokens
+
+    def detect_language(self, first_scores: np.ndarray) -> np.ndarray:
+        """Each row's language token from the scores after the start token alone (B, vocab)."""
+        ids = np.array(sorted(self.languages.values()))
+        if not ids.size:
+            raise WhisperSettingsError("this model is English-only: it has no languages to detect")
+        return ids[np.asarray(first_scores)[:, ids].argmax(-1)]
+
+
+@dataclass
+class WhisperRules:
+    """The rules on each step's scores for rows whose prompts are ``begin`` tokens long."""
+
+    decoding: WhisperDecoding
+    begin: int
+    timestamps: bool = False
+
+    def __call__(self, tokens: Sequence[Sequence[int]], scores: np.ndarray) -> np.ndarray:
+        """``scores`` (B, vocab) with what the rules forbid at -inf, for rows whose whole
+        sequences (prompt included) are ``tokens``."""
+        d = self.decoding
+        scores = np.array(scores, dtype=np.float32)
+        if len(tokens[0]) == self.begin and d.begin_suppress:
+            scores[:, list(d.begin_suppress)] = -np.inf
+        if d.suppress:
+            scores[:, list(d.suppress)] = -np.inf
+        if not self.timestamps:
+            return scores
+        begin, eos = d.timestamp_begin, d.eos
+        assert begin is not None and d.no_timestamps is not None
+        scores[:, d.no_timestamps] = -np.inf
+        for row, seq in enumerate(tokens):
+            sampled = list(seq[self.begin :])
+            last = len(sampled) >= 1 and sampled[-1] >= begin
+            penultimate = len(sampled) < 2 or sampled[-2] >= begin
+            if last:
+                if penultimate:  # a pair closed: text next
+                    scores[row, begin:] = -np.inf
+                else:  # a pair opened: its closing timestamp (or the end) next
+                    scores[row, :eos] = -np.inf
+            stamps = [t for t in sampled if t >= begin]
+            if stamps:  # never back in time, and no second <|0.00|>
+                until = stamps[-1] if last and not penultimate else stamps[-1] + 1
+                scores[row, begin:until] = -np.inf
+        if len(tokens[0]) == self.begin:  # the first token is a timestamp, not too late
+            scores[:, :begin] = -np.inf
+            if d.max_initial_timestamp_index is not None:
+                scores[:, begin + d.max_initial_timestamp_index + 1 :] = -np.inf
+        logp = _log_softmax(scores)
+        with np.errstate(divide="ignore"):
+            stamp_mass = np.logaddexp.reduce(logp[:, begin:], axis=-1)
+        text_best = logp[:, :begin].max(-1)
+        scores[stamp_mass > text_best, :begin] = -np.inf
+        return scores
+
+
+def _log_softmax(scores: np.ndarray) -> np.ndarray:
+    top = scores.max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shifted = scores - top
+        return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]], rules: WhisperRules,
+           max_new_tokens: int) -> list[list[int]]:  # fmt: skip
+    """Greedy decoding of rows with prompts of equal length: ``step(tokens (B, T))`` feeds the
+    tokens new since its last call and returns the last position's scores (B, vocab). Each row
+    ends at the end token (kept) or after ``max_new_tokens``; rows that ended are fed the end
+    token and ignored."""
+    if len({len(p) for p in prompts}) != 1:
+        raise WhisperSettingsError("rows decoded together need prompts of one length")
+    sequences = [list(p) for p in prompts]
+    done = np.zeros(len(prompts), dtype=bool)
+    feed = np.array(prompts, dtype=np.int64)
+    eos = rules.decoding.eos
+    for _ in range(max_new_tokens):
+        scores = rules(sequences, step(feed))
+        chosen = scores.argmax(-1)
+        chosen[done] = eos
+        for row, token in enumerate(chosen.tolist()):
+            if not done[row]:
+                sequences[row].append(token)
+        done |= chosen == eos
+        if done.all():
+            break
+        feed = chosen[:, None].astype(np.int64)
+    return sequences
