@@ -43,6 +43,7 @@ from edgeattn.runtime.manifest import (
     META_SPEC,
     META_VERSION,
 )
+from edgeattn.runtime.precisions import FP32, FUSED_SOURCE
 from edgeattn.runtime.specs import EXPORT_SIZES, GraphSpec, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def export_graph(
         except Exception as exc:
             raise ExportError(f"torch.onnx could not export graph {name!r} at opset {opset}: {exc}") from exc
         proto = onnx.load(str(raw), load_external_data=True)
-    finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
+    finalize(proto, model.config, spec, FUSED_SOURCE if fused else FP32)
     save_checked(proto, path, external_threshold)
     return spec
 
@@ -242,7 +243,7 @@ def written_graph(model: TransformerModel, name: str, fused: bool = False) -> tu
     assert role.builder is not None, f"{name} is traced, not written"
     spec = role.spec(model.config)
     proto = resolve(role.builder)(model, spec, fused=fused)
-    finalize(proto, model.config, spec, "fp32-opt" if fused else "fp32")
+    finalize(proto, model.config, spec, FUSED_SOURCE if fused else FP32)
     return proto, spec
 
 

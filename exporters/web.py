@@ -48,8 +48,10 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.target_lint import webgpu_gaps
+from edgeattn.runtime.families import ENCODER_FAMILY, FAMILIES, family_of, resolve
 from edgeattn.runtime.layout import external_data_file, partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
+from edgeattn.runtime.precisions import FP32, get_precision
 from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.text import label_names
 from edgeattn.tables import table_lines
@@ -71,10 +73,6 @@ CHAT_TEMPLATE = "chat_template.json"
 WEB_LIMIT = (1 << 31) - 1
 #: what a page's wasm32 memory can address: a web bundle's graph and weights must fit in it
 WASM_MEMORY = 1 << 32
-#: the graphs a bundle carries for each family the targets run (a seq2seq model's decoder over a cache
-#: of fixed capacity: decoder_fixed)
-BUNDLE_GRAPHS = {"encoder": ("encoder",), "causal": ("causal_decoder",),
-                 "seq2seq": ("encoder", "cross_kv", "decoder_fixed")}  # fmt: skip
 ASSETS = Path(__file__).resolve().parent / "js"
 
 
@@ -97,18 +95,19 @@ def entry_bytes(entry: dict[str, Any]) -> int:
     return entry["bytes"] + sum(d["bytes"] for d in entry.get("external_data", []))
 
 
-#: a precision's file name where transformers.js has one (its ``dtype``: fp32, q8, q4)
-TRANSFORMERS_JS_NAMES = {"fp32": "model.onnx", "int8": "model_quantized.onnx", "int4": "model_q4.onnx"}
-#: the ``dtype`` transformers.js loads each of those files with
-TRANSFORMERS_JS_DTYPES = {"fp32": "fp32", "int8": "q8", "int4": "q4"}
+def bundle_graphs(family_name: str) -> tuple[str, ...]:
+    """The graphs a bundle of a family carries (its record's ``bundle_graphs``; none: not run)."""
+    family = FAMILIES.get(family_name)
+    return family.bundle_graphs if family is not None else ()
 
 
 def model_file(precision: str, graph: str | None = None) -> str:
     """Where a precision's graph lies in the bundle: transformers.js's names for a family of one
-    graph, ``onnx/<graph>[.<precision>].onnx`` for one of several."""
+    graph (its record's ``transformers_js``), ``onnx/<graph>[.<precision>].onnx`` for one of several."""
     if graph is not None:
-        return f"onnx/{graph}.onnx" if precision == "fp32" else f"onnx/{graph}.{precision}.onnx"
-    return "onnx/" + TRANSFORMERS_JS_NAMES.get(precision, f"model.{precision}.onnx")
+        return f"onnx/{graph}.onnx" if precision == FP32 else f"onnx/{graph}.{precision}.onnx"
+    named = get_precision(precision).transformers_js
+    return "onnx/" + (named[0] if named else f"model.{precision}.onnx")
 
 
 def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web", precisions: list[str] | None = None,
@@ -125,7 +124,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     manifest = read_manifest(export_dir)
     _check_runs(manifest, export_dir)
-    graphs = BUNDLE_GRAPHS[manifest.family_name]
+    graphs = bundle_graphs(manifest.family_name)
+    slow = family_of(manifest.config).graphs[graphs[-1]].bundle_slow
     chosen = cpu_precisions(manifest, precisions or [default_precision(manifest, target)])
     check_output_dir(out_dir, force)
     parent = out_dir.resolve().parent
@@ -139,8 +139,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         bundle = WebBundle(out_dir, target)
         checked: set[tuple[str, str]] = set()
         for precision, graph in ((p, g) for p in chosen for g in graphs):
-            if (target, graph, precision) in SLOW:
-                log.warning("%s %s for --target %s: %s", graph, precision, target, SLOW[(target, graph, precision)])
+            if graph == graphs[-1] and (target, precision) in slow:
+                log.warning("%s %s for --target %s: %s", graph, precision, target, slow[(target, precision)])
             model, made = runnable_graph(export_dir, manifest, graph, precision, checked, tmp, int4_accuracy_level)
             name = model_file(precision, graph if len(graphs) > 1 else None)
             entry = write_graph(model, tmp, name, file_limit)
@@ -153,9 +153,9 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
             if target == "web":  # whether the page's WebGPU backend takes it, and why not
                 gaps = webgpu_gaps(model)
                 entry["webgpu"] = {"runs": not gaps, "why": str(gaps[0]) if gaps else None}
+            named = get_precision(precision).transformers_js
             bundle.files.append({**entry, "precision": precision, "graph": graph,
-                                 "transformers_js_dtype": TRANSFORMERS_JS_DTYPES.get(precision)
-                                 if graphs == ("encoder",) else None})  # fmt: skip
+                                 "transformers_js_dtype": named[1] if named and len(graphs) == 1 else None})
         shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
         assets = [MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])]
         if manifest.chat_template is not None:
@@ -169,7 +169,7 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
         described = {**_describe(bundle, manifest, export_dir, tmp), "tagging": tagging}
         (tmp / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
-        if graphs == ("encoder",):  # transformers.js's decoders take past_key_values, not edgeattn's cache
+        if manifest.family_name == ENCODER_FAMILY.name:  # transformers.js's decoders take past_key_values
             _transformers_js_files(manifest, tmp)
         move_into_place(tmp, out_dir)
     except BaseException:
@@ -193,15 +193,13 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     from edgeattn.exporters.fitted_weights import carry_fitted
     from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantize_int4
     from edgeattn.exporters.target_lint import lint, summary
-    from edgeattn.runtime.families import family_of
-    from edgeattn.runtime.precisions import get_precision
 
     model = onnx.load(str(check_file(export_dir, manifest.entry(graph, precision), checked)))
     findings = lint(model)
     if not findings:
         return model, None
     release = f"ONNX Runtime {ORT_PACKAGES['node'][1]} (onnxruntime-web and -node)"
-    plain = onnx.load(str(check_file(export_dir, manifest.entry(graph, "fp32"), checked)))
+    plain = onnx.load(str(check_file(export_dir, manifest.entry(graph, FP32), checked)))
     if get_precision(precision).build != "convert" or precision not in CONVERTERS or lint(plain):
         raise ExportError(f"the {precision} {graph} holds nodes {release} cannot run:\n{summary(findings)}")
     variant = manifest.graphs[graph].precisions[precision]
@@ -233,7 +231,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     if still:
         raise ExportError(f"the {precision} {graph} remade from the plain graph still holds nodes {release} cannot "
                           f"run:\n{summary(still)}")  # fmt: skip
-    held = hold_to_export(export_dir, precision, dst, degraded=variant.degraded)
+    held = hold_to_export(export_dir, precision, dst, degraded=variant.degraded, graph=graph)
     shutil.rmtree(dst.parent)
     log.info("%s %s: the export's graph holds nodes the target cannot run (%s); remade from the plain fp32 graph",
              graph, precision, findings[0])  # fmt: skip
@@ -242,7 +240,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
 
 
 def hold_to_export(export_dir: Path, precision: str, remade: Path, texts: list[str] | None = None,
-                   degraded: bool = False) -> dict[str, Any]:  # fmt: skip
+                   degraded: bool = False, graph: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The remade ``precision`` graph and the export's gated one against fp32 on the next-token
     logits of ``texts`` (teacher forced): top-1 agreement and worst cosine of each. ExportError
     where the remade graph's agreement is below the accuracy gate's own floor for that precision
@@ -250,11 +248,11 @@ def hold_to_export(export_dir: Path, precision: str, remade: Path, texts: list[s
     ``degraded`` (``--allow-degraded``): the remade one is then marked degraded too."""
     from edgeattn.runtime import load
     from edgeattn.runtime.model import ExportedModel
-    from edgeattn.runtime.precisions import get_precision
 
     reference = load(export_dir, providers=["CPUExecutionProvider"])
     gated = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
-    made = ExportedModel.from_graphs(reference.config, {"causal_decoder": remade}, precision=precision)
+    made = ExportedModel.from_graphs(reference.config, {graph or reference.family.primary_graph: remade},
+                                     precision=precision)  # fmt: skip
     ids, mask = reference.encode_prompts(texts or HOLD_TEXTS)
     want = reference.next_token_logits(ids, mask)
     real = mask.astype(bool)
@@ -327,37 +325,23 @@ def write_graph(model: onnx.ModelProto, out: Path, name: str, file_limit: int = 
 
 #: the precisions a bundle holds when none is named, best first, by target and graph: the first the
 #: export holds that passed its accuracy gate (else fp32). Measured: an encoder's int8
-#: (benchmarks/results/targets.json: BERT-base at 1x128 2.4x faster than fp32 in Chromium's wasm
-#: on 2 threads, 1.6x on 1, a quarter of the bytes); a language model's
-#: (benchmarks/results/targets-lm.json, SmolLM2-135M-shaped, 128-token prompt, greedy decoding): on
-#: onnxruntime-node int4 decodes fastest (88 tokens/s against int8's 69 and fp32's 37) from the
-#: fewest bytes (76 MB, 164, 651); in wasm int4 decodes at 2.1 tokens/s (its MatMulNBits kernels
-#: have no fast path there) against int8's 27 and fp32's 33, and int8 reads its prompt 2.3x faster
-#: than fp32 from a quarter of the bytes: int8 for a page. A seq2seq model (keyed by its last graph,
-#: decoder_fixed): fp32 until its reduced precisions are measured on these runtimes
-PREFERRED = {("web", "encoder"): ("int8",), ("node", "encoder"): ("int8",),
-             ("web", "causal_decoder"): ("int8",), ("node", "causal_decoder"): ("int4", "int8")}  # fmt: skip
-#: precisions a target runs far below the others (measured, as above): packaged when asked, with a warning
-SLOW = {("web", "causal_decoder", "int4"): "onnxruntime-web's wasm kernels decode a language model's int4 some "
-        "12x slower than its int8 (2.1 against 27 tokens/s, SmolLM2-135M-shaped)"}  # fmt: skip
-
-
 def default_precision(manifest: Manifest, target: str = "web") -> str:
-    """What a ``target`` bundle holds when no precision is named (see :data:`PREFERRED`)."""
-    graphs = BUNDLE_GRAPHS[manifest.family_name]
-    for name in PREFERRED.get((target, graphs[-1]), ()):
+    """What a ``target`` bundle holds when no precision is named: the first of its last graph's
+    role's ``bundle_precisions`` for the target that every graph has, not degraded; else fp32."""
+    graphs = bundle_graphs(manifest.family_name)
+    for name in family_of(manifest.config).graphs[graphs[-1]].bundle_precisions.get(target, ()):
         variants = [manifest.graphs[g].precisions.get(name) for g in graphs]
         if all(v is not None and not v.degraded for v in variants):
             return name
-    return "fp32"
+    return FP32
 
 
 def _check_runs(manifest: Manifest, export_dir: Path) -> None:
     """An ExportError saying why the web and node targets cannot run this export, if they cannot."""
-    if manifest.family_name not in BUNDLE_GRAPHS:
+    if not bundle_graphs(manifest.family_name):
         raise ExportError(f"the web and node targets run encoders, seq2seq models and language models; this is a "
                           f"{manifest.family_name} export: package it for --target mobile, or serve it")  # fmt: skip
-    missing = [g for g in BUNDLE_GRAPHS[manifest.family_name] if g not in manifest.graphs]
+    missing = [g for g in bundle_graphs(manifest.family_name) if g not in manifest.graphs]
     if missing:
         raise ExportError(f"the web and node targets need the export's {', '.join(missing)} graph(s), which it "
                           "lacks: export it again with this edgeattn (--graphs decoder for a seq2seq model)")
@@ -469,8 +453,9 @@ def _closing_specials(tokenizer_path: Path) -> int:
 
 
 def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path) -> dict[str, Any]:
-    config = manifest.config
-    graph = manifest.graphs[BUNDLE_GRAPHS[manifest.family_name][0]]
+    """bundle.json: what every bundle says, and what its family's ``bundle_describer`` adds."""
+    family = family_of(manifest.config)
+    graph = manifest.graphs[family.bundle_graphs[0]]
     described: dict[str, Any] = {
         "target": bundle.target,
         "edgeattn_version": __version__,
@@ -485,38 +470,52 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
         "outputs": [asdict(t) for t in graph.outputs],
         "files": bundle.files,
     }  # fmt: skip
-    if manifest.family_name == "causal":
-        from edgeattn.runtime.causal_runtime import CausalRuntime
+    assert family.bundle_describer is not None
+    return {**described, **resolve(family.bundle_describer)(manifest, tmp)}
 
-        c = config.causal
-        assert c is not None
-        return {**described, "task": "complete",
-                "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
-                          "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_layers": c.n_layers,
-                          "n_kv_heads": c.n_kv_heads, "dim": c.dim},
-                "stop_ids": list(manifest.stop_ids or [config.eos_id]),
-                "cache": {"inputs": cache_names(SLOT_CACHE, c.n_layers),
-                          "outputs": cache_names(SLOT_UPDATED, c.n_layers)},
-                "prefill_chunk": CausalRuntime.prefill_chunk,
-                "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
-    if manifest.family_name == "seq2seq":
-        layers = config.n_decoder_layers
-        return {**described, "task": "generate",
-                "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
-                          "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_heads": config.n_heads,
-                          "head_dim": config.head_dim, "n_decoder_layers": layers, "head": None},
-                "stop_ids": [config.eos_id],
-                "cache": {"inputs": cache_names(SLOT_CACHE, layers), "outputs": cache_names(SLOT_UPDATED, layers)},
-                "closing_special_tokens": _closing_specials(tmp / "tokenizer.json")}  # fmt: skip
+
+def describe_causal(manifest: Manifest, folder: Path) -> dict[str, Any]:
+    """A language model's bundle: its sizes and special ids, stop ids, cache feed names, prefill
+    chunk and chat template."""
+    from edgeattn.runtime.causal_runtime import CausalRuntime
+
+    config = manifest.config
+    c = config.causal
+    assert c is not None
+    return {"task": "complete",
+            "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
+                      "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_layers": c.n_layers,
+                      "n_kv_heads": c.n_kv_heads, "dim": c.dim},
+            "stop_ids": list(manifest.stop_ids or [config.eos_id]),
+            "cache": {"inputs": cache_names(SLOT_CACHE, c.n_layers), "outputs": cache_names(SLOT_UPDATED, c.n_layers)},
+            "prefill_chunk": CausalRuntime.prefill_chunk,
+            "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
+
+
+def describe_seq2seq(manifest: Manifest, folder: Path) -> dict[str, Any]:
+    """An encoder-decoder's bundle: its sizes and special ids, stop ids and cache feed names."""
+    config = manifest.config
+    layers = config.n_decoder_layers
+    return {"task": "generate",
+            "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
+                      "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_heads": config.n_heads,
+                      "head_dim": config.head_dim, "n_decoder_layers": layers, "head": None},
+            "stop_ids": [config.eos_id],
+            "cache": {"inputs": cache_names(SLOT_CACHE, layers), "outputs": cache_names(SLOT_UPDATED, layers)},
+            "closing_special_tokens": _closing_specials(folder / "tokenizer.json")}  # fmt: skip
+
+
+def describe_encoder(manifest: Manifest, folder: Path) -> dict[str, Any]:
+    """An encoder's bundle: its task, sizes, labels and pooling."""
+    config = manifest.config
     pooling = manifest.pooling
     mode, normalize = (pooling.mode, pooling.normalize) if pooling else ("mean", True)
-    return {**described,
-            "task": manifest.task or {"sequence": "classify", "token": "tag"}.get(config.head or "", "embed"),
+    return {"task": manifest.task or {"sequence": "classify", "token": "tag"}.get(config.head or "", "embed"),
             "model": {"max_len": config.max_len, "pad_id": config.pad_id, "head": config.head,
                       "num_labels": config.num_labels, "token_types": config.token_types, "d_model": config.d_model},
             "labels": label_names(manifest.labels, config.num_labels) if config.head in ("sequence", "token") else None,
             "pooling": {"mode": mode, "normalize": normalize},
-            "closing_special_tokens": _closing_specials(tmp / "tokenizer.json")}  # fmt: skip
+            "closing_special_tokens": _closing_specials(folder / "tokenizer.json")}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ checking
@@ -663,7 +662,7 @@ def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: st
     model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
     for entry in described["files"]:
         if entry["precision"] == precision:
-            graph = entry.get("graph") or BUNDLE_GRAPHS[described.get("family", "encoder")][0]
+            graph = entry.get("graph") or bundle_graphs(described.get("family", ENCODER_FAMILY.name))[0]
             model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"]))
     return model
 
@@ -678,7 +677,7 @@ FP32_ABSOLUTE, FP32_RELATIVE = 1e-4, 1e-5
 def _close(precision: str, diff: float, cosine: float, scale: float = 0.0) -> bool:
     """Whether a runtime's outputs (max abs error ``diff`` against outputs of largest magnitude
     ``scale``, worst row cosine ``cosine``) are close enough at ``precision``."""
-    if precision in ("fp32", "fp32-opt"):
+    if get_precision(precision).float32_parity:
         return diff <= FP32_ABSOLUTE + FP32_RELATIVE * scale
     return cosine >= 0.999
 
@@ -735,7 +734,7 @@ def _check_causal(runtime: str, precision: str, model: Any, texts: list[str], ro
     same_text = [text for text, _ in answers] == [a["text"] for a in row["answers"]]
     same_stream = "".join(model.stream_text(texts[0], CHECK_STEPS)) == "".join(row["stream"])
     same_chat = "chat" not in row or model.chat(CHECK_CHAT, CHECK_STEPS) == row["chat"]
-    exact = precision in ("fp32", "fp32-opt")
+    exact = get_precision(precision).float32_parity
     answers_ok = (agreement == 1.0 and same_text and same_stream and same_chat) if exact else agreement >= 0.9
     equal = agreement == 1.0 and same_text and same_stream and same_chat
     return BundleCheck(runtime, precision, tokens_equal, diff, cosine, equal,

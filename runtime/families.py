@@ -154,6 +154,12 @@ class GraphRole:
     #: ``"module:function"`` writing its ONNX graph from the model, ``(model, spec) -> ModelProto``,
     #: instead of tracing ``module`` (which stays the eager reference it is verified against)
     builder: str | None = None
+    #: the precisions a web or node bundle holds when none is named, by target, the first the
+    #: export has (and the gate passed) chosen; none: fp32 (``edgeattn.exporters.web``). Keyed by
+    #: the last graph of the family's bundle
+    bundle_precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: (target, precision) -> why it runs far below the others there: packaged when asked, with a warning
+    bundle_slow: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def cache_dtype(self, precision: Precision) -> str:
         """The element type of its in-place caches at ``precision``."""
@@ -184,6 +190,11 @@ class Family:
     #: precision -> {metric: limit} replacing the precision's own thresholds for this family's
     #: graphs (a limit of 0 reports the metric without judging it)
     limits: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the graphs a web or node bundle of it carries (empty: the targets do not run it)
+    bundle_graphs: tuple[str, ...] = ()
+    #: ``"module:function"`` describing its bundle for the JavaScript module,
+    #: ``(manifest, described, folder) -> bundle.json's fields``
+    bundle_describer: str | None = None
     graphs: dict[str, GraphRole] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -249,10 +260,14 @@ ATTENTION = GraphRole(
     "attention", specs.attention_spec, f"{_GRAPHS}:AttentionGraph", attention_sizes, f"{_CALIB}:attention_calibration",
     f"{_GATE}:attention_metrics", _BLOCKS_ONE, openvino=True,
 )  # fmt: skip
+#: measured for bundles (benchmarks/results/targets.json: BERT-base at 1x128 2.4x faster than fp32
+#: in Chromium's wasm on 2 threads, 1.6x on 1, a quarter of the bytes): int8 for a page and for Node.js
 ENCODER = GraphRole(
     "encoder", specs.encoder_spec, f"{_GRAPHS}:EncoderGraph", source_sizes, f"{_CALIB}:encoder_calibration",
     f"{_GATE}:encoder_metrics", lambda c: c.n_encoder_layers, openvino=True,
+    bundle_precisions={"web": ("int8",), "node": ("int8",)},
 )  # fmt: skip
+_WEB = "edgeattn.exporters.web"
 
 ENCODER_FAMILY = Family(
     "encoder",
@@ -262,6 +277,8 @@ ENCODER_FAMILY = Family(
     model="edgeattn.model:EncoderModel",
     runtime="edgeattn.runtime.encoder_runtime:EncoderRuntime",
     summary="an encoder alone (BERT family): hidden states, pooled embeddings, sequence or token labels",
+    bundle_graphs=("encoder",),
+    bundle_describer=f"{_WEB}:describe_encoder",
 )
 
 
@@ -293,6 +310,9 @@ SEQ2SEQ_FAMILY = Family(
     generation=("encoder", "cross_kv", "decoder"),
     stepper="edgeattn.exporters.reference:EagerStepper",
     summary="an encoder-decoder (T5 family): text in, text out, generated token by token",
+    # its decoder over a cache of fixed capacity; fp32 until its reduced precisions are measured there
+    bundle_graphs=("encoder", "cross_kv", "decoder_fixed"),
+    bundle_describer=f"{_WEB}:describe_seq2seq",
 )  # fmt: skip
 
 CAUSAL_FAMILY = Family(
@@ -305,7 +325,15 @@ CAUSAL_FAMILY = Family(
                   int4_wide_products=("attn.qkv_proj",), int4_method="gptq",
                   fitter="edgeattn.exporters.causal_fit:fit_causal", int8_form="blockwise",
                   external_weights=True, cache_types=("float16", "int8"),
-                  builder="edgeattn.exporters.causal_graph:build_causal_decoder"),
+                  builder="edgeattn.exporters.causal_graph:build_causal_decoder",
+                  # benchmarks/results/targets-lm.json (SmolLM2-135M-shaped, 128-token prompt, greedy):
+                  # on onnxruntime-node int4 decodes fastest (88 tokens/s against int8's 69 and fp32's
+                  # 37) from the fewest bytes (76 MB, 164, 651); in wasm int4 decodes at 2.1 tokens/s
+                  # (its MatMulNBits kernels have no fast path there) against int8's 27 and fp32's 33,
+                  # and int8 reads its prompt 2.3x faster than fp32 from a quarter of the bytes
+                  bundle_precisions={"web": ("int8",), "node": ("int4", "int8")},
+                  bundle_slow={("web", "int4"): "onnxruntime-web's wasm kernels decode a language model's int4 "
+                               "some 12x slower than its int8 (2.1 against 27 tokens/s, SmolLM2-135M-shaped)"}),
     ),
     tasks={"complete": ("causal_decoder",)},
     model="edgeattn.causal_lm:CausalLM",
@@ -325,6 +353,8 @@ CAUSAL_FAMILY = Family(
     # clear Q4_K_M-level limits; a model that loops in one continuation of ten is still refused.
     limits={"int8": {"exact_match": 0.0, "teacher_top1": 0.93, "perplexity_kept": 0.98},
             "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88, "loop_free": 0.90}},
+    bundle_graphs=("causal_decoder",),
+    bundle_describer=f"{_WEB}:describe_causal",
 )  # fmt: skip
 
 #: Every family, by name.

@@ -153,6 +153,12 @@ class Precision:
     #: the element type of the in-place caches of a graph whose family role can keep them so
     #: (``GraphRole.cache_types``; float32 elsewhere)
     cache_dtype: str = "float32"
+    #: its file in a transformers.js folder (under ``onnx/``) and the ``dtype`` transformers.js
+    #: loads it with, where transformers.js has one
+    transformers_js: tuple[str, str] | None = None
+    #: the kernels' floor its graphs are timed against on the CPU (``edgeattn.benchmark.floors``),
+    #: if any
+    floor: str | None = None
 
     @property
     def gated(self) -> bool:
@@ -175,6 +181,8 @@ PRECISIONS: dict[str, Precision] = {
             "export",
             float32_parity=True,
             provider="any",
+            transformers_js=("model.onnx", "fp32"),
+            floor="fp32",
         ),
         Precision(
             "fp32-opt",
@@ -184,6 +192,7 @@ PRECISIONS: dict[str, Precision] = {
             _FUSED_CPU,
             float32_parity=True,
             thresholds=Thresholds(0.99999, 0.9999, 1.0, 0.999, 0.99, 0.999, 1.0),
+            floor="fp32",
         ),
         Precision(
             "int8",
@@ -195,6 +204,8 @@ PRECISIONS: dict[str, Precision] = {
             thresholds=Thresholds(0.999, 0.98, 0.95, 0.95, 0.90, 0.95, 0.95),
             sensitive_search=True,
             cache_dtype="int8",
+            transformers_js=("model_quantized.onnx", "q8"),
+            floor="int8",
         ),
         Precision(
             "int8-static",
@@ -212,6 +223,7 @@ PRECISIONS: dict[str, Precision] = {
             # ONNX Runtime ran the plain one up to 1.15x slower; the decoders' cached step stays fused
             # either way (1.17x / 1.38x slower plain at batch 1 / 8)
             plain_form=True,
+            floor="int8-static",
         ),
         Precision(
             "fp16",
@@ -246,6 +258,8 @@ PRECISIONS: dict[str, Precision] = {
             fitted=True,
             thresholds=Thresholds(0.99, 0.90, 0.90, 0.85, 0.70, 0.85, 0.95),
             cache_dtype="int8",
+            transformers_js=("model_q4.onnx", "q4"),
+            floor="int4",
         ),
     )
 }

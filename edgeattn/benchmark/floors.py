@@ -30,6 +30,7 @@ import numpy as np
 
 from edgeattn.config import ModelConfig
 from edgeattn.host import dynamic_int8_weights
+from edgeattn.runtime.precisions import PRECISIONS
 
 #: One run of a floor graph (timed by the caller).
 Runner = Callable[[], object]
@@ -50,8 +51,12 @@ def _floor_model(graph: Any) -> Any:
     )
 
 
-#: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU provider).
-PRECISION_FLOORS = {"fp32": "fp32", "fp32-opt": "fp32", "int8": "int8", "int8-static": "int8-static", "int4": "int4"}
+#: The floors every run times: float32 products, and dynamic int8 ones (their kinds' names; an
+#: int8-static or int4 floor is timed where a precision's record names it)
+FLOAT_FLOOR, INT8_FLOOR = "fp32", "int8"
+#: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU
+#: provider): its record's ``floor``.
+PRECISION_FLOORS = {p.name: p.floor for p in PRECISIONS.values() if p.floor is not None}
 
 
 @dataclass
@@ -140,9 +145,9 @@ def _projections_session(config: ModelConfig, kind: str, threads: int) -> Any:
 
     layers = config.n_encoder_layers
     with tempfile.TemporaryDirectory(prefix="edgeattn-floor-") as tmp:
-        if kind in ("fp32", "int8"):
+        if kind in (FLOAT_FLOOR, INT8_FLOOR):
             path = Path(tmp) / "layer.onnx"
-            path.write_bytes(_layer_graph(config, kind == "int8", layers=layers))
+            path.write_bytes(_layer_graph(config, kind == INT8_FLOOR, layers=layers))
         else:
             path = _converted_layer(config, kind, Path(tmp), layers)
         return create_session(path, threads=threads, spinning="run")
@@ -202,7 +207,8 @@ def attention_flops(config: ModelConfig, batch: int, seq: int) -> float:
 PROJECTIONS, ATTENTION = "floor projections ", "floor attention "
 
 
-def floor_sessions(config: ModelConfig, threads: int, kinds: tuple[str, ...] = ("fp32", "int8")) -> dict[str, Any]:
+def floor_sessions(config: ModelConfig, threads: int, kinds: tuple[str, ...] = (FLOAT_FLOOR, INT8_FLOOR)
+                   ) -> dict[str, Any]:  # fmt: skip
     """The sessions floors are timed with, by run name, built once for every shape (their row and
     sequence axes are free): every encoder layer's projections in one graph with each kind's
     kernels (fp32 and int8 always, the other ``kinds`` as asked), and every layer's attention
@@ -210,7 +216,7 @@ def floor_sessions(config: ModelConfig, threads: int, kinds: tuple[str, ...] = (
     from edgeattn.runtime.session import create_session
 
     sessions = {PROJECTIONS + kind: _projections_session(config, kind, threads)
-                for kind in dict.fromkeys(("fp32", "int8", *kinds))}  # fmt: skip
+                for kind in dict.fromkeys((FLOAT_FLOOR, INT8_FLOOR, *kinds))}  # fmt: skip
     for kind in ("fused", "unfused"):
         graph = _attention_graph(config, kind == "fused", config.n_encoder_layers)
         sessions[ATTENTION + kind] = create_session(graph, threads=threads, spinning="run")
@@ -237,5 +243,5 @@ def floor_of(config: ModelConfig, batch: int, seq: int, ms: dict[str, float], fp
     attention_ms = min(kernels.values())
     timed = {name[len(PROJECTIONS) :]: t + attention_ms for name, t in ms.items() if name.startswith(PROJECTIONS)}
     ceiling_ms = attention_flops(config, batch, seq) / (fp32_ceiling_gflops * 1e9) * 1e3
-    return Floor(batch, seq, timed["fp32"], timed["int8"], attention_ms, kinds=timed,
+    return Floor(batch, seq, timed[FLOAT_FLOOR], timed[INT8_FLOOR], attention_ms, kinds=timed,
                  attention_ceiling_ms=ceiling_ms, attention_kernels_ms=kernels)  # fmt: skip
