@@ -122,7 +122,7 @@ def measure(work: Path, arm_root: Path) -> ArmBench:
         for f in described["files"]:
             spec = graph_spec(f["graph"], config)
             rng = np.random.default_rng(11)
-            sizes = family_of(config).role(f["graph"]).sizes(config.max_len)[:3]
+            sizes = family_of(config).role(f["graph"]).sizes(config)[:3]
             feeds = {f"{k}/{n}": v for k, case in enumerate(sizes)
                      for n, v in sample_inputs(spec, config, case, rng).items()}  # fmt: skip
             label = f"{name}-{f['file']}"

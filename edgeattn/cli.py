@@ -575,6 +575,12 @@ def inspect(path: Path, as_json: bool) -> None:
     show_default=True,
     help="Token classifiers: group tokens (simple) or label each word by its first piece (first).",
 )
+@click.option("--language", default=None, help="Speech: the spoken language's code (default: detected).")
+@click.option("--task", "speech_task", type=click.Choice(["transcribe", "translate"]), default="transcribe",
+              show_default=True, help="Speech: transcribe, or translate into English.")
+@click.option("--timestamps", is_flag=True, help="Speech: segments with their times.")
+@click.option("--format", "speech_format", type=click.Choice(["txt", "srt", "vtt", "json"]), default="txt",
+              show_default=True, help="Speech: how the transcript is printed.")
 def run(
     export_dir: Path,
     text: str | None,
@@ -598,11 +604,16 @@ def run(
     stops: tuple[str, ...],
     raw: bool,
     aggregation: str,
+    language: str | None,
+    speech_task: str,
+    timestamps: bool,
+    speech_format: str,
 ) -> None:
     """Run an export on TEXT (or --file) and print its answers. Needs no torch.
 
     A language model continues each text (an instruct model answers it as a chat message); an
-    encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says.
+    encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says; a
+    speech model transcribes the audio files named (WAV, FLAC, OGG, MP3).
     """
     from edgeattn.runtime import load
     from edgeattn.runtime.providers import OPENVINO, provider_name
@@ -628,6 +639,9 @@ def run(
             click.echo(f"{graph} graph on {engine.describe()} (--cpu: ONNX Runtime's CPU provider)", err=True)
     if not model.family.generation:
         _run_encoder(model, texts, as_json, truncate, aggregation)
+        return
+    if hasattr(model, "transcribe"):
+        _run_speech(model, texts, language, speech_task, timestamps, speech_format, stream, max_new_tokens)
         return
     options: dict[str, Any] = {"strategy": strategy}
     if strategy == "beam":
@@ -816,7 +830,8 @@ def serve(exports: tuple[Path, ...], precision: str, max_batch_size: int, max_qu
           host: str, port: int, grpc_port: int, metrics_port: int, repository: Path | None) -> None:  # fmt: skip
     """Serve exports on this machine: behind a Triton Inference Server (HTTP, gRPC, metrics; one
     export), or as an OpenAI-compatible API (--api openai: chat and completions with continuous
-    batching for language models, embeddings for encoders; every export by its directory's name).
+    batching for language models, embeddings for encoders, audio transcriptions and translations
+    for speech models; every export by its directory's name).
 
     Triton's end-to-end model runs the graphs in its own process with dynamic batching and needs
     the serve extra (nvidia-pytriton's server); the OpenAI API needs aiohttp. Neither needs
@@ -867,6 +882,21 @@ def serve(exports: tuple[Path, ...], precision: str, max_batch_size: int, max_qu
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _run_speech(model: Any, paths: list[str], language: str | None, task: str, timestamps: bool, form: str,
+                stream: bool, max_new_tokens: int | None) -> None:  # fmt: skip
+    """Transcribe each audio file: the whole transcript, or (``stream``) each segment as it is decoded."""
+    from edgeattn.runtime.whisper.formats import render, render_segments
+
+    options = {"language": language, "task": task, "max_new_tokens": max_new_tokens}
+    for path in paths:
+        if stream:
+            segments = model.segments(path, timestamps=timestamps, **options)
+            for piece in render_segments(segments, form, timestamps):
+                click.echo(piece, nl=False)
+        else:
+            click.echo(render(model.transcribe(path, timestamps=timestamps, **options), form, timestamps), nl=False)
 
 
 def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, aggregation: str) -> None:

@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from edgeattn.causal_config import CausalLMConfig
 from edgeattn.errors import ConfigError
+from edgeattn.whisper.config import SpeechConfig
 
-Architecture = Literal["encoder-decoder", "encoder", "decoder-only"]
+Architecture = Literal["encoder-decoder", "encoder", "decoder-only", "speech-to-text"]
 PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -26,7 +27,7 @@ HeadPooling = Literal["mean", "first"]
 Pooler = Literal["none", "tanh", "relu"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "architecture": ("encoder-decoder", "encoder", "decoder-only"),
+    "architecture": ("encoder-decoder", "encoder", "decoder-only", "speech-to-text"),
     "position": ("sinusoidal", "learned", "relative", "t5", "none"),
     "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"),
     "norm": ("layernorm", "rmsnorm"),
@@ -59,6 +60,9 @@ class ModelConfig:
     (:class:`~edgeattn.causal_config.CausalLMConfig`); the fields every model has (sizes, layer
     count as ``n_decoder_layers``, special token ids) mirror it, the others are not used.
     Build one with :meth:`decoder_only`.
+
+    ``speech-to-text`` (Whisper) is an encoder-decoder over log-mel features; its ``speech``
+    section (:class:`~edgeattn.whisper.config.SpeechConfig`) holds the mel bins and audio positions.
     """
 
     architecture: Architecture = "encoder-decoder"
@@ -110,6 +114,8 @@ class ModelConfig:
     eos_id: int = 2
     #: the decoder-only family's own section (architecture="decoder-only" only)
     causal: CausalLMConfig | None = None
+    #: the speech family's own section (architecture="speech-to-text" only)
+    speech: SpeechConfig | None = None
 
     @classmethod
     def decoder_only(cls, section: CausalLMConfig, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> ModelConfig:
@@ -139,7 +145,9 @@ class ModelConfig:
             raise ConfigError("the causal section is for architecture='decoder-only' only")
         elif self.n_encoder_layers < 1:
             raise ConfigError("config n_encoder_layers must be at least 1")
-        if self.architecture == "encoder-decoder":
+        if (self.architecture == "speech-to-text") != isinstance(self.speech, SpeechConfig):
+            raise ConfigError("a speech-to-text config needs its speech section, and only it has one")
+        if self.has_decoder:
             if self.n_decoder_layers < 1:
                 raise ConfigError("an encoder-decoder config needs n_decoder_layers >= 1")
             if self.head != "none":
@@ -201,9 +209,9 @@ class ModelConfig:
         d, f, inner = self.d_model, self.d_ff, self.n_heads * self.head_dim
         ff = (3 if self.gated else 2) * d * f
         layers = self.n_encoder_layers * (4 * d * inner + ff)
-        if self.is_seq2seq:
+        if self.has_decoder:
             layers += self.n_decoder_layers * (8 * d * inner + ff)
-        tables = self.vocab_size * d * (1 if self.tie_embeddings or not self.is_seq2seq else 2)
+        tables = self.vocab_size * d * (1 if self.tie_embeddings or not self.has_decoder else 2)
         tables += (self.max_len + self.position_offset) * d if self.position == "learned" else 0
         return layers + tables + self.token_types * d
 
@@ -219,8 +227,13 @@ class ModelConfig:
 
     @property
     def is_seq2seq(self) -> bool:
-        """True for the encoder-decoder architecture."""
+        """True for the (text) encoder-decoder architecture."""
         return self.architecture == "encoder-decoder"
+
+    @property
+    def has_decoder(self) -> bool:
+        """True for an encoder with a decoder over it: text (encoder-decoder) or speech-to-text."""
+        return self.architecture in ("encoder-decoder", "speech-to-text")
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -232,6 +245,7 @@ class ModelConfig:
         (and an older edgeattn, which refuses unknown keys, still reads it)."""
         data = dataclasses.asdict(self)
         data["causal"] = None if self.causal is None else self.causal.to_dict()
+        data["speech"] = None if self.speech is None else self.speech.to_dict()
         for name in _OMITTED_AT_DEFAULT:
             if data[name] == _DEFAULTS[name]:
                 del data[name]
@@ -252,6 +266,8 @@ class ModelConfig:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
         if data.get("causal") is not None:
             data = {**data, "causal": CausalLMConfig.from_dict(data["causal"])}
+        if data.get("speech") is not None:
+            data = {**data, "speech": SpeechConfig.from_dict(data["speech"])}
         try:
             return cls(**data)
         except TypeError as exc:
@@ -341,7 +357,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 #: Fields written only when set (see :meth:`ModelConfig.to_dict`).
 _OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "relative_shared", "scale_decoder_output",
-                       "causal")  # fmt: skip
+                       "causal", "speech")  # fmt: skip
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 

@@ -40,13 +40,14 @@ from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
+from edgeattn.whisper import hf as hf_whisper
 
 log = logging.getLogger(__name__)
 
 #: model_type -> the layout its weights use
 LAYOUTS = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta",
            "distilbert": "distilbert", "t5": "t5", "mt5": "t5", "gpt2": "gpt2", "llama": "llama", "qwen2": "qwen2",
-           "qwen3": "qwen3", "phi3": "phi3"}  # fmt: skip
+           "qwen3": "qwen3", "phi3": "phi3", "whisper": "whisper"}  # fmt: skip
 #: architecture suffix -> task
 HEADS = {"Model": "encode", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
 #: what an encoder-decoder is for: text in, text out
@@ -86,6 +87,8 @@ def _importers() -> dict[str, Importer]:
     for name, model_type in hf_causal.ARCHITECTURES.items():
         table[name] = Importer(name, "causal", LAYOUTS[model_type], hf_causal.TASK, hf_causal.import_causal,
                                hf_causal.reference_outputs)  # fmt: skip
+    table[hf_whisper.ARCHITECTURE] = Importer(hf_whisper.ARCHITECTURE, "speech", "whisper", hf_whisper.TASK,
+                                              hf_whisper.import_folder, hf_whisper.reference_outputs)
     return table
 
 
@@ -120,6 +123,8 @@ class HFModel:
     #: a language model's chat template and the tokens that end its answers
     chat_template: ChatTemplate | None = None
     stop_ids: list[int] | None = None
+    #: what the family's runtime reads besides the graphs (a speech model's features and decoding)
+    settings: dict[str, Any] | None = None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

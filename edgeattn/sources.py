@@ -37,6 +37,8 @@ class ModelSource:
     #: a language model's chat template and the tokens that end its answers
     chat_template: ChatTemplate | None = None
     stop_ids: list[int] | None = None
+    #: what the family's runtime reads besides the graphs (a speech model's features and decoding)
+    settings: dict[str, Any] | None = None
 
     def export_fields(self) -> dict[str, Any]:
         """What ``export_model`` records of this source besides the model: its description,
@@ -45,7 +47,7 @@ class ModelSource:
         return {"source": self.description, "tokenizer": self.tokenizer, "heldout_texts": self.heldout,
                 "task": self.task, "architecture": self.architecture, "labels": self.labels,
                 "pooling": self.pooling, "source_folder": self.folder, "chat_template": self.chat_template,
-                "stop_ids": self.stop_ids}  # fmt: skip
+                "stop_ids": self.stop_ids, "settings": self.settings}  # fmt: skip
 
     @property
     def heldout(self) -> list[list[int]] | None:
@@ -87,7 +89,7 @@ def resolve_model(
         hf = import_folder(from_hf, task)
         return ModelSource(hf.model, f"Hugging Face {hf.architecture} from {Path(from_hf).name}", hf.tokenizer,
                            hf.task, hf.architecture, hf.labels, hf.pooling, hf.folder, hf.chat_template,
-                           hf.stop_ids)  # fmt: skip
+                           hf.stop_ids, hf.settings)  # fmt: skip
     if task is not None:
         raise ConfigError("a task is for Hugging Face folders (--from-hf)")
     if preset and config_file:

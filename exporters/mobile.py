@@ -373,7 +373,7 @@ def _parity(manifest: Manifest, graph: str, precision: str, source: Path, ort_pa
     ``ATOL + RTOL·|ref|``, a reduced precision at ``REDUCED_COSINE`` or more)."""
     config = manifest.config
     spec = graph_spec(graph, config)
-    sizes = family_of(config).role(graph).sizes(config.max_len)[:3]
+    sizes = family_of(config).role(graph).sizes(config)[:3]
     reference, device = create_session(source), create_session(ort_path)
     record = PRECISIONS.get(precision)
     exact = record is not None and record.float32_parity

@@ -6,6 +6,7 @@ moved into place, so a crash or a failed verification never leaves a half-writte
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -13,11 +14,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
 
 from edgeattn import __version__
+from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.compact import CheckpointIndex, share_weights
 from edgeattn.exporters.gate import GateResult, heldout_sources
@@ -33,6 +36,7 @@ from edgeattn.runtime.families import family_of, resolve_graphs
 from edgeattn.runtime.layout import (
     CHAT_TEMPLATE,
     CHECKPOINT_CONFIG,
+    SETTINGS,
     TOKENIZER,
     WEIGHTS,
     external_data_file,
@@ -83,6 +87,7 @@ def export_model(
     compact: bool = True,
     chat_template: ChatTemplate | None = None,
     stop_ids: list[int] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
@@ -90,7 +95,8 @@ def export_model(
     beside the fp32 ones, each gated against eager float32 on held-out data (``heldout_texts``,
     token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``,
     ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest, and for a
-    language model ``chat_template`` and ``stop_ids`` (the tokens that end its answers). ``compact``
+    language model ``chat_template`` and ``stop_ids`` (the tokens that end its answers); ``settings``
+    are what a family's runtime reads besides the graphs (written as ``settings.json``). ``compact``
     (the default) keeps the graphs' float32 weights in the export's checkpoint, each stored once
     (see :mod:`edgeattn.exporters.compact`); without it each graph holds its own.
 
@@ -105,6 +111,7 @@ def export_model(
     check_opset(opset)
     names = resolve_graphs(graphs, model.config)
     wanted = parse_precisions(precisions)
+    check_gated(model.config, wanted)
     check_output_dir(out_dir, force)
     model = model.eval()
     parent = out_dir.resolve().parent
@@ -134,6 +141,9 @@ def export_model(
             if chat_template is not None:
                 chat_template.save(tmp / CHAT_TEMPLATE)
                 manifest.chat_template = FileEntry.describe(tmp / CHAT_TEMPLATE)
+            if settings is not None:
+                (tmp / SETTINGS).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                manifest.settings = FileEntry.describe(tmp / SETTINGS)
             weights = save_weights(model, tmp / WEIGHTS)
             (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
             manifest.weights = FileEntry.describe(weights)
@@ -166,6 +176,14 @@ def export_model(
     return ExportResult(out_dir, names, manifest, report, time.perf_counter() - start, gates)
 
 
+def check_gated(config: ModelConfig, precisions: list[str]) -> None:
+    """Refuse precisions besides fp32 for a family whose graphs have no accuracy gate yet."""
+    family = family_of(config)
+    if family.ungated and any(p != FP32 for p in precisions):
+        raise ExportError(f"a {family.name} model's precisions besides fp32 need an accuracy gate for its "
+                          f"{', '.join(family.ungated)} graphs, which edgeattn does not have yet; export fp32")
+
+
 def share_file_weights(path: Path, index: CheckpointIndex, external_threshold: int = PROTOBUF_LIMIT) -> bool:
     """Rewrite the graph at ``path`` to keep its weights in the checkpoint ``index`` describes
     (see :mod:`edgeattn.exporters.compact`), checked again; True when it keeps any there."""
@@ -194,6 +212,7 @@ def build_precisions(
     wanted = [p for p in precisions if p != FP32]
     if not wanted:
         return gates
+    check_gated(model.config, wanted)
     options = options or PrecisionOptions()
     if options.heldout_data:
         heldout = heldout_sources(model.config, texts=options.heldout_data, source=options.heldout_source,

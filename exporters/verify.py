@@ -25,7 +25,7 @@ from edgeattn.errors import VerificationError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import padding, sample_inputs
 from edgeattn.model import TransformerModel
-from edgeattn.runtime.families import family_of
+from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import WEIGHTS
 from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, float32_precisions
@@ -152,7 +152,7 @@ class VerifyReport:
 
 def verification_sizes(graph: str, config: ModelConfig) -> list[dict[str, int]]:
     """Input sizes for one graph, none of them the traced sizes (its family role's)."""
-    return family_of(config).role(graph).sizes(config.max_len)
+    return family_of(config).role(graph).sizes(config)
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float, bool]:
@@ -256,7 +256,7 @@ def verify_graphs(
         report.cases.append(CaseResult(graph, sizes, worst_abs, worst_rel, ok, against, eager_error))
         log.debug("%s %s: max abs %.2e (against %s)", graph, sizes, worst_abs, against)
     if runtime.family.generates_with(runtime.graphs):
-        report.greedy = verify_greedy(model, runtime, rng, greedy_tokens)
+        report.greedy = resolve(runtime.family.greedy_check)(model, runtime, rng, greedy_tokens)
     return report
 
 

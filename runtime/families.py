@@ -33,38 +33,42 @@ def _long(max_len: int) -> int:
     return min(max_len, max(64, 4 * specs.EXPORT_SIZES["src_len"]))
 
 
-def attention_sizes(max_len: int) -> list[dict[str, int]]:
+def attention_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """A block's query and key lengths apart."""
+    max_len = config.max_len
     mid, long = min(_MID, max_len), _long(max_len)
     shapes = [(1, 1, 1), (3, 1, mid), (3, mid, long), (1, long, 1)]
     return [{"batch": b, "tgt_len": t, "src_len": s} for b, t, s in shapes]
 
 
-def source_sizes(max_len: int) -> list[dict[str, int]]:
+def source_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """A source of length 1, 37 and long, batch 1 and 3."""
+    max_len = config.max_len
     mid, long = min(_MID, max_len), _long(max_len)
     shapes = [(1, 1), (3, 1), (1, mid), (3, mid), (3, long)]
     return [{"batch": b, "src_len": s} for b, s in shapes]
 
 
-def step_sizes(max_len: int) -> list[dict[str, int]]:
+def step_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """Decoder steps after 0, 1 and many cached positions, one token and several."""
+    max_len = config.max_len
     mid, long = min(_MID, max_len), _long(max_len)
     many = max(0, min(60, max_len - 6))
     shapes = [(1, mid, 1, 0), (3, mid, 1, 0), (3, mid, 1, 1), (3, mid, 1, many), (3, 1, 6, 0), (1, long, 6, many)]
     return [{"batch": b, "src_len": s, "tgt_len": t, "past_len": p} for b, s, t, p in shapes]
 
 
-def slot_sizes(max_len: int) -> list[dict[str, int]]:
+def slot_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """:func:`step_sizes` over a cache of fixed capacity: room to spare after the new tokens, and a
     cache filled to the last slot."""
-    sizes = step_sizes(max_len)
+    sizes = step_sizes(config)
     return [{**z, "capacity": z["past_len"] + z["tgt_len"] + (0 if i % 2 else 7)} for i, z in enumerate(sizes)]
 
 
-def causal_sizes(max_len: int) -> list[dict[str, int]]:
+def causal_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """A decoder-only model's prompt (all its logits, or the last token's) and its steps, over
     caches with slots to spare and filled to the last one."""
+    max_len = config.max_len
     mid, long = min(_MID, max_len - 8), _long(max_len) - 8
     many = max(0, min(60, max_len - 8))
     shapes = [(1, mid, 0, 1, 5), (3, mid, 0, mid, 7), (3, 1, 1, 1, 0), (3, 1, many, 1, 3), (1, 6, many, 2, 0),
@@ -81,12 +85,14 @@ class GraphRole:
     spec: Callable[[ModelConfig], GraphSpec]
     #: the PyTorch module it is exported from, ``"module:class"`` (built from the whole model)
     module: str
-    #: input sizes verification runs it at, none of them traced: ``sizes(max_len)``
-    sizes: Callable[[int], list[dict[str, int]]]
+    #: input sizes verification runs it at, none of them traced: ``sizes(config)``
+    sizes: Callable[[ModelConfig], list[dict[str, int]]]
     #: ``"module:function"`` making calibration feeds: ``(model, spec, ids, mask, rng, new_tokens)``
-    calibration: str
+    #: (None: the role has none yet, and its family's reduced precisions are refused)
+    calibration: str | None
     #: ``"module:function"`` measuring it for the gate: ``(reference, runtime, name) -> metrics``
-    gate: str
+    #: (None: as ``calibration``)
+    gate: str | None
     #: attention blocks a fused export of it holds: ``attention_blocks(config)``
     attention_blocks: Callable[[ModelConfig], int]
     #: run once per source rather than once per token (no memory arena by default: it would keep
@@ -195,6 +201,11 @@ class Family:
     #: ``"module:function"`` describing its bundle for the JavaScript module,
     #: ``(manifest, described, folder) -> bundle.json's fields``
     bundle_describer: str | None = None
+    #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
+    benched: bool = True
+    #: ``"module:function"`` checking a greedy decode of its export against eager PyTorch,
+    #: ``(model, runtime, rng, tokens) -> GreedyResult`` (``edgeattn.exporters.verify``)
+    greedy_check: str = "edgeattn.exporters.verify:verify_greedy"
     graphs: dict[str, GraphRole] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -226,6 +237,11 @@ class Family:
         if own is None:
             return None
         return replace(own, **self.limits.get(precision, {}))
+
+    @property
+    def ungated(self) -> list[str]:
+        """The graphs it has no gate (or calibration) for: while any is, its reduced precisions are refused."""
+        return [r.name for r in self.roles if r.gate is None or r.calibration is None]
 
     def calibrated(self, precision: str) -> bool:
         """Whether ``precision``'s graphs of this family are calibrated or fitted on
@@ -357,8 +373,10 @@ CAUSAL_FAMILY = Family(
     bundle_describer=f"{_WEB}:describe_causal",
 )  # fmt: skip
 
+from edgeattn.runtime.whisper.family import SPEECH_FAMILY  # noqa: E402  (its record builds on the roles above)
+
 #: Every family, by name.
-FAMILIES: dict[str, Family] = {f.name: f for f in (ENCODER_FAMILY, SEQ2SEQ_FAMILY, CAUSAL_FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (ENCODER_FAMILY, SEQ2SEQ_FAMILY, CAUSAL_FAMILY, SPEECH_FAMILY)}
 
 
 def family_of(config: ModelConfig) -> Family:

@@ -23,6 +23,8 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 TOKENIZER = "tokenizer.json"
 CHAT_TEMPLATE = "chat_template.json"
+#: a family's own settings its runtime reads (a speech model's features and decoding)
+SETTINGS = "settings.json"
 #: Written beside a safetensors checkpoint by ``save_weights``; an export keeps its config in the manifest.
 CHECKPOINT_CONFIG = "config.json"
 #: A Triton repository's end-to-end model keeps its settings here, beside its model.py.

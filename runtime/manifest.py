@@ -234,9 +234,12 @@ class Manifest:
     chat_template: FileEntry | None = None
     #: the tokens that end a language model's answer (end of text, end of turn)
     stop_ids: list[int] | None = None
+    #: a family's own settings its runtime reads (``settings.json``; a speech model's features and
+    #: decoding settings)
+    settings: FileEntry | None = None
 
     OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"family", "architecture", "labels", "pooling", "source_folder",
-                                                      "chat_template", "stop_ids"})  # fmt: skip
+                                                      "chat_template", "stop_ids", "settings"})  # fmt: skip
     #: keys a version-1 manifest may lack (older writers left them out until they had a value)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gates", "greedy_parity"})
 

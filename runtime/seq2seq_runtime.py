@@ -35,9 +35,7 @@ class Seq2SeqRuntime(SourceEncoding):
     # ------------------------------------------------------------- generation
     def empty_cache(self, rows: int) -> dict[str, np.ndarray]:
         """A self-attention cache of length 0 (the first decoder step) for ``rows`` rows."""
-        c = self.config
-        shape = (rows, c.n_heads, 0, c.head_dim)
-        return {n: np.zeros(shape, np.float32) for n in cache_names("past", c.n_decoder_layers)}
+        return empty_cache(self.config, rows)
 
     def _decoding(
         self, input_ids: Any, attention_mask: Any, max_new_tokens: int, strategy: str, eos_id: int | None,
@@ -72,6 +70,13 @@ class Seq2SeqRuntime(SourceEncoding):
     @cache_slots.setter
     def cache_slots(self, value: bool) -> None:
         self._cache_slots = bool(value)
+
+    def source_state(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[dict[str, np.ndarray],
+                                                                                       np.ndarray]:  # fmt: skip
+        """A checked source's cross-attention keys and values (the encoder and cross_kv graphs, once)
+        and the mask of its positions the decoder attends to."""
+        hidden = self.run(ENCODER, {"input_ids": input_ids, "attention_mask": attention_mask})["last_hidden_state"]
+        return self.run(CROSS_KV, {"encoder_hidden_states": hidden}), attention_mask
 
     def stepper(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1, capacity: int | None = None
@@ -192,6 +197,12 @@ class Seq2SeqRuntime(SourceEncoding):
 
 
 
+def empty_cache(config: Any, rows: int) -> dict[str, np.ndarray]:
+    """The ``decoder`` graph's self-attention cache of length 0 (its first step) for ``rows`` rows."""
+    shape = (rows, config.n_heads, 0, config.head_dim)
+    return {n: np.zeros(shape, np.float32) for n in cache_names("past", config.n_decoder_layers)}
+
+
 def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
     """A generated row up to (not including) its first EOS."""
     ends = np.flatnonzero(row == eos_id)
@@ -201,18 +212,19 @@ def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 class OnnxStepper:
-    """Decoding state over the exported graphs: cross keys/values computed once, the
+    """Decoding state over the exported graphs: cross keys/values computed once (the runtime's
+    ``source_state`` of the source: token ids and their mask, or a speech model's features), the
     self-attention cache carried from step to step. With IO binding the cache and cross
-    keys/values stay on the session's device; only the new tokens and logits cross to the host."""
+    keys/values stay on the session's device; only the new tokens and logits cross to the host.
+    A step takes one token a row (B,) or several (B, T), and returns the last one's logits."""
 
     def __init__(
-        self, model: Seq2SeqRuntime, ids: np.ndarray, mask: np.ndarray, repeat: int, graph: str = DECODER
+        self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, graph: str = DECODER
     ) -> None:
         self.model = model
         self.session = model.sessions[graph]
         self.spec = model.specs[graph]
-        hidden = model.run(ENCODER, {"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
-        cross = model.run(CROSS_KV, {"encoder_hidden_states": hidden})
+        cross, mask = model.source_state(ids, mask)
         if repeat > 1:
             mask = np.repeat(mask, repeat, axis=0)
             cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
@@ -228,7 +240,7 @@ class OnnxStepper:
         return self.model.io_binding
 
     def _start_cache(self) -> None:
-        past = self.model.empty_cache(self.rows)
+        past = empty_cache(self.model.config, self.rows)
         self.past: dict[str, Any] = {k: self._to_device(v) for k, v in past.items()} if self.bound else past
 
     def _to_device(self, array: np.ndarray) -> Any:
@@ -237,7 +249,7 @@ class OnnxStepper:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.model.device, 0)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        ids = tokens.reshape(self.rows, 1).astype(np.int64)
+        ids = tokens.reshape(self.rows, -1).astype(np.int64)
         if not self.bound:
             feeds = {"input_ids": ids, **self.fixed, **self.past}
             outs = self.session.run(self.spec.output_names, feeds)
@@ -273,7 +285,7 @@ class SlotStepper(OnnxStepper):
     export checks that nothing else reads the cache input). Always through IO binding; on the CPU
     the buffers are numpy arrays the session writes into."""
 
-    def __init__(self, model: Seq2SeqRuntime, ids: np.ndarray, mask: np.ndarray, repeat: int, capacity: int) -> None:
+    def __init__(self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, capacity: int) -> None:
         if capacity < 1:
             raise InputError(f"a cache needs at least one slot, got capacity={capacity}")
         self.capacity = capacity
@@ -283,9 +295,16 @@ class SlotStepper(OnnxStepper):
         self.binding = self.session.io_binding()
         for name, value in {**self.fixed, **self.slots}.items():
             self.binding.bind_ortvalue_input(name, value)
+        self._bind_outputs()
+
+    def _bind_outputs(self) -> None:
+        """Logits to the host, each updated cache into its own buffer (again whenever the tokens a
+        step takes change: ONNX Runtime keeps the logits buffer of the last run's shape)."""
+        self.binding.clear_binding_outputs()
         self.binding.bind_output("logits", "cpu")  # the first output bound, the first get_outputs() gives
         for name, value in self.slots.items():
             self.binding.bind_ortvalue_output(SLOT_UPDATED + name[len(SLOT_CACHE) :], value)
+        self._width = 0
 
     #: the cross keys/values and mask are bound once, not copied every step, on the CPU too
     bound = True
@@ -307,13 +326,19 @@ class SlotStepper(OnnxStepper):
         return super()._to_device(array)
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(tokens.reshape(self.rows, -1), dtype=np.int64)
         if self.position >= self.capacity:
             raise EdgeattnError(f"the decoder cache is full: all {self.capacity} slots hold earlier tokens")
-        ids = np.ascontiguousarray(tokens.reshape(self.rows, 1), dtype=np.int64)
+        if self.position + ids.shape[1] > self.capacity:
+            raise EdgeattnError(f"the decoder cache has {self.capacity - self.position} free slots of its "
+                                f"{self.capacity}; {ids.shape[1]} new tokens do not fit")  # fmt: skip
+        if self._width and ids.shape[1] != self._width:
+            self._bind_outputs()
+        self._width = ids.shape[1]
         self.binding.bind_cpu_input("input_ids", ids)
         self.binding.bind_cpu_input(POSITION, np.array([self.position], dtype=np.int64))
         self.session.run_with_iobinding(self.binding)
-        self.position += 1
+        self.position += ids.shape[1]
         # a copy: the bound output's memory is the session's to reuse at the next call
         return np.array(self.binding.get_outputs()[0].numpy()[:, -1])
 

@@ -1,7 +1,9 @@
 """An OpenAI-compatible HTTP API over exports (aiohttp): ``GET /v1/models``,
 ``POST /v1/chat/completions`` and ``/v1/completions`` for language models (continuous batching,
-:mod:`edgeattn.serving.batching`), ``POST /v1/embeddings`` for encoders. Errors are OpenAI's
-error objects with their HTTP status; an API key, when set, is required as a bearer token."""
+:mod:`edgeattn.serving.batching`), ``POST /v1/embeddings`` for encoders,
+``POST /v1/audio/transcriptions`` and ``/v1/audio/translations`` for speech models (a multipart
+upload). Errors are OpenAI's error objects with their HTTP status; an API key, when set, is
+required as a bearer token."""
 
 from __future__ import annotations
 
@@ -25,8 +27,12 @@ from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
 
 log = logging.getLogger(__name__)
 
-#: the largest request body read (bytes)
+#: the largest JSON request body read (bytes)
 MAX_BODY = 4 * 1024 * 1024
+#: the largest audio upload (OpenAI's limit)
+MAX_UPLOAD = 25 * 1024 * 1024
+#: what a transcription answers in, by ``response_format``
+AUDIO_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 #: the most stop strings, choices and top log-probabilities a request may ask for (OpenAI's limits)
 MAX_STOP, MAX_N, MAX_TOP_LOGPROBS = 4, 8, 20
 #: the most texts one embeddings request may give
@@ -59,6 +65,13 @@ class Served:
     def generates(self) -> bool:
         return self.batcher is not None
 
+    @property
+    def does(self) -> str:
+        """What its endpoints do: ``generate`` (text), ``embed`` or ``transcribe``."""
+        if self.batcher is not None:
+            return "generate"
+        return "transcribe" if hasattr(self.model, "transcribe") else "embed"
+
 
 def served_models(exports: list[Path], max_rows: int, precision: str = "fp32") -> dict[str, Served]:
     """Each export loaded at ``precision`` (its directory's name the model's), a language model
@@ -72,8 +85,8 @@ def served_models(exports: list[Path], max_rows: int, precision: str = "fp32") -
             raise EdgeattnError(f"two exports are named {name!r}; serve exports whose directories differ in name")
         model = load(path, precision=precision)
         batcher = Batcher(model, max_rows) if hasattr(model, "stop_ids") else None
-        if batcher is None and not hasattr(model, "embed"):
-            raise EdgeattnError(f"{path} is neither a language model nor an encoder that embeds")
+        if batcher is None and not hasattr(model, "embed") and not hasattr(model, "transcribe"):
+            raise EdgeattnError(f"{path} is neither a language model, an encoder that embeds nor a speech model")
         models[name] = Served(name, model, int(path.stat().st_mtime), batcher)
     return models
 
@@ -188,13 +201,15 @@ class OpenAIApi:
         self.models, self.api_key, self.owns_models = models, api_key, owns_models
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app = web.Application(client_max_size=MAX_UPLOAD, middlewares=[self._errors])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/v1/models/{name}", self.get_model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/audio/transcriptions", self.transcriptions)
+        app.router.add_post("/v1/audio/translations", self.translations)
         if self.owns_models:
             app.on_shutdown.append(self._close)
         return app
@@ -214,7 +229,8 @@ class OpenAIApi:
         except ApiError as exc:
             return exc.response()
         except web.HTTPRequestEntityTooLarge:
-            return ApiError(413, f"the request body is over {MAX_BODY} bytes").response()
+            limit = MAX_UPLOAD if request.path.startswith("/v1/audio/") else MAX_BODY
+            return ApiError(413, f"the request body is over {limit} bytes").response()
         except web.HTTPException as exc:
             return ApiError(exc.status, exc.reason or "not found", kind="invalid_request_error").response()
         except EdgeattnError as exc:
@@ -222,26 +238,32 @@ class OpenAIApi:
 
     # ------------------------------------------------------------ helpers
     async def _body(self, request: web.Request) -> dict[str, Any]:
+        if (request.content_length or 0) > MAX_BODY:
+            raise ApiError(413, f"the request body is over {MAX_BODY} bytes")
+        raw = await request.read()
+        if len(raw) > MAX_BODY:
+            raise ApiError(413, f"the request body is over {MAX_BODY} bytes")
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "the request body is not JSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body is a JSON object")
         return body
 
-    def _model(self, body: dict[str, Any], generates: bool) -> Served:
+    def _model(self, body: dict[str, Any], does: str) -> Served:
         name = body.get("model")
-        if not isinstance(name, str):
+        if not isinstance(name, str) or not name:
             raise ApiError(400, "model is required", "model")
         served = self.models.get(name)
         if served is None:
             raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(self.models)})", "model",
                            code="model_not_found")  # fmt: skip
-        if generates != served.generates:
-            does = "generates text" if served.generates else "embeds text"
-            use = "completions" if served.generates else "embeddings"
-            raise ApiError(400, f"the model {name!r} {does}; use the {use} endpoints for it", "model")
+        if does != served.does:
+            what = {"generate": "generates text", "embed": "embeds text", "transcribe": "transcribes speech"}
+            use = {"generate": "completions", "embed": "embeddings", "transcribe": "audio"}
+            raise ApiError(400, f"the model {name!r} {what[served.does]}; use the {use[served.does]} endpoints for it",
+                           "model")  # fmt: skip
         return served
 
     # ----------------------------------------------------------- endpoints
@@ -267,7 +289,7 @@ class OpenAIApi:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        served = self._model(body, generates=True)
+        served = self._model(body, "generate")
         model = served.model
         if model.chat_template is None:
             raise ApiError(400, f"the model {served.name!r} has no chat template; use /v1/completions", "messages")
@@ -289,7 +311,7 @@ class OpenAIApi:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        served = self._model(body, generates=True)
+        served = self._model(body, "generate")
         prompts = _texts(body, "prompt")
         tokenizer = served.model._tokenizer()
         ids = [tokenizer.encode(p, True) for p in prompts]
@@ -298,7 +320,7 @@ class OpenAIApi:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        served = self._model(body, generates=False)
+        served = self._model(body, "embed")
         texts = _texts(body, "input")
         if len(texts) > MAX_INPUTS:
             raise ApiError(400, f"input holds {len(texts)} texts; at most {MAX_INPUTS} a request", "input")
@@ -316,6 +338,76 @@ class OpenAIApi:
             data.append({"object": "embedding", "index": i, "embedding": value})
         return web.json_response({"object": "list", "data": data, "model": served.name,
                                   "usage": {"prompt_tokens": counts, "total_tokens": counts}})  # fmt: skip
+
+    async def transcriptions(self, request: web.Request) -> web.Response:
+        return await self._audio(request, "transcribe")
+
+    async def translations(self, request: web.Request) -> web.Response:
+        return await self._audio(request, "translate")
+
+    async def _audio(self, request: web.Request, task: str) -> web.Response:
+        """A multipart upload (``file``, ``model``, ``language``, ``response_format``, ...)
+        transcribed or translated into English."""
+        from edgeattn.runtime.whisper.formats import render
+
+        form = await self._form(request)
+        served = self._model(form, "transcribe")
+        if "file" not in form:
+            raise ApiError(400, "file is required (the audio, as a multipart upload)", "file")
+        answer = form.get("response_format", "json")
+        if answer not in AUDIO_FORMATS:
+            raise ApiError(400, f"response_format is one of {', '.join(AUDIO_FORMATS)}", "response_format")
+        if form.get("prompt"):
+            raise ApiError(400, "prompt (text that conditions the transcript) is not served yet", "prompt")
+        try:
+            temperature = float(form.get("temperature", 0) or 0)
+        except ValueError:
+            raise ApiError(400, "temperature is a number", "temperature") from None
+        if temperature != 0:
+            raise ApiError(400, "temperature: decoding is greedy (0) here; sampling is not served yet", "temperature")
+        granularities = form.get("timestamp_granularities[]", []) + form.get("timestamp_granularities", [])
+        if "word" in granularities:
+            raise ApiError(400, "word timestamps are not served yet (segment timestamps are)",
+                           "timestamp_granularities")  # fmt: skip
+        language = form.get("language") or None
+        stamps = answer in ("srt", "vtt", "verbose_json")
+
+        def hear() -> Any:
+            return served.model.transcribe(form["file"], language=language, task=task, timestamps=stamps)
+
+        heard = await asyncio.get_running_loop().run_in_executor(None, hear)
+        if answer == "json":
+            return web.json_response({"text": heard.text.strip()})
+        if answer == "text":
+            return web.Response(text=heard.text.strip() + "\n", content_type="text/plain")
+        if answer == "verbose_json":
+            segments = [{"id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
+                         "tokens": list(s.tokens), "temperature": 0.0, "avg_logprob": s.avg_logprob,
+                         "compression_ratio": s.compression_ratio}
+                        for i, s in enumerate(heard.segments)]  # fmt: skip
+            return web.json_response({"task": "translate" if task == "translate" else "transcribe",
+                                      "language": heard.language or "en", "duration": heard.duration,
+                                      "text": heard.text.strip(), "segments": segments})  # fmt: skip
+        kind = "text/vtt" if answer == "vtt" else "application/x-subrip"
+        return web.Response(text=render(heard, answer, True), content_type=kind)
+
+    async def _form(self, request: web.Request) -> dict[str, Any]:
+        """A multipart form's fields (text) and ``file`` (bytes); list fields (``name[]``) as lists."""
+        if not request.content_type.startswith("multipart/"):
+            raise ApiError(400, "an audio request is a multipart/form-data upload with its file and model")
+        form: dict[str, Any] = {}
+        reader = await request.multipart()
+        async for part in reader:
+            name = getattr(part, "name", None)
+            if not name:
+                continue
+            if name == "file":
+                form["file"] = bytes(await part.read(decode=False))
+            elif name.endswith("[]") or name == "timestamp_granularities":
+                form.setdefault(name, []).append(await part.text())
+            else:
+                form[name] = await part.text()
+        return form
 
     # --------------------------------------------------------- generation
     async def _generate(self, request: web.Request, body: dict[str, Any], served: Served, prompts: list[list[int]],

@@ -78,15 +78,22 @@ def _type_checking(tree: ast.Module, node: ast.AST) -> bool:
 
 @cache
 def heavy_import(module: str) -> str | None:
-    """The chain of top-level imports by which ``module`` needs torch or transformers, or None."""
-    top, _ = _imports(module)
-    for name in sorted(top):
-        if name.split(".")[0] in HEAVY:
-            return f"{module} -> {name}"
-        if name.startswith("edgeattn."):
-            chain = heavy_import(name)
-            if chain is not None:
-                return f"{module} -> {chain}"
+    """The chain of top-level imports by which ``module`` needs torch or transformers, or None
+    (followed breadth-first, so that modules importing each other are each looked at once)."""
+    parents: dict[str, str | None] = {module: None}
+    queue = [module]
+    while queue:
+        current = queue.pop(0)
+        top, _ = _imports(current)
+        for name in sorted(top):
+            if name.split(".")[0] in HEAVY:
+                chain = [name, current]
+                while parents[chain[-1]] is not None:
+                    chain.append(parents[chain[-1]])  # type: ignore[arg-type]
+                return " -> ".join(reversed(chain))
+            if name.startswith("edgeattn.") and name not in parents:
+                parents[name] = current
+                queue.append(name)
     return None
 
 

@@ -109,6 +109,10 @@ def run_benchmark(
         export_dir = Path(export_dir)
         manifest = read_manifest(export_dir)
         config = manifest.config
+        family = get_family(manifest.family_name)
+        if not family.benched:
+            raise EdgeattnError(f"edgeattn bench times exports over token inputs; a {family.name} export's timing is "
+                                f"not built yet (time edgeattn run on its inputs)")  # fmt: skip
         variants, skipped = [], {}
         if options.eager:
             if manifest.weights is not None:

@@ -20,13 +20,23 @@ from typing import Any
 import torch
 
 from edgeattn.config import ModelConfig
-from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.errors import CheckpointError, ConfigError, EdgeattnError
+from edgeattn.runtime.jsonfile import read_json_object
+from edgeattn.runtime.whisper.decoding import GENERATION_CONFIG, WhisperDecoding
+from edgeattn.runtime.whisper.log_mel import PREPROCESSOR_CONFIG, LogMel
 from edgeattn.weights import load_state
-from edgeattn.whisper.model import WhisperModel, WhisperShape
+from edgeattn.whisper.config import SpeechConfig
+from edgeattn.whisper.model import WhisperModel
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
+#: what a Whisper export does (the speech family's task)
+TASK = "transcribe"
+#: the generation config keys the runtime decodes by (``edgeattn.runtime.whisper.decoding``)
+DECODING_KEYS = ("decoder_start_token_id", "eos_token_id", "no_timestamps_token_id", "suppress_tokens",
+                 "begin_suppress_tokens", "lang_to_id", "task_to_id", "is_multilingual",
+                 "max_initial_timestamp_index", "max_length", "alignment_heads")
 #: Hugging Face sub-module -> edgeattn's, inside a layer
 _LAYER = {"self_attn": "self_attn", "encoder_attn": "cross_attn", "fc1": "ff.linear1", "fc2": "ff.linear2"}
 #: the norms of each stack's layers, in order
@@ -35,9 +45,8 @@ _NORMS = {"encoder": {"self_attn_layer_norm": "norm1", "final_layer_norm": "norm
                       "final_layer_norm": "norm3"}}  # fmt: skip
 
 
-def map_config(hf: dict[str, Any], path: object) -> tuple[ModelConfig, WhisperShape]:
-    """The edgeattn config and Whisper shape of a Whisper config.json; ConfigError naming what
-    edgeattn cannot build."""
+def map_config(hf: dict[str, Any], path: object) -> ModelConfig:
+    """The edgeattn config of a Whisper config.json; ConfigError naming what edgeattn cannot build."""
 
     def need(key: str) -> Any:
         if key not in hf:
@@ -58,22 +67,22 @@ def map_config(hf: dict[str, Any], path: object) -> tuple[ModelConfig, WhisperSh
     eos = eos[0] if isinstance(eos, list) and eos else eos
     start = hf.get("decoder_start_token_id", hf.get("bos_token_id", 50258))
     try:
+        speech = SpeechConfig(n_mels=int(hf.get("num_mel_bins", 80)),
+                              audio_positions=int(hf.get("max_source_positions", 1500)))
         config = ModelConfig(
-            architecture="encoder-decoder", vocab_size=int(need("vocab_size")), d_model=int(need("d_model")),
+            architecture="speech-to-text", vocab_size=int(need("vocab_size")), d_model=int(need("d_model")),
             n_heads=int(hf["encoder_attention_heads"]), d_ff=int(hf["encoder_ffn_dim"]),
             n_encoder_layers=int(need("encoder_layers")), n_decoder_layers=int(need("decoder_layers")),
             max_len=int(hf.get("max_target_positions", 448)), dropout=0.0, activation="gelu", norm="layernorm",
             norm_eps=1e-5, norm_first=True, position="learned", attention_scaled=True, bias=True,
             scale_embedding=False, tie_embeddings=True, pad_id=int(hf.get("pad_token_id") or eos),
-            bos_id=int(start), eos_id=int(eos),
+            bos_id=int(start), eos_id=int(eos), speech=speech,
         )  # fmt: skip
-        shape = WhisperShape(n_mels=int(hf.get("num_mel_bins", 80)),
-                             audio_positions=int(hf.get("max_source_positions", 1500)))  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path} does not describe a Whisper edgeattn can build: {exc}") from exc
     if config.d_model % config.n_heads:
         raise ConfigError(f"{path}: d_model {config.d_model} is not a multiple of {config.n_heads} heads")
-    return config, shape
+    return config
 
 
 def map_key(key: str) -> str | None:
@@ -132,10 +141,59 @@ def import_whisper(folder: str | Path) -> WhisperModel:
     architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
     if architecture != ARCHITECTURE or hf.get("model_type", "whisper") != "whisper":
         raise ConfigError(f"{folder / 'config.json'} describes {architecture}, not {ARCHITECTURE}")
-    config, shape = map_config(hf, folder / "config.json")
-    model = WhisperModel(config, shape)
+    config = map_config(hf, folder / "config.json")
+    model = WhisperModel(config)
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), model, source), source, model.tied_aliases())
     log.info("imported %s (%d encoder, %d decoder layers, %d mel bins) from %s", architecture,
-             config.n_encoder_layers, config.n_decoder_layers, shape.n_mels, folder)  # fmt: skip
+             config.n_encoder_layers, config.n_decoder_layers, config.speech.n_mels, folder)  # fmt: skip
     return model.eval()
+
+
+def settings_of(folder: Path) -> dict[str, Any]:
+    """What the runtime reads of a Whisper folder besides its weights: the log-mel settings
+    (``preprocessor_config.json``) and the decoding settings (``generation_config.json``), checked."""
+    for name in (PREPROCESSOR_CONFIG, GENERATION_CONFIG):
+        if not (folder / name).is_file():
+            raise ConfigError(f"{folder} has no {name}; a Whisper folder needs it to hear and decode (transformers "
+                              f"writes it with the model's processor and generation config)")  # fmt: skip
+    try:
+        features = LogMel.from_folder(folder).as_dict()
+        generation = read_json_object(folder / GENERATION_CONFIG, ConfigError)
+        decoding = {k: generation[k] for k in DECODING_KEYS if k in generation}
+        WhisperDecoding.from_dict(decoding, str(folder / GENERATION_CONFIG))
+    except EdgeattnError as exc:
+        raise ConfigError(str(exc)) from exc
+    return {"features": features, "decoding": decoding}
+
+
+def import_folder(folder: Path, hf: dict[str, Any], importer: Any, task: str) -> Any:
+    """A Whisper folder as the :class:`~edgeattn.hf.HFModel` an export takes: the model, its
+    tokenizer and its features and decoding settings."""
+    from edgeattn.hf import HFModel, _tokenizer
+
+    if task not in ("", TASK):
+        raise ConfigError(f"{ARCHITECTURE} has no {task} head; its task is {TASK}")
+    settings = settings_of(folder)
+    model = import_whisper(folder)
+    features = settings["features"]["feature_size"]
+    if features != model.config.speech.n_mels or LogMel.from_dict(settings["features"]).window_frames != \
+            model.config.speech.frames:  # fmt: skip
+        raise ConfigError(f"{folder}: {PREPROCESSOR_CONFIG} makes windows of {features} mel bins and "
+                          f"{LogMel.from_dict(settings['features']).window_frames} frames; the model takes "
+                          f"{model.config.speech.n_mels} and {model.config.speech.frames}")  # fmt: skip
+    return HFModel(model, ARCHITECTURE, TASK, None, None, folder, _tokenizer(folder), settings=settings)
+
+
+def reference_outputs(model: WhisperModel, reference: Any, ids: torch.Tensor, mask: torch.Tensor
+                      ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """Encoder states and teacher-forced logits of a window of seeded features, the sample text's
+    tokens as targets, beside transformers'."""
+    speech = model.config.speech
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(ids.shape[0], speech.n_mels, speech.frames, generator=generator)
+    targets = torch.cat([torch.full_like(ids[:, :1], model.config.bos_id), ids[:, :15]], dim=1)
+    targets = targets.clamp(max=model.config.vocab_size - 1)
+    theirs = reference(input_features=features, decoder_input_ids=targets, output_hidden_states=True)
+    return {"encoder states": (model.encode(features), theirs.encoder_last_hidden_state),
+            "logits": (model(features, targets), theirs.logits)}

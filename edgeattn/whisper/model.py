@@ -8,8 +8,6 @@ a 30 s window); target ids (B, T) -> logits (B, T, vocab).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,22 +18,14 @@ from edgeattn.layers import EncoderLayer, make_norm
 from edgeattn.model import Decoder, TransformerModel
 
 
-@dataclass(frozen=True)
-class WhisperShape:
-    """What Whisper has besides the transformer's config: its mel bins and audio positions."""
-
-    n_mels: int = 80
-    #: audio positions of one window (frames / 2: the second convolution's stride)
-    audio_positions: int = 1500
-
-
 class AudioEncoder(nn.Module):
     """conv(3) -> GELU -> conv(3, stride 2) -> GELU, plus a position table, then pre-norm encoder
     layers and a final norm."""
 
-    def __init__(self, config: ModelConfig, shape: WhisperShape) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d = config.d_model
+        assert config.speech is not None, "a speech-to-text config has its speech section"
+        shape, d = config.speech, config.d_model
         self.conv1 = nn.Conv1d(shape.n_mels, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
         self.positions = nn.Parameter(torch.empty(shape.audio_positions, d))
@@ -57,10 +47,9 @@ class WhisperModel(TransformerModel):
     """Whisper's encoder-decoder: :meth:`encode` a window's features once, :meth:`cross_kv` once,
     then :meth:`decode` tokens with the self-attention cache."""
 
-    def __init__(self, config: ModelConfig, shape: WhisperShape) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.shape = shape
-        self.encoder = AudioEncoder(config, shape)
+        self.encoder = AudioEncoder(config)
         self.decoder = Decoder(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.embed.weight
@@ -78,12 +67,29 @@ class WhisperModel(TransformerModel):
 
     def decode(
         self, ids: Tensor, *, memory: Tensor | None = None, cross_kv: list[KeyValue] | None = None,
-        past: list[Cache] | None = None,
+        memory_mask: Tensor | None = None, past: list[Cache] | None = None,
     ) -> tuple[Tensor, list[KeyValue]]:  # fmt: skip
-        """(B, T) token ids after ``past`` -> logits (B, T, vocab) and the present caches."""
-        h, presents = self.decoder(self.embed_tokens(ids), memory=memory, cross_kv=cross_kv, past=past)
+        """(B, T) token ids after ``past`` -> logits (B, T, vocab) and the present caches
+        (``memory_mask`` (B, P): the audio positions attended to, all of them when None)."""
+        h, presents = self.decoder(self.embed_tokens(ids), memory=memory, cross_kv=cross_kv, memory_mask=memory_mask,
+                                   past=past)
         return self.lm_head(h), presents
 
     def forward(self, features: Tensor, ids: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, vocab) of ``ids`` given a window's features."""
         return self.decode(ids, memory=self.encode(features))[0]
+
+    def greedy(self, features: Tensor, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Plain greedy decoding (every step's top token, no end, no rules) after ``prompts`` (one
+        length): the rows' whole sequences, prompts included."""
+        with torch.no_grad():
+            cross = self.cross_kv(self.encode(features))
+            rows = [list(p) for p in prompts]
+            feed, past = torch.tensor(prompts, dtype=torch.long), None
+            for _ in range(max_new_tokens):
+                logits, past = self.decode(feed, cross_kv=cross, past=past)
+                chosen = logits[:, -1].argmax(-1)
+                for row, token in zip(rows, chosen.tolist(), strict=True):
+                    row.append(token)
+                feed = chosen[:, None]
+        return rows

@@ -185,27 +185,41 @@ def _log_softmax(scores: np.ndarray) -> np.ndarray:
         return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]], rules: WhisperRules,
-           max_new_tokens: int) -> list[list[int]]:  # fmt: skip
+def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
+           rules: Callable[[Sequence[Sequence[int]], np.ndarray], np.ndarray] | None, max_new_tokens: int,
+           eos: int | None = None, logprobs: list[float] | None = None) -> list[list[int]]:  # fmt: skip
     """Greedy decoding of rows with prompts of equal length: ``step(tokens (B, T))`` feeds the
-    tokens new since its last call and returns the last position's scores (B, vocab). Each row
-    ends at the end token (kept) or after ``max_new_tokens``; rows that ended are fed the end
-    token and ignored."""
+    tokens new since its last call and returns the last position's scores (B, vocab), which
+    ``rules`` (a :class:`WhisperRules`, or None) edit. Each row ends at ``eos`` (kept; default the
+    rules' end token, None or -1: no end) or after ``max_new_tokens``; rows that ended are fed the
+    end token and ignored. ``logprobs`` (a list) receives each row's summed log-probability of its
+    tokens under the edited scores (the end token's included)."""
     if len({len(p) for p in prompts}) != 1:
         raise WhisperSettingsError("rows decoded together need prompts of one length")
+    if eos is None and isinstance(rules, WhisperRules):
+        eos = rules.decoding.eos
+    end = -1 if eos is None else eos
     sequences = [list(p) for p in prompts]
     done = np.zeros(len(prompts), dtype=bool)
     feed = np.array(prompts, dtype=np.int64)
-    eos = rules.decoding.eos
+    sums = np.zeros(len(prompts))
     for _ in range(max_new_tokens):
-        scores = rules(sequences, step(feed))
+        scores = step(feed)
+        if rules is not None:
+            scores = rules(sequences, scores)
         chosen = scores.argmax(-1)
-        chosen[done] = eos
+        if logprobs is not None:
+            picked = _log_softmax(np.asarray(scores, np.float64))[np.arange(len(chosen)), chosen]
+            sums += np.where(done, 0.0, picked)
+        if end >= 0:
+            chosen[done] = end
         for row, token in enumerate(chosen.tolist()):
             if not done[row]:
                 sequences[row].append(token)
-        done |= chosen == eos
+        done |= chosen == end
         if done.all():
             break
         feed = chosen[:, None].astype(np.int64)
+    if logprobs is not None:
+        logprobs.extend(sums.tolist())
     return sequences

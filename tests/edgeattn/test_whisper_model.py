@@ -41,7 +41,7 @@ def whisper_folder(path, n_mels: int = 80, encoder_layers: int = 3, decoder_laye
 def test_whisper_answers_as_transformers(tmp_path, n_mels, encoder_layers, decoder_layers):
     reference = whisper_folder(tmp_path, n_mels, encoder_layers, decoder_layers)
     ours = import_whisper(tmp_path)
-    assert (ours.config.n_encoder_layers, ours.config.n_decoder_layers, ours.shape.n_mels) == (
+    assert (ours.config.n_encoder_layers, ours.config.n_decoder_layers, ours.config.speech.n_mels) == (
         encoder_layers, decoder_layers, n_mels)
     features = torch.randn(2, n_mels, 200)
     ids = torch.randint(0, 116, (2, 9))
@@ -65,11 +65,12 @@ def test_whisper_answers_as_transformers(tmp_path, n_mels, encoder_layers, decod
 def test_config_layouts_and_refusals(tmp_path):
     whisper_folder(tmp_path)
     hf = json.loads((tmp_path / "config.json").read_text())
-    config, shape = map_config(hf, "config.json")
-    assert (config.bos_id, config.eos_id, config.max_len, shape.audio_positions) == (116, 118, 40, 100)
+    config = map_config(hf, "config.json")
+    assert (config.bos_id, config.eos_id, config.max_len, config.speech.audio_positions) == (116, 118, 40, 100)
+    assert config.from_dict(config.to_dict()) == config
     newer = {**hf, "dtype": "float32"}  # transformers 5 writes dtype, not torch_dtype
     newer.pop("torch_dtype", None)
-    assert map_config(newer, "config.json") == (config, shape)
+    assert map_config(newer, "config.json") == config
     with pytest.raises(ConfigError, match="decoder_attention_heads"):
         map_config({**hf, "decoder_attention_heads": 8}, "config.json")
     with pytest.raises(ConfigError, match="activation_function"):

@@ -1,0 +1,43 @@
+"""The speech family's own section of a model config (torch-free): what Whisper has besides the
+transformer's sizes, its mel bins and the audio positions of one window."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from edgeattn.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SpeechConfig:
+    """The log-mel bins the encoder reads and its audio positions (frames / 2: the second
+    convolution's stride); 1,500 positions are Whisper's 30 s window."""
+
+    n_mels: int = 80
+    audio_positions: int = 1500
+
+    def __post_init__(self) -> None:
+        for name in ("n_mels", "audio_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"speech config {name} must be a positive integer, got {value!r}")
+
+    @property
+    def frames(self) -> int:
+        """The feature frames of one window."""
+        return 2 * self.audio_positions
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SpeechConfig:
+        """The section from a dictionary, refusing unknown keys by name."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"the speech config section must be a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown speech config keys: {', '.join(unknown)}")
+        return cls(**data)

@@ -1,0 +1,272 @@
+"""The speech family's runtime: audio in, its transcript (or English translation) out, as segments
+with times, over the exported encoder, cross_kv and decoder graphs.
+
+Audio no longer than a window is one window; longer audio is decoded window after window, each
+starting where the last one's final complete segment ended (transformers' sequential long-form
+algorithm). Torch-free: numpy, onnxruntime, and ``soundfile`` / ``soxr`` to read files.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.manifest import check_file
+from edgeattn.runtime.model import ExportedModel, InputError
+from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper
+from edgeattn.runtime.whisper.decoding import WhisperDecoding, WhisperRules, greedy
+from edgeattn.runtime.whisper.log_mel import LogMel
+from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, FEATURES
+
+#: seconds a timestamp token counts (``<|0.02|>`` follows ``<|0.00|>``)
+TIME_PRECISION = 0.02
+#: feature frames an audio position spans (the encoder's second convolution's stride)
+INPUT_STRIDE = 2
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the transcript: from ``start`` to ``end`` seconds, its text and tokens."""
+
+    start: float
+    end: float
+    text: str
+    tokens: tuple[int, ...]
+    #: the feature frame its window starts at
+    seek: int = 0
+    #: its window's mean log-probability a token (the end token counted) and its text's gzip
+    #: compression ratio (Whisper's signs of a failed window: low, and high from repetition)
+    avg_logprob: float | None = None
+    compression_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """What :meth:`WhisperRuntime.transcribe` hears: the text, its segments, the language (given
+    or detected; None for an English-only model) and the audio's length in seconds."""
+
+    text: str
+    segments: list[Segment]
+    language: str | None
+    duration: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "language": self.language, "duration": self.duration,
+                "segments": [{**asdict(s), "tokens": list(s.tokens)} for s in self.segments]}  # fmt: skip
+
+
+def split_segments(tokens: list[int], timestamp_begin: int, offset: float, frames: int,
+                   frame_seconds: float) -> tuple[list[tuple[float, float, list[int]]], int]:  # fmt: skip
+    """A window's generated tokens (no prompt, no end token) as segments ``(start, end, tokens)``
+    in seconds from ``offset``, and the feature frames to move on by: to the end of the window's
+    ``frames`` when the tokens end on a single timestamp (or hold no pair), else to the last
+    complete segment's end. As transformers' ``_retrieve_segment``."""
+    stamps = [t >= timestamp_begin for t in tokens]
+    single_ending = stamps[-2:] == [False, True]
+    pairs = [i + 1 for i in range(len(tokens) - 1) if stamps[i] and stamps[i + 1]]
+    if not pairs:
+        times = [t for t in tokens if t >= timestamp_begin]
+        last = frames * frame_seconds / TIME_PRECISION
+        if times and times[-1] != timestamp_begin:
+            last = times[-1] - timestamp_begin
+        return [(offset, offset + last * TIME_PRECISION, list(tokens))], frames
+    slices = list(pairs)
+    if single_ending:
+        slices.append(len(tokens))
+    else:
+        slices[-1] += 1
+    segments, previous = [], 0
+    for i, cut in enumerate(slices):
+        piece = tokens[previous:cut]
+        end_at = -1 if i < len(slices) - 1 or single_ending else -2
+        segments.append((offset + (piece[0] - timestamp_begin) * TIME_PRECISION,
+                         offset + (piece[end_at] - timestamp_begin) * TIME_PRECISION, piece))  # fmt: skip
+        previous = cut
+    if single_ending:
+        return segments, frames
+    return segments, (tokens[previous - 2] - timestamp_begin) * INPUT_STRIDE
+
+
+class WhisperRuntime(ExportedModel):
+    """A speech export (Whisper): :meth:`transcribe` audio files or samples."""
+
+    def _attached(self) -> None:
+        self._settings: dict[str, Any] | None = None
+
+    # --------------------------------------------------------------- settings
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The export's features and decoding settings (``settings.json``)."""
+        if self._settings is None:
+            entry = None if self.manifest is None else self.manifest.settings
+            if entry is None or self.export_dir is None:
+                raise EdgeattnError("this speech model has no settings.json (its features and decoding settings); "
+                                    "re-export it with edgeattn export --from-hf")  # fmt: skip
+            path = check_file(self.export_dir, entry)
+            try:
+                self._settings = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise EdgeattnError(f"{path} is not readable JSON: {exc}") from exc
+        return self._settings
+
+    @property
+    def log_mel(self) -> LogMel:
+        return LogMel.from_dict(self.settings.get("features") or {}, "settings.json's features")
+
+    @property
+    def decoding(self) -> WhisperDecoding:
+        return WhisperDecoding.from_dict(self.settings.get("decoding") or {}, "settings.json's decoding")
+
+    # --------------------------------------------------------------- decoding
+    def source_state(self, features: np.ndarray, mask: np.ndarray | None = None) -> tuple[dict[str, np.ndarray],
+                                                                                           np.ndarray]:  # fmt: skip
+        """Windows' features (B, n_mels, frames) as every decoder layer's cross-attention keys and
+        values, and the mask of the audio positions (all attended to)."""
+        hidden = self.run(AUDIO_ENCODER, {FEATURES: features})["last_hidden_state"]
+        positions = np.ones(hidden.shape[:2], dtype=np.int64)
+        return self.run(CROSS_KV, {"encoder_hidden_states": hidden}), positions
+
+    def stepper(self, features: np.ndarray, capacity: int) -> OnnxStepper:
+        """A decoding state over windows' features: the encoder and cross projections run here,
+        once; a cache of ``capacity`` slots written in place where the export has that decoder."""
+        if DECODER_FIXED in self.sessions:
+            return SlotStepper(self, features, None, 1, capacity)
+        return OnnxStepper(self, features, None, 1)
+
+    def decode(self, features: Any, prompts: list[list[int]], max_new_tokens: int, rules: Any = None,
+               eos: int | None = None) -> list[list[int]]:  # fmt: skip
+        """Greedy tokens for windows' features (B, n_mels, frames) after ``prompts`` (one length),
+        prompt included, each row ending at ``eos`` (kept) or after ``max_new_tokens``; ``rules``
+        edit each step's scores (:class:`~edgeattn.runtime.whisper.decoding.WhisperRules`)."""
+        features = self._features(features)
+        if len(prompts) != features.shape[0]:
+            raise InputError(f"{len(prompts)} prompts for {features.shape[0]} windows")
+        self._check_length(len(prompts[0]), max_new_tokens)
+        state = self.stepper(features, len(prompts[0]) + max_new_tokens)
+        return greedy(state.step, prompts, rules, max_new_tokens, eos)
+
+    def _features(self, features: Any) -> np.ndarray:
+        speech = self.config.speech
+        assert speech is not None
+        array = np.asarray(features, dtype=np.float32)
+        if array.ndim != 3 or array.shape[1] != speech.n_mels or not 0 < array.shape[2] <= speech.frames:
+            raise InputError(f"features are (windows, {speech.n_mels}, up to {speech.frames} frames), "
+                             f"not {array.shape}")  # fmt: skip
+        return np.ascontiguousarray(array)
+
+    def _check_length(self, prompt: int, new: int) -> None:
+        if new < 1 or prompt + new > self.config.max_len:
+            raise InputError(f"a window holds at most {self.config.max_len} tokens: a prompt of {prompt} leaves "
+                             f"{self.config.max_len - prompt} new ones, not {new}")  # fmt: skip
+
+    # ------------------------------------------------------------------ audio
+    def samples(self, audio: Any, rate: int | None = None) -> np.ndarray:
+        """Mono float32 samples at the model's rate from a file path, its bytes, or samples
+        (at ``rate``, default the model's)."""
+        from edgeattn.runtime.audio import as_mono, read_audio
+
+        to = self.log_mel.rate
+        if isinstance(audio, str | Path | bytes):
+            if rate is not None:
+                raise InputError("a file says its own sampling rate; give rate only with samples")
+            return read_audio(audio, to)
+        return as_mono(np.asarray(audio), rate or to, to, "the samples")
+
+    def segments(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
+                 timestamps: bool = True, max_new_tokens: int | None = None, rate: int | None = None,
+                 ) -> Iterator[Segment]:  # fmt: skip
+        """The transcript's segments as each window is decoded (see :meth:`transcribe`)."""
+        yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {})
+
+    def transcribe(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
+                   timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
+                   ) -> Transcript:  # fmt: skip
+        """The transcript of ``audio`` (a path, a file's bytes, or mono samples at ``rate``):
+        greedy decoding by the export's decoding settings, in ``language`` (a code; detected from
+        the first window when None on a multilingual model), ``task`` ``transcribe`` or
+        ``translate`` (into English). One window (``timestamps``: segments split by the model's
+        timestamp tokens; else one segment), or longer audio window after window (timestamps
+        always decoded, each window starting where the last one's final complete segment ends)."""
+        samples = self.samples(audio, rate)
+        found: dict[str, Any] = {}
+        segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found))
+        eos = self.decoding.eos
+        text = self._text([t for s in segments for t in s.tokens if t < eos])
+        return Transcript(text, segments, found.get("language"), samples.size / self.log_mel.rate)
+
+    def _text(self, tokens: list[int]) -> str:
+        if self.tokenizer is None:
+            raise EdgeattnError("this speech export has no tokenizer.json to turn its tokens into text")
+        return str(self.tokenizer.decode(tokens))
+
+    def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
+                 max_new_tokens: int | None, found: dict[str, Any]) -> Iterator[Segment]:  # fmt: skip
+        mel, decoding = self.log_mel, self.decoding
+        long_form = samples.size > mel.window_samples
+        features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
+        window = mel.window_frames
+        stamped = timestamps or long_form
+        begin = decoding.timestamp_begin
+        frame_seconds = mel.hop / mel.rate
+        duration = samples.size / mel.rate
+        total = features.shape[1] if long_form else window  # a short clip is one padded window
+        seek = 0
+        while seek < total:
+            frames = min(window, total - seek)
+            piece = np.zeros((1, features.shape[0], window), dtype=np.float32)
+            piece[0, :, :frames] = features[:, seek : seek + frames]
+            tokens, spoken, logprob = self._window(piece, language, task, stamped, max_new_tokens)
+            words = self._text([t for t in tokens if t < decoding.eos]).encode()
+            ratio = len(words) / len(zlib.compress(words)) if words else 0.0
+            found.setdefault("language", spoken)
+            offset = seek * frame_seconds
+            if stamped:
+                assert begin is not None
+                pieces, advance = split_segments(tokens, begin, offset, frames, frame_seconds)
+            else:  # one window: the audio's length
+                pieces, advance = [(offset, duration, tokens)], frames
+            for start, end, part in pieces:
+                text = self._text([t for t in part if t < decoding.eos])
+                yield Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
+                              round(logprob, 6), round(ratio, 6))  # fmt: skip
+            seek += max(advance, 1)
+
+    def _window(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
+                new: int | None) -> tuple[list[int], str | None, float]:  # fmt: skip
+        """One window's generated tokens (no prompt, no end token), its language and mean
+        log-probability a token."""
+        decoding = self.decoding
+        detect = decoding.multilingual and language is None
+        prompt = decoding.prompt(0 if detect else language, task, timestamps)
+        limit = min(self.config.max_len, decoding.max_length) - len(prompt)
+        new = limit if new is None else new
+        self._check_length(len(prompt), new)
+        state = self.stepper(self._features(features), len(prompt) + new)
+        step = state.step
+        if detect:
+            token = int(decoding.detect_language(state.step(np.array([[decoding.start]])))[0])
+            prompt[1] = token
+            fed = [False]
+
+            def step(feed: np.ndarray) -> np.ndarray:  # the start token is in the cache already
+                if not fed[0]:
+                    fed[0] = True
+                    feed = feed[:, 1:]
+                return state.step(feed)
+
+        rules = WhisperRules(decoding, len(prompt), timestamps)
+        sums: list[float] = []
+        sequence = greedy(step, [prompt], rules, new, logprobs=sums)[0][len(prompt) :]
+        logprob = sums[0] / max(1, len(sequence))
+        if sequence and sequence[-1] == decoding.eos:
+            sequence = sequence[:-1]
+        names = {v: k.strip("<|>") for k, v in decoding.languages.items()}
+        spoken = names.get(prompt[1]) if decoding.multilingual else None
+        return sequence, spoken, logprob

@@ -1,0 +1,41 @@
+"""The speech family's own graph: log-mel features -> encoder states (torch-free). Its cross
+keys/values and decoder graphs are the encoder-decoder family's (:mod:`edgeattn.runtime.specs`)."""
+
+from __future__ import annotations
+
+from edgeattn.config import ModelConfig
+from edgeattn.runtime.specs import BATCH, SRC_LEN, GraphSpec, TensorSpec
+
+#: the feature frames axis (twice the audio positions the encoder returns)
+FRAMES = "frames"
+FEATURES = "input_features"
+#: the graph (an encoder of sound, not of tokens: its own name)
+AUDIO_ENCODER = "audio_encoder"
+#: the frames a verification case runs the encoder at when the window is longer: not the traced size
+SHORT_FRAMES = 74
+
+
+def audio_encoder_spec(config: ModelConfig) -> GraphSpec:
+    assert config.speech is not None, "a speech-to-text config has its speech section"
+    return GraphSpec(
+        AUDIO_ENCODER,
+        f"log-mel features ({config.speech.n_mels} bins, up to {config.speech.frames} frames: one window) -> encoder "
+        "states, one per two frames",
+        (TensorSpec(FEATURES, "float32", (BATCH, config.speech.n_mels, FRAMES)),),
+        (TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, config.d_model)),),
+    )
+
+
+def audio_sizes(config: ModelConfig) -> list[dict[str, int]]:
+    """The encoder at a part of a window and a whole one, batch 1 and 3."""
+    assert config.speech is not None
+    whole = config.speech.frames
+    short = min(SHORT_FRAMES, whole)
+    return [{"batch": 1, FRAMES: short}, {"batch": 3, FRAMES: short + 2}, {"batch": 2, FRAMES: whole}]
+
+
+def window_sizes(config: ModelConfig) -> list[dict[str, int]]:
+    """A source of one window's audio positions (and part of one), batch 1 and 3."""
+    assert config.speech is not None
+    positions = config.speech.audio_positions
+    return [{"batch": 1, SRC_LEN: min(37, positions)}, {"batch": 3, SRC_LEN: positions}]

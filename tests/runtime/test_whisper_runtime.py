@@ -1,0 +1,183 @@
+"""A Whisper folder exported with ``edgeattn export --from-hf`` transcribes as transformers'
+``generate`` does on the same audio: the same tokens, segments and times, one window or several
+(long-form audio), given or detected language, transcribe and translate; from files, bytes and
+samples; printed by ``edgeattn run`` as text, srt, vtt or json."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from edgeattn.cli import cli
+from edgeattn.errors import EdgeattnError
+from edgeattn.runtime import load
+from edgeattn.runtime.model import InputError
+from edgeattn.runtime.whisper.formats import clock, render
+from edgeattn.runtime.whisper.runtime import Transcript, WhisperRuntime
+
+transformers = pytest.importorskip("transformers")
+soundfile = pytest.importorskip("soundfile")
+pytest.importorskip("soxr")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_whisper_decoding import GENERATION  # noqa: E402
+from test_whisper_model import whisper_folder  # noqa: E402
+
+RATE = 16_000
+#: the test folder's window: 2 s (100 audio positions, 200 frames)
+WINDOW_SECONDS = 2
+
+
+def speech_folder(path: Path) -> Path:
+    """A random multilingual Whisper with Whisper's special tokens, its generation and feature
+    settings (2 s windows) and a word-level tokenizer ``w0 .. w50256`` (specials after)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    model = whisper_folder(path, vocab_size=51865, seed=3, target_positions=64)
+    model.generation_config = transformers.GenerationConfig(**GENERATION)
+    model.generation_config.save_pretrained(path)
+    transformers.WhisperFeatureExtractor(feature_size=80, chunk_length=WINDOW_SECONDS).save_pretrained(path)
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(50257)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken(f"<|s{i}|>", special=True) for i in range(50257, 51865)])
+    tokenizer.save(str(path / "tokenizer.json"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper-runtime")
+    folder = speech_folder(root / "folder")
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(root / "export")])
+    assert result.exit_code == 0, result.output
+    return folder, root / "export", result.output
+
+
+def audio(seconds: float, seed: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * RATE))).astype(np.float32)
+
+
+def test_export_verifies_and_keeps_the_settings(exported):
+    folder, export, output = exported
+    assert "tokens identical" in output and "FAIL" not in output and "against transformers" in output
+    model = load(export)
+    assert isinstance(model, WhisperRuntime) and model.family.name == "speech"
+    assert model.config.speech.n_mels == 80 and model.config.speech.frames == 200
+    assert set(model.graphs) == {"audio_encoder", "cross_kv", "decoder", "decoder_fixed"}
+    assert model.log_mel.window_frames == 200 and model.decoding.no_timestamps == GENERATION["no_timestamps_token_id"]
+    settings = json.loads((export / "settings.json").read_text())
+    assert settings["decoding"]["lang_to_id"] == GENERATION["lang_to_id"]
+
+
+def _theirs(folder, samples, language, task, timestamps):
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    reference = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    long_form = samples.size > WINDOW_SECONDS * RATE
+    extra = {"truncation": False, "padding": "longest", "return_attention_mask": True} if long_form else {}
+    features = extractor(samples, sampling_rate=RATE, return_tensors="pt", **extra).input_features
+    with torch.no_grad():
+        out = reference.generate(features, language=language, task=task, return_timestamps=timestamps or long_form,
+                                 return_segments=True, max_new_tokens=30)  # fmt: skip
+        detected = reference.detect_language(features[:, :, :200])
+    segments = [(round(float(s["start"]), 3), round(float(s["end"]), 3), s["tokens"].tolist())
+                for s in out["segments"][0]]  # fmt: skip
+    return segments, int(detected[0])
+
+
+@pytest.mark.parametrize("seconds,language,task,timestamps", [
+    (1.5, "fr", "transcribe", True), (1.5, None, "transcribe", False), (5.3, "de", "translate", True),
+    (7.9, None, "transcribe", True)])  # fmt: skip
+def test_transcripts_equal_transformers_generate(exported, seconds, language, task, timestamps):
+    folder, export, _ = exported
+    samples = audio(seconds, seed=int(seconds * 10))
+    theirs, detected = _theirs(folder, samples, language, task, timestamps)
+    heard = load(export).transcribe(samples, language=language, task=task, timestamps=timestamps,
+                                    max_new_tokens=30)  # fmt: skip
+    ours = [(s.start, s.end, list(s.tokens)) for s in heard.segments]
+    if timestamps or seconds > WINDOW_SECONDS:
+        assert ours == theirs
+    else:  # one segment, the audio's length (transformers: the window's)
+        assert [o[2] for o in ours] == [t[2] for t in theirs] and ours[0][:2] == (0.0, seconds)
+    names = {v: k.strip("<|>") for k, v in GENERATION["lang_to_id"].items()}
+    assert heard.language == (language or names[detected]) and heard.duration == pytest.approx(seconds)
+    words = [f"w{t}" for s in ours for t in s[2] if t < GENERATION["eos_token_id"]]
+    assert heard.text == " ".join(words) and len(words) > 0
+
+
+def test_audio_from_files_bytes_and_samples(exported, tmp_path):
+    _, export, _ = exported
+    model = load(export)
+    samples = audio(1.2, seed=5)
+    soundfile.write(tmp_path / "clip.wav", samples, RATE, subtype="FLOAT")
+    want = model.transcribe(samples, language="fr", max_new_tokens=8)
+    assert model.transcribe(tmp_path / "clip.wav", language="fr", max_new_tokens=8) == want
+    assert model.transcribe((tmp_path / "clip.wav").read_bytes(), language="fr", max_new_tokens=8) == want
+    stereo = np.stack([samples, samples], axis=1)  # channels averaged
+    assert model.transcribe(stereo, language="fr", max_new_tokens=8).segments == want.segments
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, RATE, format="FLAC")
+    assert len(model.transcribe(buffer.getvalue(), language="fr", max_new_tokens=8).segments) == 1
+    with pytest.raises(EdgeattnError, match="not audio"):
+        model.transcribe(b"not sound at all", language="fr")
+    with pytest.raises(InputError, match="rate only with samples"):
+        model.transcribe(tmp_path / "clip.wav", rate=8000)
+    with pytest.raises(EdgeattnError, match="no language 'xx'"):
+        model.transcribe(samples, language="xx")
+    with pytest.raises(InputError, match="at most 64 tokens"):
+        model.transcribe(samples, language="fr", max_new_tokens=100)
+    with pytest.raises(InputError, match="features are"):
+        model.decode(np.zeros((1, 80, 201), np.float32), [[1]], 2)
+
+
+def test_the_plain_decoder_answers_as_the_cache_written_in_place(exported, tmp_path):
+    folder, export, _ = exported
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(tmp_path / "plain"),
+                                      "--graphs", "decoder", "--no-verify"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plain = load(tmp_path / "plain")
+    assert "decoder_fixed" not in plain.graphs
+    samples = audio(3.1, seed=9)
+    options = {"language": "de", "timestamps": True, "max_new_tokens": 12}
+    def heard(model):
+        return [(s.start, s.end, s.text, s.tokens) for s in model.transcribe(samples, **options).segments]
+
+    assert heard(plain) == heard(load(export))
+
+
+def test_run_prints_text_srt_vtt_and_json(exported, tmp_path):
+    _, export, _ = exported
+    soundfile.write(tmp_path / "talk.wav", audio(3.3, seed=11), RATE)
+    runner = CliRunner()
+
+    def run(*options: str) -> str:
+        result = runner.invoke(cli, ["run", str(export), str(tmp_path / "talk.wav"), "--language", "de",
+                                     "--max-new-tokens", "10", *options])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    transcript = Transcript(**{**json.loads(run("--format", "json")), "segments": []})
+    assert run().strip() == transcript.text
+    srt = run("--format", "srt").split("\n\n")
+    assert srt[0].startswith("1\n00:00:0") and " --> " in srt[0]
+    assert run("--format", "vtt").startswith("WEBVTT\n\n00:00:")
+    lines = run("--timestamps").splitlines()
+    assert all(line.startswith("[00:00:") for line in lines)
+    assert run("--timestamps", "--stream") == run("--timestamps")
+    missing = runner.invoke(cli, ["run", str(export), str(tmp_path / "none.wav")])
+    assert missing.exit_code != 0 and "none.wav is not a file" in missing.output
+
+
+def test_formats_and_refusals(exported):
+    folder, _, _ = exported
+    assert clock(3725.0456) == "01:02:05,046" and clock(0.5, ".") == "00:00:00.500"
+    heard = Transcript(" hello", [], "en", 1.0)
+    assert render(heard, "txt") == "hello\n" and json.loads(render(heard, "json"))["language"] == "en"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", "never", "--precision", "int8"])
+    assert result.exit_code != 0 and "accuracy gate" in result.output and not Path("never").exists()
