@@ -94,7 +94,8 @@ class GateResult:
                 cells.append(f"{name} {value:.5f}{shown}{mark}")
             lines.append(f"  {graph:<{width}} " + ", ".join(cells))
         if self.heldout_random:
-            lines.append(f"  note: {RANDOM_CAVEAT}")
+            caveat = (FAMILIES[self.family].random_caveat if self.family else "") or RANDOM_CAVEAT
+            lines.append(f"  note: {caveat}")
         return "\n".join(lines)
 
 
@@ -108,6 +109,8 @@ class HeldOut:
     source: str = ""
     #: drawn at random from the vocabulary (not the user's data: the gate's table says what that cannot show)
     random: bool = False
+    #: a speech model's held-out windows of log-mel features (W, n_mels, frames), one a row of ``ids``
+    features: np.ndarray | None = None
 
 
 #: what a gate measured on random token ids cannot show (its table says so)
@@ -328,8 +331,8 @@ def evaluate(
     float32 ``model`` on ``heldout``, each as its family role says, then generation where the graphs
     hold a decoding step and the rest of what generation runs through; ``reference`` reuses eager
     answers computed before."""
-    ref = reference or Reference(model, heldout, new_tokens)
     family = family_of(model.config)
+    ref = reference or resolve(family.gate_reference)(model, heldout, new_tokens)
     result = GateResult(precision, heldout=ref.heldout.source, heldout_random=ref.heldout.random, family=family.name)
     graphs = graphs or runtime.graphs
     for role in family.roles:
@@ -338,7 +341,7 @@ def evaluate(
     decoding = [g for g in graphs if g in family.graphs and family.graphs[g].decodes]
     source = [g for g in family.generation if not family.graphs[g].decodes]
     if decoding and set(source) <= set(graphs):  # through decoder_fixed where the runtime has it
-        result.metrics[GENERATION] = generation_metrics(ref, runtime)
+        result.metrics[GENERATION] = resolve(family.generation_gate)(ref, runtime)
     result.check()
     return result
 

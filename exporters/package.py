@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 
@@ -23,7 +24,7 @@ from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.compact import CheckpointIndex, share_weights
-from edgeattn.exporters.gate import GateResult, heldout_sources
+from edgeattn.exporters.gate import GateResult, HeldOut, heldout_sources
 from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
@@ -214,7 +215,13 @@ def build_precisions(
         return gates
     check_gated(model.config, wanted)
     options = options or PrecisionOptions()
-    if options.heldout_data:
+    if options.heldout_features is not None:
+        windows = len(options.heldout_features)
+        prompt = np.array(options.heldout_prompt or [model.config.bos_id], np.int64)
+        heldout = HeldOut(np.tile(prompt, (windows, 1)), np.ones((windows, len(prompt)), np.int64),
+                          f"{options.heldout_source or 'held-out audio'} ({windows} windows)",
+                          features=options.heldout_features)  # fmt: skip
+    elif options.heldout_data:
         heldout = heldout_sources(model.config, texts=options.heldout_data, source=options.heldout_source,
                                   max_tokens=options.gate_tokens)  # fmt: skip
         shared = {tuple(s) for s in options.heldout_data} & {tuple(s) for s in options.calibration_data or []}

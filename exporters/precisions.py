@@ -93,6 +93,11 @@ class PrecisionOptions:
     heldout_data: list[list[int]] | None = None
     #: where ``heldout_data`` came from, recorded in the manifest
     heldout_source: str = ""
+    #: a speech model's held-out audio as windows of log-mel features (W, n_mels, frames), in place of
+    #: ``heldout_data`` (``heldout_source`` says what they are)
+    heldout_features: np.ndarray | None = None
+    #: the prompt each held-out window is decoded after (a speech model's start, language, task)
+    heldout_prompt: list[int] | None = None
     #: the most held-out tokens the gate measures (rows spread evenly over a larger file; 0: all)
     gate_tokens: int = GATE_TOKENS
     allow_degraded: bool = False
@@ -213,7 +218,8 @@ class PrecisionBuilder:
         self.graphs = list(graphs)
         self.fp32_dir = fp32_dir
         self.options = options
-        self.reference = Reference(self.model, heldout, options.new_tokens, progress)
+        self.reference: Reference = resolve(self.family.gate_reference)(self.model, heldout, options.new_tokens,
+                                                                        progress)
         self.fusable, self.not_fused_because = can_fuse(self.model)
         self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
         self._sources: dict[tuple[str, FusedForm | str | None], Path] = {}
@@ -476,8 +482,8 @@ class PrecisionBuilder:
             held = self.reference.heldout
             rows = spread_rows(held.mask.sum(axis=1).tolist(), self.options.search_tokens)
             subset = HeldOut(held.ids[rows], held.mask[rows], f"{held.source}; search trials on {len(rows)} of it",
-                             held.random)  # fmt: skip
-            self._search_reference = Reference(self.model, subset, self.options.new_tokens)
+                             held.random, None if held.features is None else held.features[rows])  # fmt: skip
+            self._search_reference = resolve(self.family.gate_reference)(self.model, subset, self.options.new_tokens)
         return self._search_reference
 
     # ----------------------------------------------------------------- commit

@@ -201,6 +201,12 @@ class Family:
     #: ``"module:function"`` describing its bundle for the JavaScript module,
     #: ``(manifest, described, folder) -> bundle.json's fields``
     bundle_describer: str | None = None
+    #: ``"module:class"`` of the gate's eager float32 reference, ``(model, heldout, new_tokens,
+    #: progress)``, and ``"module:function"`` measuring whole generation, ``(reference, runtime)``
+    gate_reference: str = "edgeattn.exporters.gate:Reference"
+    generation_gate: str = "edgeattn.exporters.gate:generation_metrics"
+    #: what a gate on random held-out inputs cannot show, for its table (empty: the token families' words)
+    random_caveat: str = ""
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
     #: ``"module:function"`` checking a greedy decode of its export against eager PyTorch,

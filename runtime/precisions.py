@@ -93,6 +93,9 @@ class Thresholds:
     perplexity_kept: float = 1.0
     #: the share of held-out greedy continuations that do not fall into a loop float32's does not
     loop_free: float = 1.0
+    #: the share of float32's greedy tokens a speech model's decoding keeps (one minus their edit
+    #: distance over float32's tokens)
+    tokens_kept: float = 1.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

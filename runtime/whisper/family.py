@@ -9,18 +9,20 @@ from edgeattn.runtime.families import SEQ2SEQ_FAMILY, Family, GraphRole
 from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, audio_encoder_spec, audio_sizes, window_sizes
 
 _WHISPER = "edgeattn.whisper"
+_GATE = f"{_WHISPER}.gate"
 _cross_kv, _decoder, _decoder_fixed = (SEQ2SEQ_FAMILY.role(n) for n in ("cross_kv", "decoder", "decoder_fixed"))
 
 SPEECH_FAMILY = Family(
     "speech",
     "speech-to-text",
     (
-        # no calibration or gate yet: its reduced precisions wait for a gate on held-out audio
-        GraphRole(AUDIO_ENCODER, audio_encoder_spec, f"{_WHISPER}.graphs:AudioEncoderGraph", audio_sizes, None, None,
-                  lambda c: c.n_encoder_layers, once_per_source=True),
-        replace(_cross_kv, sizes=window_sizes, calibration=None, gate=None),
-        replace(_decoder, calibration=None, gate=None, needs=(AUDIO_ENCODER, "cross_kv")),
-        replace(_decoder_fixed, calibration=None, gate=None),
+        GraphRole(AUDIO_ENCODER, audio_encoder_spec, f"{_WHISPER}.graphs:AudioEncoderGraph", audio_sizes,
+                  f"{_GATE}:encoder_calibration", f"{_GATE}:encoder_metrics", lambda c: c.n_encoder_layers,
+                  once_per_source=True, int8_form="blockwise"),
+        replace(_cross_kv, sizes=window_sizes, calibration=f"{_GATE}:cross_kv_calibration", int8_form="blockwise"),
+        replace(_decoder, needs=(AUDIO_ENCODER, "cross_kv"), calibration=f"{_GATE}:decoder_calibration",
+                int8_form="blockwise"),
+        replace(_decoder_fixed, calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise"),
     ),
     tasks={"transcribe": (AUDIO_ENCODER, "cross_kv", "decoder")},
     model=f"{_WHISPER}.model:WhisperModel",
@@ -29,5 +31,12 @@ SPEECH_FAMILY = Family(
     summary="speech to text (Whisper): audio in, its transcript or English translation out, with times",
     greedy_check=f"{_WHISPER}.verify:greedy_check",
     benched=False,
+    limits={"int8": {"exact_match": 0.0, "tokens_kept": 0.85}, "int8-static": {"exact_match": 0.0, "tokens_kept": 0.85},
+            "int4": {"exact_match": 0.0, "teacher_top1": 0.85, "tokens_kept": 0.7},
+            "fp16": {"exact_match": 0.0, "tokens_kept": 0.95}},
+    gate_reference=f"{_GATE}:SpeechReference",
+    random_caveat="held-out windows of random log-mel features: they cannot show what speech does (a real "
+                  "model's transcripts of it); give --heldout with audio",
+    generation_gate=f"{_GATE}:generation_metrics",
 )  # fmt: skip
 

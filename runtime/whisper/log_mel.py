@@ -112,6 +112,19 @@ class LogMel:
         """The periodic Hann window."""
         return np.hanning(self.n_fft + 1)[:-1].astype(np.float32)
 
+    def windows(self, samples: np.ndarray) -> np.ndarray:
+        """Audio as consecutive windows of features (W, n_mels, window_frames): one padded window,
+        or long-form audio's features cut every ``chunk_seconds`` and the last padded with zeros."""
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        long_form = samples.size > self.window_samples
+        features = self(samples, pad_to_window=not long_form)
+        count = -(-features.shape[1] // self.window_frames)
+        out = np.zeros((count, self.n_mels, self.window_frames), dtype=np.float32)
+        for i in range(count):
+            piece = features[:, i * self.window_frames : (i + 1) * self.window_frames]
+            out[i, :, : piece.shape[1]] = piece
+        return out
+
     def __call__(self, samples: np.ndarray, pad_to_window: bool = True) -> np.ndarray:
         """Features of mono ``samples`` at the model's rate, shape (n_mels, frames) float32:
         one window (zero-padded or cut to ``chunk_seconds``) when ``pad_to_window``, as the

