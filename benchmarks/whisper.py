@@ -82,6 +82,8 @@ def worker(variant: str, model: str, audio: str, threads: int) -> dict[str, Any]
 
         precision = variant.split()[-1]
         ours = load(model, threads=threads, precision=precision)
+        for graph in ours.family.generation_path(ours.graphs):  # sessions are made on first use: made here (the
+            ours.sessions[graph]  # graphs transcription runs), as the others load their models
         loaded = time.perf_counter()
         texts = []
         for segment in ours.segments(samples, timestamps=True):

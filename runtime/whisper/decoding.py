@@ -208,9 +208,11 @@ def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
         if rules is not None:
             scores = rules(sequences, scores)
         chosen = scores.argmax(-1)
-        if logprobs is not None:
-            picked = _log_softmax(np.asarray(scores, np.float64))[np.arange(len(chosen)), chosen]
-            sums += np.where(done, 0.0, picked)
+        if logprobs is not None:  # the chosen token's log-probability: its score less the log-sum-exp
+            top = scores[np.arange(len(chosen)), chosen]
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = np.log(np.exp(scores - top[:, None]).sum(-1, dtype=np.float64))
+            sums += np.where(done, 0.0, -total)
         if end >= 0:
             chosen[done] = end
         for row, token in enumerate(chosen.tolist()):
