@@ -200,7 +200,7 @@ PRECISIONS: dict[str, Precision] = {
         Precision(
             "int8",
             "dynamic int8, per-channel weights, embeddings too (a language model: 8-bit weights in blocks of 32, "
-            "its key/value cache int8)",
+            "its key/value cache int8; a speech model: 8-bit weights in blocks of 32)",
             "`onnxruntime.quantization.quantize_dynamic`",
             "convert",
             _FUSED_CPU,
@@ -309,8 +309,8 @@ def thresholds_table() -> str:
     """The manual's (docs/precisions.md) table of the accuracy gate's thresholds."""
     rows = [
         "| precision | cosine mean | cosine worst | top-1 | teacher-forced top-1 | generation exact match "
-        "| perplexity kept | loop-free |",
-        "|---|---|---|---|---|---|---|---|",
+        "| perplexity kept | loop-free | tokens kept |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in PRECISIONS.values():
         if p.thresholds is not None:
