@@ -227,46 +227,15 @@ def _precision_options(
         if not any(get_precision(p).gated for p in precisions):
             gated = [p.name for p in PRECISIONS.values() if p.gated]
             raise click.UsageError(f"--heldout is for gated precisions ({', '.join(gated)}); add one to --precision")
-        if config.speech is not None:
-            from edgeattn.runtime.whisper.decoding import WhisperDecoding
+        from edgeattn.runtime.families import family_of, resolve
 
-            options.heldout_features = _heldout_audio(heldout_file, settings)
-            decoding = WhisperDecoding.from_dict((settings or {}).get("decoding") or {}, "the export's settings")
-            if not decoding.multilingual:  # an English-only model's transcription prompt (a multilingual one's
-                options.heldout_prompt = decoding.prompt(None)  # language would need detecting first)
+        reader = family_of(config).heldout_reader
+        if reader is not None:
+            options.heldout_features, options.heldout_prompt = resolve(reader)(heldout_file, settings)
         else:
             options.heldout_data = read_sequences_file(heldout_file, config, tokenizer, what="held-out")
         options.heldout_source = f"{'folder' if heldout_file.is_dir() else 'file'} {heldout_file.name}"
     return options
-
-
-#: what a speech model's --heldout reads as audio
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3")
-
-
-def _heldout_audio(path: Path, settings: dict[str, Any] | None) -> Any:
-    """A speech model's held-out audio (a folder of audio files, one audio file, or a text file
-    naming them a line each) as windows of its log-mel features."""
-    import numpy as np
-
-    from edgeattn.runtime.audio import read_audio
-    from edgeattn.runtime.whisper.log_mel import LogMel
-
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
-    elif path.suffix.lower() in AUDIO_SUFFIXES:
-        files = [path]
-    else:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise click.UsageError(f"--heldout {path}: a speech model's held-out audio is a folder of audio files, "
-                                   f"an audio file, or a text file naming them ({exc})") from exc  # fmt: skip
-        files = [(path.parent / line.strip()) for line in lines if line.strip()]
-    if not files:
-        raise click.UsageError(f"--heldout {path} holds no audio ({', '.join(AUDIO_SUFFIXES)})")
-    log_mel = LogMel.from_dict((settings or {}).get("features") or {}, "the export's feature settings")
-    return np.concatenate([log_mel.windows(read_audio(f, log_mel.rate)) for f in files])
 
 
 @cli.command()
@@ -459,9 +428,9 @@ def quantize(
     tokenizer = None if manifest.tokenizer is None else load_tokenizer(check_file(export_dir, manifest.tokenizer))
     settings = None
     if manifest.settings is not None:
-        import json
+        from edgeattn.runtime.jsonfile import read_json_object
 
-        settings = json.loads(check_file(export_dir, manifest.settings).read_text(encoding="utf-8"))
+        settings = read_json_object(check_file(export_dir, manifest.settings))
     options = _precision_options(
         _split(precisions) or [], calibration_method, calibration_file, allow_degraded, manifest.config, tokenizer,
         heldout_file, static_form, kv_cache, settings,

@@ -205,6 +205,9 @@ class Family:
     #: progress)``, and ``"module:function"`` measuring whole generation, ``(reference, runtime)``
     gate_reference: str = "edgeattn.exporters.gate:Reference"
     generation_gate: str = "edgeattn.exporters.gate:generation_metrics"
+    #: ``"module:function"`` reading ``--heldout`` for a family whose held-out inputs are not text,
+    #: ``(path, settings) -> (features, prompt)`` (None: token sequences, one a line)
+    heldout_reader: str | None = None
     #: what a gate on random held-out inputs cannot show, for its table (empty: the token families' words)
     random_caveat: str = ""
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)

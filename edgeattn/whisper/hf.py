@@ -176,12 +176,10 @@ def import_folder(folder: Path, hf: dict[str, Any], importer: Any, task: str) ->
         raise ConfigError(f"{ARCHITECTURE} has no {task} head; its task is {TASK}")
     settings = settings_of(folder)
     model = import_whisper(folder)
-    features = settings["features"]["feature_size"]
-    if features != model.config.speech.n_mels or LogMel.from_dict(settings["features"]).window_frames != \
-            model.config.speech.frames:  # fmt: skip
-        raise ConfigError(f"{folder}: {PREPROCESSOR_CONFIG} makes windows of {features} mel bins and "
-                          f"{LogMel.from_dict(settings['features']).window_frames} frames; the model takes "
-                          f"{model.config.speech.n_mels} and {model.config.speech.frames}")  # fmt: skip
+    log_mel, speech = LogMel.from_dict(settings["features"]), model.config.speech
+    if (log_mel.n_mels, log_mel.window_frames) != (speech.n_mels, speech.frames):
+        raise ConfigError(f"{folder}: {PREPROCESSOR_CONFIG} makes windows of {log_mel.n_mels} mel bins and "
+                          f"{log_mel.window_frames} frames; the model takes {speech.n_mels} and {speech.frames}")
     return HFModel(model, ARCHITECTURE, TASK, None, None, folder, _tokenizer(folder), settings=settings)
 
 

@@ -35,6 +35,7 @@ SPEECH_FAMILY = Family(
             "int4": {"exact_match": 0.0, "teacher_top1": 0.85, "tokens_kept": 0.7},
             "fp16": {"exact_match": 0.0, "tokens_kept": 0.95}},
     gate_reference=f"{_GATE}:SpeechReference",
+    heldout_reader=f"{_WHISPER}.heldout:read_heldout",
     random_caveat="held-out windows of random log-mel features: they cannot show what speech does (a real "
                   "model's transcripts of it); give --heldout with audio",
     generation_gate=f"{_GATE}:generation_metrics",

@@ -8,16 +8,17 @@ algorithm). Torch-free: numpy, onnxruntime, and ``soundfile`` / ``soxr`` to read
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
 from edgeattn.runtime.model import ExportedModel, InputError
 from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper
@@ -97,30 +98,21 @@ def split_segments(tokens: list[int], timestamp_begin: int, offset: float, frame
 class WhisperRuntime(ExportedModel):
     """A speech export (Whisper): :meth:`transcribe` audio files or samples."""
 
-    def _attached(self) -> None:
-        self._settings: dict[str, Any] | None = None
-
     # --------------------------------------------------------------- settings
-    @property
+    @cached_property
     def settings(self) -> dict[str, Any]:
         """The export's features and decoding settings (``settings.json``)."""
-        if self._settings is None:
-            entry = None if self.manifest is None else self.manifest.settings
-            if entry is None or self.export_dir is None:
-                raise EdgeattnError("this speech model has no settings.json (its features and decoding settings); "
-                                    "re-export it with edgeattn export --from-hf")  # fmt: skip
-            path = check_file(self.export_dir, entry)
-            try:
-                self._settings = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise EdgeattnError(f"{path} is not readable JSON: {exc}") from exc
-        return self._settings
+        entry = None if self.manifest is None else self.manifest.settings
+        if entry is None or self.export_dir is None:
+            raise EdgeattnError("this speech model has no settings.json (its features and decoding settings); "
+                                "re-export it with edgeattn export --from-hf")  # fmt: skip
+        return read_json_object(check_file(self.export_dir, entry), EdgeattnError)
 
-    @property
+    @cached_property
     def log_mel(self) -> LogMel:
         return LogMel.from_dict(self.settings.get("features") or {}, "settings.json's features")
 
-    @property
+    @cached_property
     def decoding(self) -> WhisperDecoding:
         return WhisperDecoding.from_dict(self.settings.get("decoding") or {}, "settings.json's decoding")
 

@@ -1,0 +1,46 @@
+"""A speech model's ``--heldout``: audio files as the gate's windows of log-mel features, and the
+prompt they are decoded after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeattn.errors import ConfigError
+from edgeattn.runtime.audio import read_audio
+from edgeattn.runtime.whisper.decoding import WhisperDecoding
+from edgeattn.runtime.whisper.log_mel import LogMel
+
+#: what a speech model's --heldout reads as audio
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3")
+
+
+def audio_files(path: Path) -> list[Path]:
+    """The files of a folder of audio files, one audio file, or a text file naming them a line each."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
+    elif path.suffix.lower() in AUDIO_SUFFIXES:
+        files = [path]
+    else:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--heldout {path}: a speech model's held-out audio is a folder of audio files, "
+                              f"an audio file, or a text file naming them ({exc})") from exc  # fmt: skip
+        files = [path.parent / line.strip() for line in lines if line.strip()]
+    if not files:
+        raise ConfigError(f"--heldout {path} holds no audio ({', '.join(AUDIO_SUFFIXES)})")
+    return files
+
+
+def read_heldout(path: Path, settings: dict[str, Any] | None) -> tuple[np.ndarray, list[int] | None]:
+    """The held-out audio at ``path`` as windows of the export's log-mel features (W, n_mels, frames),
+    and the prompt they are decoded after: an English-only model's transcription prompt (None for a
+    multilingual one, whose language would need detecting first: the start token alone)."""
+    settings = settings or {}
+    log_mel = LogMel.from_dict(settings.get("features") or {}, "the export's feature settings")
+    features = np.concatenate([log_mel.windows(read_audio(f, log_mel.rate)) for f in audio_files(path)])
+    decoding = WhisperDecoding.from_dict(settings.get("decoding") or {}, "the export's decoding settings")
+    return features, None if decoding.multilingual else decoding.prompt(None)
