@@ -594,6 +594,15 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--timestamps", is_flag=True, help="Speech: segments with their times.")
 @click.option("--format", "speech_format", type=click.Choice(["txt", "srt", "vtt", "json"]), default="txt",
               show_default=True, help="Speech: how the transcript is printed.")
+@click.option("--fallback", default=None, help="Speech: temperatures tried in turn (e.g. 0,0.2,0.4,0.6,0.8,1) while "
+              "a window fails --compression-ratio-threshold or --logprob-threshold.")
+@click.option("--compression-ratio-threshold", type=float, default=None,
+              help="Speech: a window whose tokens compress more than this repeats itself (1.35 is usual).")
+@click.option("--logprob-threshold", type=float, default=None,
+              help="Speech: a window whose mean token log-probability is under this failed (-1 is usual).")
+@click.option("--no-speech-threshold", type=float, default=None,
+              help="Speech: a window whose no-speech probability is over this, and that fails "
+              "--logprob-threshold, is silence and skipped (0.6 is usual).")
 def run(
     export_dir: Path,
     text: str | None,
@@ -621,6 +630,10 @@ def run(
     speech_task: str,
     timestamps: bool,
     speech_format: str,
+    fallback: str | None,
+    compression_ratio_threshold: float | None,
+    logprob_threshold: float | None,
+    no_speech_threshold: float | None,
 ) -> None:
     """Run an export on TEXT (or --file) and print its answers. Needs no torch.
 
@@ -654,7 +667,9 @@ def run(
         _run_encoder(model, texts, as_json, truncate, aggregation)
         return
     if hasattr(model, "transcribe"):
-        _run_speech(model, texts, language, speech_task, timestamps, speech_format, stream, max_new_tokens)
+        search = _speech_search(strategy, beams, temperature, top_k, seed, fallback, compression_ratio_threshold,
+                                logprob_threshold, no_speech_threshold)  # fmt: skip
+        _run_speech(model, texts, language, speech_task, timestamps, speech_format, stream, max_new_tokens, search)
         return
     options: dict[str, Any] = {"strategy": strategy}
     if strategy == "beam":
@@ -897,12 +912,38 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _speech_search(strategy: str, beams: int, temperature: float, top_k: int, seed: int | None,
+                   fallback: str | None, compression_ratio_threshold: float | None, logprob_threshold: float | None,
+                   no_speech_threshold: float | None) -> dict[str, Any]:  # fmt: skip
+    """A speech model's search options from ``run``'s flags: greedy (or --fallback's temperatures),
+    beams, or sampling at --temperature."""
+    search: dict[str, Any] = {"seed": seed, "compression_ratio_threshold": compression_ratio_threshold,
+                              "logprob_threshold": logprob_threshold,
+                              "no_speech_threshold": no_speech_threshold}  # fmt: skip
+    if top_k:
+        search["top_k"] = top_k
+    if strategy == "beam":
+        search["num_beams"] = beams
+    if strategy == "sample":
+        if fallback is not None:
+            raise click.UsageError("--fallback starts greedy (or with beams) and samples above 0, "
+                                   "not with --strategy sample")  # fmt: skip
+        search["temperature"] = temperature
+    elif fallback is not None:
+        try:
+            search["temperature"] = tuple(float(t) for t in fallback.split(","))
+        except ValueError:
+            raise click.BadParameter(f"{fallback!r} is not temperatures separated by commas",
+                                     param_hint="--fallback") from None  # fmt: skip
+    return search
+
+
 def _run_speech(model: Any, paths: list[str], language: str | None, task: str, timestamps: bool, form: str,
-                stream: bool, max_new_tokens: int | None) -> None:  # fmt: skip
+                stream: bool, max_new_tokens: int | None, search: dict[str, Any]) -> None:  # fmt: skip
     """Transcribe each audio file: the whole transcript, or (``stream``) each segment as it is decoded."""
     from edgeattn.runtime.whisper.formats import render, render_segments
 
-    options = {"language": language, "task": task, "max_new_tokens": max_new_tokens}
+    options = {"language": language, "task": task, "max_new_tokens": max_new_tokens, **search}
     for path in paths:
         if stream:
             segments = model.segments(path, timestamps=timestamps, **options)

@@ -264,16 +264,24 @@ class BeamState:
         return candidates[0][:common]
 
 
+#: Edits one step's log-probabilities (rows, vocab) given each row's whole sequence so far
+#: (rows, length: its prompt, then what it generated), as a logits processor does.
+Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
 def beam_steps(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
-) -> Generator[BeamState, None, GenerationOutput]:
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig,
+    prompts: np.ndarray | None = None, processor: Processor | None = None,
+) -> Generator[BeamState, None, GenerationOutput]:  # fmt: skip
     """Beam search of width ``num_beams`` per row with a length penalty, yielding its state after
     every step and returning the output (what :func:`beam_search` runs to the end).
 
-    Each step ranks, per row, the 2·width best continuations of all live beams; one ending in EOS
-    (among the top width) becomes a finished hypothesis scored logp / length**penalty (length
-    counts the generated tokens, EOS included); the best non-EOS ones stay live. A row stops
-    once it holds ``width`` finished hypotheses and no live beam can beat the worst of them.
+    Each row starts from ``bos_id``, or from its row of ``prompts`` (B, T), fed in one step. Each
+    step takes the log-probabilities of the next token, lets ``processor`` edit them, and ranks,
+    per row, the 2·width best continuations of all live beams; one ending in EOS (among the top
+    width) becomes a finished hypothesis scored logp / length**penalty (length counts the
+    generated tokens, EOS included); the best non-EOS ones stay live. A row stops once it holds
+    ``width`` finished hypotheses and no live beam can beat the worst of them.
     """
     n, lp = cfg.num_beams, cfg.length_penalty
     stepper = _factory(make, cfg)(n)
@@ -283,9 +291,16 @@ def beam_steps(
     seqs = np.zeros((batch, n, 0), dtype=np.int64)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     done = np.zeros(batch, dtype=bool)
-    tokens = np.full(batch * n, bos_id, dtype=np.int64)
+    if prompts is None:
+        tokens = np.full(batch * n, bos_id, dtype=np.int64)
+        begun = np.full((batch * n, 1), bos_id, dtype=np.int64)
+    else:
+        tokens = begun = np.repeat(np.asarray(prompts, dtype=np.int64), n, axis=0)
     for t in range(cfg.max_new_tokens):
-        logp = log_softmax(stepper.step(tokens)).reshape(batch, n, -1)
+        logp = log_softmax(stepper.step(tokens))
+        if processor is not None:
+            logp = processor(np.concatenate([begun, seqs.reshape(batch * n, -1)], axis=1), logp)
+        logp = logp.reshape(batch, n, -1)
         vocab = logp.shape[-1]
         flat = (beam_scores[:, :, None] + logp).reshape(batch, n * vocab)
         order = top_indices(flat, 2 * n)
@@ -335,10 +350,11 @@ def beam_steps(
 
 
 def beam_search(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
-) -> GenerationOutput:
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig,
+    prompts: np.ndarray | None = None, processor: Processor | None = None,
+) -> GenerationOutput:  # fmt: skip
     """Beam search to the end; see :func:`beam_steps`."""
-    steps = beam_steps(make, batch, bos_id, eos_id, pad_id, cfg)
+    steps = beam_steps(make, batch, bos_id, eos_id, pad_id, cfg, prompts, processor)
     while True:
         try:
             next(steps)

@@ -216,15 +216,17 @@ class OnnxStepper:
     ``source_state`` of the source: token ids and their mask, or a speech model's features), the
     self-attention cache carried from step to step. With IO binding the cache and cross
     keys/values stay on the session's device; only the new tokens and logits cross to the host.
-    A step takes one token a row (B,) or several (B, T), and returns the last one's logits."""
+    A step takes one token a row (B,) or several (B, T), and returns the last one's logits.
+    ``source``, when given, is that state already computed (several decodings of one source)."""
 
     def __init__(
-        self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, graph: str = DECODER
-    ) -> None:
+        self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, graph: str = DECODER,
+        source: tuple[dict[str, np.ndarray], np.ndarray] | None = None,
+    ) -> None:  # fmt: skip
         self.model = model
         self.session = model.sessions[graph]
         self.spec = model.specs[graph]
-        cross, mask = model.source_state(ids, mask)
+        cross, mask = model.source_state(ids, mask) if source is None else source
         if repeat > 1:
             mask = np.repeat(mask, repeat, axis=0)
             cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
@@ -285,12 +287,13 @@ class SlotStepper(OnnxStepper):
     export checks that nothing else reads the cache input). Always through IO binding; on the CPU
     the buffers are numpy arrays the session writes into."""
 
-    def __init__(self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, capacity: int) -> None:
+    def __init__(self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, capacity: int,
+                 source: tuple[dict[str, np.ndarray], np.ndarray] | None = None) -> None:  # fmt: skip
         if capacity < 1:
             raise InputError(f"a cache needs at least one slot, got capacity={capacity}")
         self.capacity = capacity
         self.on_host = model.device == "cpu"
-        super().__init__(model, ids, mask, repeat, graph=DECODER_FIXED)
+        super().__init__(model, ids, mask, repeat, graph=DECODER_FIXED, source=source)
         self.position = 0
         self.binding = self.session.io_binding()
         for name, value in {**self.fixed, **self.slots}.items():

@@ -363,8 +363,8 @@ class OpenAIApi:
             temperature = float(form.get("temperature", 0) or 0)
         except ValueError:
             raise ApiError(400, "temperature is a number", "temperature") from None
-        if temperature != 0:
-            raise ApiError(400, "temperature: decoding is greedy (0) here; sampling is not served yet", "temperature")
+        if not 0 <= temperature <= 1:
+            raise ApiError(400, "temperature is from 0 (greedy) to 1 (sampled)", "temperature")
         granularities = form.get("timestamp_granularities[]", []) + form.get("timestamp_granularities", [])
         if "word" in granularities:
             raise ApiError(400, "word timestamps are not served yet (segment timestamps are)",
@@ -373,7 +373,8 @@ class OpenAIApi:
         stamps = answer in ("srt", "vtt", "verbose_json")
 
         def hear() -> Any:
-            return served.model.transcribe(form["file"], language=language, task=task, timestamps=stamps)
+            return served.model.transcribe(form["file"], language=language, task=task, timestamps=stamps,
+                                           temperature=temperature)  # fmt: skip
 
         heard = await asyncio.get_running_loop().run_in_executor(None, hear)
         if answer == "json":
@@ -382,8 +383,8 @@ class OpenAIApi:
             return web.Response(text=heard.text.strip() + "\n", content_type="text/plain")
         if answer == "verbose_json":
             segments = [{"id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
-                         "tokens": list(s.tokens), "temperature": 0.0, "avg_logprob": s.avg_logprob,
-                         "compression_ratio": s.compression_ratio}
+                         "tokens": list(s.tokens), "temperature": s.temperature, "avg_logprob": s.avg_logprob,
+                         "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob}
                         for i, s in enumerate(heard.segments)]  # fmt: skip
             return web.json_response({"task": "translate" if task == "translate" else "transcribe",
                                       "language": heard.language or "en", "duration": heard.duration,

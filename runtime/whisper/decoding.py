@@ -7,7 +7,8 @@ outweigh every text token).
 
 The settings come from the folder's ``generation_config.json``; the rules act on one step's
 scores (B, vocab) given each row's tokens so far, so any decoder (PyTorch, ONNX Runtime) can be
-driven by :func:`greedy`.
+driven by :func:`search` (greedy or sampled) or the shared beam search. How a window is searched
+(beams, the temperatures of the fallback and its thresholds) is a :class:`SearchOptions`.
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ class WhisperDecoding:
         )  # fmt: skip
 
     @property
+    def no_speech(self) -> int:
+        """The token whose probability after the start token says the window holds no speech."""
+        if self.no_timestamps is None:
+            raise WhisperSettingsError("this model's generation config has no no-timestamps token, so no "
+                                       "no-speech token: it cannot take a no-speech threshold")  # fmt: skip
+        return self.no_timestamps - 1
+
+    @property
     def timestamp_begin(self) -> int | None:
         return None if self.no_timestamps is None else self.no_timestamps + 1
 
@@ -143,7 +152,7 @@ class WhisperRules:
         """``scores`` (B, vocab) with what the rules forbid at -inf, for rows whose whole
         sequences (prompt included) are ``tokens``."""
         d = self.decoding
-        scores = np.array(scores, dtype=np.float32)
+        scores = np.array(scores, dtype=np.result_type(scores, np.float32))
         if len(tokens[0]) == self.begin and d.begin_suppress:
             scores[:, list(d.begin_suppress)] = -np.inf
         if d.suppress:
@@ -185,19 +194,94 @@ def _log_softmax(scores: np.ndarray) -> np.ndarray:
         return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
+@dataclass(frozen=True)
+class SearchOptions:
+    """How each window is searched, as transformers' Whisper ``generate`` takes it: greedy, or
+    ``num_beams`` beams (length penalty ``length_penalty``); ``temperature`` one value (0: greedy
+    or beams; above: sampled from the ``top_k`` likeliest tokens) or several, tried in turn while
+    a window's tokens compress more than ``compression_ratio_threshold`` (zlib over the tokens'
+    bytes, as transformers; about 1.35 marks repetition) or average a log-probability under
+    ``logprob_threshold``; a window whose no-speech probability is over ``no_speech_threshold``
+    and whose log-probability is under ``logprob_threshold`` is silence, and skipped. ``seed``
+    makes sampling repeatable."""
+
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    temperature: float | tuple[float, ...] = 0.0
+    compression_ratio_threshold: float | None = None
+    logprob_threshold: float | None = None
+    no_speech_threshold: float | None = None
+    top_k: int = 50
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        from edgeattn.runtime.model import MAX_BEAMS
+
+        temps = self.temperatures
+        if not temps or not all(isinstance(t, int | float) and not isinstance(t, bool) and np.isfinite(t) and t >= 0
+                                for t in temps):  # fmt: skip
+            raise WhisperSettingsError(f"temperature is a number or a list of them, 0 or more, "
+                                       f"not {self.temperature!r}")  # fmt: skip
+        beams = self.num_beams
+        if isinstance(beams, bool) or not isinstance(beams, int) or not 1 <= beams <= MAX_BEAMS:
+            raise WhisperSettingsError(f"num_beams is a whole number from 1 to {MAX_BEAMS}, not {self.num_beams!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise WhisperSettingsError(f"top_k is 0 (every token) or more, not {self.top_k!r}")
+        for name in ("length_penalty", "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not np.isfinite(value)):  # fmt: skip
+                raise WhisperSettingsError(f"{name} is a number, not {value!r}")
+        if self.no_speech_threshold is not None and self.logprob_threshold is None:
+            raise WhisperSettingsError("no_speech_threshold needs logprob_threshold: a window is silence when its "
+                                       "no-speech probability is high and its log-probability low")  # fmt: skip
+
+    @property
+    def temperatures(self) -> tuple[float, ...]:
+        t = self.temperature
+        return tuple(t) if isinstance(t, list | tuple) else (t,)
+
+    def failed(self, tokens: Sequence[int], logprob: float, vocab: int) -> bool:
+        """Whether a window's tokens (its end token included) call for the next temperature."""
+        if self.compression_ratio_threshold is not None:
+            if token_compression_ratio(tokens, vocab) > self.compression_ratio_threshold:
+                return True
+        return self.logprob_threshold is not None and logprob < self.logprob_threshold
+
+    def silent(self, logprob: float, no_speech: float | None) -> bool:
+        """Whether a window is silence, to be skipped."""
+        return (self.no_speech_threshold is not None and no_speech is not None and self.logprob_threshold is not None
+                and logprob < self.logprob_threshold and no_speech > self.no_speech_threshold)  # fmt: skip
+
+
+def token_compression_ratio(tokens: Sequence[int], vocab: int) -> float:
+    """How much zlib shrinks the tokens written as little-endian integers of the vocabulary's
+    width (transformers' measure of a repeating window)."""
+    import zlib
+
+    width = int(np.log2(vocab) / 8) + 1
+    data = b"".join(int(t).to_bytes(width, "little") for t in tokens)
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def search(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
            rules: Callable[[Sequence[Sequence[int]], np.ndarray], np.ndarray] | None, max_new_tokens: int,
-           eos: int | None = None, logprobs: list[float] | None = None) -> list[list[int]]:  # fmt: skip
-    """Greedy decoding of rows with prompts of equal length: ``step(tokens (B, T))`` feeds the
-    tokens new since its last call and returns the last position's scores (B, vocab), which
-    ``rules`` (a :class:`WhisperRules`, or None) edit. Each row ends at ``eos`` (kept; default the
-    rules' end token, None or -1: no end) or after ``max_new_tokens``; rows that ended are fed the
-    end token and ignored. ``logprobs`` (a list) receives each row's summed log-probability of its
-    tokens under the edited scores (the end token's included)."""
+           eos: int | None = None, logprobs: list[float] | None = None, temperature: float = 0.0, top_k: int = 0,
+           rng: np.random.Generator | None = None) -> list[list[int]]:  # fmt: skip
+    """Greedy decoding (``temperature`` 0) or sampling of rows with prompts of equal length:
+    ``step(tokens (B, T))`` feeds the tokens new since its last call and returns the last
+    position's scores (B, vocab), which ``rules`` (a :class:`WhisperRules`, or None) edit; a
+    sampled token is drawn at ``temperature`` from the ``top_k`` likeliest (0: all) by ``rng``.
+    Each row ends at ``eos`` (kept; default the rules' end token, None or -1: no end) or after
+    ``max_new_tokens``; rows that ended are fed the end token and ignored. ``logprobs`` (a list)
+    receives each row's summed log-probability of its tokens under the edited scores (at
+    temperature 1, the end token's included), as transformers measures a window."""
     if len({len(p) for p in prompts}) != 1:
         raise WhisperSettingsError("rows decoded together need prompts of one length")
     if eos is None and isinstance(rules, WhisperRules):
         eos = rules.decoding.eos
+    if temperature > 0 and rng is None:
+        rng = np.random.default_rng()
     end = -1 if eos is None else eos
     sequences = [list(p) for p in prompts]
     done = np.zeros(len(prompts), dtype=bool)
@@ -207,12 +291,17 @@ def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
         scores = step(feed)
         if rules is not None:
             scores = rules(sequences, scores)
-        chosen = scores.argmax(-1)
+        if temperature > 0:
+            assert rng is not None
+            scores = _top_k(scores, top_k)
+            chosen = _draw(scores / temperature, rng)
+        else:
+            chosen = scores.argmax(-1)
         if logprobs is not None:  # the chosen token's log-probability: its score less the log-sum-exp
-            top = scores[np.arange(len(chosen)), chosen]
+            top = scores.max(-1)
             with np.errstate(over="ignore", invalid="ignore"):
-                total = np.log(np.exp(scores - top[:, None]).sum(-1, dtype=np.float64))
-            sums += np.where(done, 0.0, -total)
+                total = np.log(np.exp(scores - top[:, None]).sum(-1, dtype=np.float64)) + top
+            sums += np.where(done, 0.0, scores[np.arange(len(chosen)), chosen] - total)
         if end >= 0:
             chosen[done] = end
         for row, token in enumerate(chosen.tolist()):
@@ -225,3 +314,26 @@ def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
     if logprobs is not None:
         logprobs.extend(sums.tolist())
     return sequences
+
+
+def greedy(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
+           rules: Callable[[Sequence[Sequence[int]], np.ndarray], np.ndarray] | None, max_new_tokens: int,
+           eos: int | None = None, logprobs: list[float] | None = None) -> list[list[int]]:  # fmt: skip
+    """:func:`search` at temperature 0: every step's likeliest token."""
+    return search(step, prompts, rules, max_new_tokens, eos, logprobs)
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Scores below each row's ``k``-th largest at -inf (transformers' top-k warper)."""
+    if not k or k >= scores.shape[-1]:
+        return scores
+    kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
+    return np.where(scores < kth, -np.inf, scores)
+
+
+def _draw(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token a row drawn from the softmax of ``scores``."""
+    shifted = np.exp(scores - scores.max(-1, keepdims=True), dtype=np.float64)
+    cdf = np.cumsum(shifted, axis=-1)
+    u = rng.random(len(scores))[:, None] * cdf[:, -1:]
+    return np.minimum((cdf < u).sum(-1), scores.shape[-1] - 1).astype(np.int64)

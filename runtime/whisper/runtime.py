@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
 from edgeattn.runtime.model import ExportedModel, InputError
 from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper
-from edgeattn.runtime.whisper.decoding import WhisperDecoding, WhisperRules, greedy
+from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search
 from edgeattn.runtime.whisper.log_mel import LogMel
 from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, FEATURES
 
@@ -42,10 +43,29 @@ class Segment:
     tokens: tuple[int, ...]
     #: the feature frame its window starts at
     seek: int = 0
-    #: its window's mean log-probability a token (the end token counted) and its text's gzip
-    #: compression ratio (Whisper's signs of a failed window: low, and high from repetition)
+    #: its window's mean log-probability a token (the end token counted; beams: the best beam's
+    #: length-normalised score) and its text's gzip compression ratio (Whisper's signs of a
+    #: failed window: low, and high from repetition)
     avg_logprob: float | None = None
     compression_ratio: float | None = None
+    #: the temperature its window was decoded at (above the first: the fallback), and the
+    #: probability of no speech after the start token (measured with a no-speech threshold)
+    temperature: float = 0.0
+    no_speech_prob: float | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window's search: its generated tokens (no prompt, no end token), their language (None
+    for an English-only model), mean log-probability, the temperature kept, the no-speech
+    probability, and whether it was found silent (skipped)."""
+
+    tokens: list[int]
+    language: str | None
+    logprob: float
+    temperature: float = 0.0
+    no_speech: float | None = None
+    silent: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,12 +145,16 @@ class WhisperRuntime(ExportedModel):
         positions = np.ones(hidden.shape[:2], dtype=np.int64)
         return self.run(CROSS_KV, {"encoder_hidden_states": hidden}), positions
 
-    def stepper(self, features: np.ndarray, capacity: int) -> OnnxStepper:
-        """A decoding state over windows' features: the encoder and cross projections run here,
-        once; a cache of ``capacity`` slots written in place where the export has that decoder."""
+    def stepper(self, features: np.ndarray, capacity: int, repeat: int = 1) -> OnnxStepper:
+        """A decoding state over windows' features, each row ``repeat`` times (beams): the encoder
+        and cross projections run here, once; a cache of ``capacity`` slots written in place where
+        the export has that decoder."""
+        return self._stepper(self.source_state(features), repeat, capacity)
+
+    def _stepper(self, source: tuple[dict[str, np.ndarray], np.ndarray], repeat: int, capacity: int) -> OnnxStepper:
         if DECODER_FIXED in self.sessions:
-            return SlotStepper(self, features, None, 1, capacity)
-        return OnnxStepper(self, features, None, 1)
+            return SlotStepper(self, None, None, repeat, capacity, source=source)  # type: ignore[arg-type]
+        return OnnxStepper(self, None, None, repeat, source=source)  # type: ignore[arg-type]
 
     def decode(self, features: Any, prompts: list[list[int]], max_new_tokens: int, rules: Any = None,
                eos: int | None = None) -> list[list[int]]:  # fmt: skip
@@ -173,22 +197,28 @@ class WhisperRuntime(ExportedModel):
 
     def segments(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                  timestamps: bool = True, max_new_tokens: int | None = None, rate: int | None = None,
-                 ) -> Iterator[Segment]:  # fmt: skip
+                 **search: Any) -> Iterator[Segment]:  # fmt: skip
         """The transcript's segments as each window is decoded (see :meth:`transcribe`)."""
-        yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {})
+        options = search_options(search)
+        yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {}, options)
 
     def transcribe(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                    timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
-                   ) -> Transcript:  # fmt: skip
-        """The transcript of ``audio`` (a path, a file's bytes, or mono samples at ``rate``):
-        greedy decoding by the export's decoding settings, in ``language`` (a code; detected from
-        the first window when None on a multilingual model), ``task`` ``transcribe`` or
-        ``translate`` (into English). One window (``timestamps``: segments split by the model's
-        timestamp tokens; else one segment), or longer audio window after window (timestamps
-        always decoded, each window starting where the last one's final complete segment ends)."""
+                   **search: Any) -> Transcript:  # fmt: skip
+        """The transcript of ``audio`` (a path, a file's bytes, or mono samples at ``rate``) by
+        the export's decoding settings, in ``language`` (a code; detected from the first window
+        when None on a multilingual model), ``task`` ``transcribe`` or ``translate`` (into
+        English). One window (``timestamps``: segments split by the model's timestamp tokens;
+        else one segment), or longer audio window after window (timestamps always decoded, each
+        window starting where the last one's final complete segment ends). Greedy unless
+        ``search`` says otherwise: ``num_beams``, ``length_penalty``, ``temperature`` (one, or
+        several for the fallback), ``compression_ratio_threshold``, ``logprob_threshold``,
+        ``no_speech_threshold``, ``top_k``, ``seed``, as
+        :class:`~edgeattn.runtime.whisper.decoding.SearchOptions` and transformers take them."""
+        options = search_options(search)
         samples = self.samples(audio, rate)
         found: dict[str, Any] = {}
-        segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found))
+        segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found, options))
         eos = self.decoding.eos
         text = self._text([t for s in segments for t in s.tokens if t < eos])
         return Transcript(text, segments, found.get("language"), samples.size / self.log_mel.rate)
@@ -199,7 +229,8 @@ class WhisperRuntime(ExportedModel):
         return str(self.tokenizer.decode(tokens))
 
     def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
-                 max_new_tokens: int | None, found: dict[str, Any]) -> Iterator[Segment]:  # fmt: skip
+                 max_new_tokens: int | None, found: dict[str, Any], options: SearchOptions,
+                 ) -> Iterator[Segment]:  # fmt: skip
         mel, decoding = self.log_mel, self.decoding
         long_form = samples.size > mel.window_samples
         features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
@@ -209,15 +240,21 @@ class WhisperRuntime(ExportedModel):
         frame_seconds = mel.hop / mel.rate
         duration = samples.size / mel.rate
         total = features.shape[1] if long_form else window  # a short clip is one padded window
+        rng = np.random.default_rng(options.seed)
         seek = 0
         while seek < total:
             frames = min(window, total - seek)
             piece = np.zeros((1, features.shape[0], window), dtype=np.float32)
             piece[0, :, :frames] = features[:, seek : seek + frames]
-            tokens, spoken, logprob = self._window(piece, language, task, stamped, max_new_tokens)
+            found_here = self._window(piece, language, task, stamped, max_new_tokens, options, rng)
+            found.setdefault("language", found_here.language)
+            language = language or found_here.language  # detected once, from the first window (as transformers)
+            if found_here.silent:  # no speech: on to the next window
+                seek += frames
+                continue
+            tokens = found_here.tokens
             words = self._text([t for t in tokens if t < decoding.eos]).encode()
             ratio = len(words) / len(zlib.compress(words)) if words else 0.0
-            found.setdefault("language", spoken)
             offset = seek * frame_seconds
             if stamped:
                 assert begin is not None
@@ -227,38 +264,69 @@ class WhisperRuntime(ExportedModel):
             for start, end, part in pieces:
                 text = self._text([t for t in part if t < decoding.eos])
                 yield Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
-                              round(logprob, 6), round(ratio, 6))  # fmt: skip
+                              round(found_here.logprob, 6), round(ratio, 6), found_here.temperature,
+                              found_here.no_speech)  # fmt: skip
             seek += max(advance, 1)
 
     def _window(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
-                new: int | None) -> tuple[list[int], str | None, float]:  # fmt: skip
-        """One window's generated tokens (no prompt, no end token), its language and mean
-        log-probability a token."""
+                new: int | None, options: SearchOptions, rng: np.random.Generator) -> Window:  # fmt: skip
+        """One window searched as ``options`` say: each temperature in turn until one's tokens
+        pass the thresholds (or the last)."""
         decoding = self.decoding
         detect = decoding.multilingual and language is None
         prompt = decoding.prompt(0 if detect else language, task, timestamps)
         limit = min(self.config.max_len, decoding.max_length) - len(prompt)
         new = limit if new is None else new
         self._check_length(len(prompt), new)
-        state = self.stepper(self._features(features), len(prompt) + new)
-        step = state.step
-        if detect:
-            token = int(decoding.detect_language(state.step(np.array([[decoding.start]])))[0])
-            prompt[1] = token
-            fed = [False]
-
-            def step(feed: np.ndarray) -> np.ndarray:  # the start token is in the cache already
-                if not fed[0]:
-                    fed[0] = True
-                    feed = feed[:, 1:]
-                return state.step(feed)
-
+        source = self.source_state(self._features(features))
+        no_speech = None
+        if detect or options.no_speech_threshold is not None:  # the scores after the start token alone
+            first = self._stepper(source, 1, 1).step(np.array([[decoding.start]]))
+            if detect:
+                prompt[1] = int(decoding.detect_language(first)[0])
+            if options.no_speech_threshold is not None:
+                no_speech = float(_softmax(first)[0, decoding.no_speech])
         rules = WhisperRules(decoding, len(prompt), timestamps)
-        sums: list[float] = []
-        sequence = greedy(step, [prompt], rules, new, logprobs=sums)[0][len(prompt) :]
-        logprob = sums[0] / max(1, len(sequence))
+        temperatures = options.temperatures
+        for attempt, temperature in enumerate(temperatures):
+            if temperature == 0 and options.num_beams > 1:
+                sequence, logprob = self._beams(source, prompt, rules, new, options)
+            else:
+                sums: list[float] = []
+                state = self._stepper(source, 1, len(prompt) + new)
+                sequence = search(state.step, [prompt], rules, new, logprobs=sums, temperature=temperature,
+                                  top_k=options.top_k, rng=rng)[0][len(prompt) :]  # fmt: skip
+                logprob = sums[0] / max(1, len(sequence))
+            if attempt == len(temperatures) - 1 or not options.failed(sequence, logprob, self.config.vocab_size):
+                break
+        silent = options.silent(logprob, no_speech)
         if sequence and sequence[-1] == decoding.eos:
             sequence = sequence[:-1]
         names = {v: k.strip("<|>") for k, v in decoding.languages.items()}
         spoken = names.get(prompt[1]) if decoding.multilingual else None
-        return sequence, spoken, logprob
+        return Window(sequence, spoken, logprob, float(temperature), no_speech, silent)
+
+    def _beams(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int], rules: WhisperRules,
+               new: int, options: SearchOptions) -> tuple[list[int], float]:  # fmt: skip
+        """A window's best beam (its end token kept) and its length-normalised log-probability."""
+        cfg = GenerationConfig(max_new_tokens=new, strategy="beam", num_beams=options.num_beams,
+                               length_penalty=options.length_penalty)  # fmt: skip
+        out = beam_search(lambda n: self._stepper(source, n, len(prompt) + new), 1, self.decoding.start,
+                          self.decoding.eos, -1, cfg, prompts=np.array([prompt]), processor=rules)  # fmt: skip
+        return [t for t in out.tokens[0].tolist() if t >= 0], float(out.scores[0])
+
+
+def search_options(given: dict[str, Any]) -> SearchOptions:
+    """:class:`SearchOptions` from keyword arguments, an unknown one named."""
+    known = set(SearchOptions.__dataclass_fields__)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise InputError(
+            f"transcribe() has no option {', '.join(unknown)} (its search options: {', '.join(sorted(known))})"
+        )
+    return SearchOptions(**given)
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = np.exp(scores - scores.max(-1, keepdims=True), dtype=np.float64)
+    return shifted / shifted.sum(-1, keepdims=True)

@@ -81,14 +81,14 @@ def export(folder, tmp_path_factory) -> tuple[Path, str]:
     return out, result.output
 
 
-def _theirs(folder: Path, samples: np.ndarray, timestamps: bool) -> list[tuple[float, float, list[int]]]:
+def _theirs(folder: Path, samples: np.ndarray, timestamps: bool, **search) -> list[tuple[float, float, list[int]]]:
     extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
     model = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
     long_form = samples.size > 30 * 16_000
     extra = {"truncation": False, "padding": "longest", "return_attention_mask": True} if long_form else {}
     features = extractor(samples, sampling_rate=16_000, return_tensors="pt", **extra).input_features
     with torch.no_grad():
-        out = model.generate(features, return_timestamps=timestamps or long_form, return_segments=True)
+        out = model.generate(features, return_timestamps=timestamps or long_form, return_segments=True, **search)
     return [(round(float(s["start"]), 3), round(float(s["end"]), 3), s["tokens"].tolist())
             for s in out["segments"][0]]  # fmt: skip
 
@@ -123,4 +123,15 @@ def test_long_form_equals_transformers_and_is_heard(folder, export, clips):
     theirs = _theirs(folder, clips["long"], True)
     assert [(s.start, s.end, list(s.tokens)) for s in ours.segments] == theirs
     assert ours.segments[-1].end > 30 and len(ours.segments) >= 4
+    assert word_error_rate([" ".join(SENTENCES * 2)], [ours.text]) < WER_BOUND, ours.text
+
+
+def test_beam_search_equals_transformers_long_form(folder, export, clips):
+    """Five beams a window, window after window (43 s): transformers' segments, and the sentences heard."""
+    from edgeattn.runtime import load
+    from edgeattn.runtime.whisper.wer import word_error_rate
+
+    ours = load(export[0]).transcribe(clips["long"], num_beams=5)
+    theirs = _theirs(folder, clips["long"], True, num_beams=5)
+    assert [(s.start, s.end, list(s.tokens)) for s in ours.segments] == theirs
     assert word_error_rate([" ".join(SENTENCES * 2)], [ours.text]) < WER_BOUND, ours.text

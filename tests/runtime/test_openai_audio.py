@@ -63,7 +63,10 @@ def test_transcriptions_in_every_format(server):
     assert verbose.language == "fr" and verbose.duration == pytest.approx(1.4)
     assert [(s.start, s.end, s.tokens) for s in verbose.segments] == [(s.start, s.end, list(s.tokens))
                                                                       for s in want.segments]  # fmt: skip
-    assert all(s.avg_logprob < 0 and s.compression_ratio > 0 for s in verbose.segments)
+    assert all(s.avg_logprob < 0 and s.compression_ratio > 0 and s.temperature == 0 for s in verbose.segments)
+    sampled = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
+                                                 response_format="verbose_json", temperature=0.8)  # fmt: skip
+    assert sampled.segments and {s.temperature for s in sampled.segments} == {0.8}
     srt = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
                                              response_format="srt")  # fmt: skip
     assert srt.startswith("1\n00:00:0") and want.segments[0].text.strip() in srt
@@ -85,6 +88,8 @@ def test_audio_errors_are_openai_errors(server):
     with pytest.raises(openai.BadRequestError, match="word timestamps"):
         client.audio.transcriptions.create(model="whisper-test", file=("a.wav", wav), response_format="verbose_json",
                                            timestamp_granularities=["word"])  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="temperature is from 0"):
+        client.audio.transcriptions.create(model="whisper-test", file=("a.wav", wav), temperature=1.5)
     with pytest.raises(openai.BadRequestError, match="not audio"):
         client.audio.transcriptions.create(model="whisper-test", file=("a.wav", b"plain words"))
     with pytest.raises(openai.BadRequestError, match="no language 'xx'"):

@@ -76,7 +76,7 @@ def test_export_verifies_and_keeps_the_settings(exported):
     assert settings["decoding"]["lang_to_id"] == GENERATION["lang_to_id"]
 
 
-def _theirs(folder, samples, language, task, timestamps):
+def _theirs(folder, samples, language, task, timestamps, **search):
     extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
     reference = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
     long_form = samples.size > WINDOW_SECONDS * RATE
@@ -84,7 +84,7 @@ def _theirs(folder, samples, language, task, timestamps):
     features = extractor(samples, sampling_rate=RATE, return_tensors="pt", **extra).input_features
     with torch.no_grad():
         out = reference.generate(features, language=language, task=task, return_timestamps=timestamps or long_form,
-                                 return_segments=True, max_new_tokens=30)  # fmt: skip
+                                 return_segments=True, max_new_tokens=30, **search)  # fmt: skip
         detected = reference.detect_language(features[:, :, :200])
     segments = [(round(float(s["start"]), 3), round(float(s["end"]), 3), s["tokens"].tolist())
                 for s in out["segments"][0]]  # fmt: skip
@@ -109,6 +109,99 @@ def test_transcripts_equal_transformers_generate(exported, seconds, language, ta
     assert heard.language == (language or names[detected]) and heard.duration == pytest.approx(seconds)
     words = [f"w{t}" for s in ours for t in s[2] if t < GENERATION["eos_token_id"]]
     assert heard.text == " ".join(words) and len(words) > 0
+
+
+@pytest.mark.parametrize("seconds,language,timestamps,beams", [
+    (1.5, "fr", True, 3), (1.5, "fr", False, 4), (7.9, None, True, 3), (5.3, "de", True, 2)])  # fmt: skip
+def test_beams_equal_transformers_generate(exported, seconds, language, timestamps, beams):
+    folder, export, _ = exported
+    samples = audio(seconds, seed=int(seconds * 10) + 1)
+    theirs, _ = _theirs(folder, samples, language, "transcribe", timestamps, num_beams=beams)
+    heard = load(export).transcribe(samples, language=language, timestamps=timestamps, max_new_tokens=30,
+                                    num_beams=beams)  # fmt: skip
+    ours = [(s.start, s.end, list(s.tokens)) for s in heard.segments]
+    if timestamps or seconds > WINDOW_SECONDS:
+        assert ours == theirs
+    else:
+        assert [o[2] for o in ours] == [t[2] for t in theirs]
+
+
+def test_silent_windows_are_skipped_as_transformers_skips_them(exported):
+    folder, export, _ = exported
+    samples = audio(5.3, seed=77)
+    model = load(export)
+    reference = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    features = transformers.WhisperFeatureExtractor.from_pretrained(folder)(samples[: WINDOW_SECONDS * RATE],
+                                                                          sampling_rate=RATE, return_tensors="pt")
+    with torch.no_grad():
+        after_start = reference(input_features=features.input_features,
+                                decoder_input_ids=torch.tensor([[GENERATION["decoder_start_token_id"]]])).logits
+    want = float(after_start[0, -1].softmax(-1)[GENERATION["no_timestamps_token_id"] - 1])
+    kept = model.transcribe(samples, language="de", max_new_tokens=30, logprob_threshold=100.0,
+                            no_speech_threshold=1.0)  # fmt: skip
+    assert kept.segments and kept.segments[0].no_speech_prob == pytest.approx(want, rel=1e-3, abs=1e-7)
+    for threshold in (0.0, 1.0):  # every window silent (its log-probability is under 100), none
+        search = {"logprob_threshold": 100.0, "no_speech_threshold": threshold}
+        theirs, _ = _theirs(folder, samples, "de", "transcribe", True, temperature=0.0, **search)
+        heard = model.transcribe(samples, language="de", max_new_tokens=30, **search)
+        assert [(s.start, s.end, list(s.tokens)) for s in heard.segments] == theirs
+        assert bool(theirs) == (threshold == 1.0)
+
+
+def test_the_fallback_samples_a_failed_window_at_the_next_temperature(exported):
+    from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperSettingsError, token_compression_ratio
+
+    _, export, _ = exported
+    model = load(export)
+    samples = audio(1.5, seed=15)
+    common = {"language": "fr", "timestamps": True, "max_new_tokens": 20}
+
+    def heard(**search):
+        return [(s.tokens, s.temperature) for s in model.transcribe(samples, **common, **search).segments]
+
+    greedy = heard()
+    assert {t for _, t in greedy} == {0.0}
+    assert heard(temperature=(0.0, 0.7), compression_ratio_threshold=1e9) == greedy  # nothing fails: greedy
+    failed = heard(temperature=(0.0, 0.7), compression_ratio_threshold=0.0, seed=7)  # everything fails
+    assert {t for _, t in failed} == {0.7} and [x for x, _ in failed] != [x for x, _ in greedy]
+    assert heard(temperature=(0.0, 0.7), compression_ratio_threshold=0.0, seed=7) == failed  # a seed repeats
+    assert heard(temperature=(0.0, 0.7), logprob_threshold=0.0, seed=7) == failed  # a mean log-probability < 0
+    # sampling at a vanishing temperature, or from the one likeliest token, is greedy
+    assert [x for x, _ in heard(temperature=1e-4, seed=1)] == [x for x, _ in greedy]
+    assert [x for x, _ in heard(temperature=1.0, top_k=1, seed=1)] == [x for x, _ in greedy]
+    tokens = [50258, 7, 7, 7, 7, 7, 7, 7, 7, 7, 900, 50257]
+    ratio = transformers.WhisperForConditionalGeneration._retrieve_compression_ratio(torch.tensor(tokens), 51865)
+    assert token_compression_ratio(tokens, 51865) == pytest.approx(ratio)
+    for bad, message in [({"num_beams": 0}, "num_beams"), ({"temperature": -1}, "temperature"),
+                         ({"temperature": ()}, "temperature"), ({"no_speech_threshold": 0.6}, "needs logprob"),
+                         ({"top_k": -2}, "top_k")]:  # fmt: skip
+        with pytest.raises(WhisperSettingsError, match=message):
+            SearchOptions(**bad)
+    with pytest.raises(InputError, match="no option beam_size"):
+        model.transcribe(samples, beam_size=5)
+
+
+def test_run_takes_beams_and_the_fallback(exported, tmp_path):
+    _, export, _ = exported
+    soundfile.write(tmp_path / "talk.wav", audio(1.5, seed=31), RATE)
+    runner = CliRunner()
+
+    def run(*options: str):
+        return runner.invoke(cli, ["run", str(export), str(tmp_path / "talk.wav"), "--language", "fr",
+                                   "--max-new-tokens", "12", "--format", "json", *options])  # fmt: skip
+
+    model = load(export)
+    beams = run("--strategy", "beam", "--beams", "3")
+    assert beams.exit_code == 0, beams.output
+    want = model.transcribe(tmp_path / "talk.wav", language="fr", max_new_tokens=12, num_beams=3)
+    assert json.loads(beams.output)["text"] == want.text
+    fallback = run("--fallback", "0,0.5", "--compression-ratio-threshold", "0", "--seed", "3")
+    assert fallback.exit_code == 0, fallback.output
+    assert {s["temperature"] for s in json.loads(fallback.output)["segments"]} == {0.5}
+    bad = run("--fallback", "0,hot")
+    assert bad.exit_code == 2 and "not temperatures separated by commas" in bad.output
+    lonely = run("--no-speech-threshold", "0.6")
+    assert lonely.exit_code == 1 and "needs logprob_threshold" in lonely.output and "Traceback" not in lonely.output
 
 
 def test_audio_from_files_bytes_and_samples(exported, tmp_path):
