@@ -96,6 +96,9 @@ class Thresholds:
     #: the share of float32's greedy tokens a speech model's decoding keeps (one minus their edit
     #: distance over float32's tokens)
     tokens_kept: float = 1.0
+    #: the share of float32's transcript's words a speech model's transcript keeps (one minus its
+    #: word error rate against float32's)
+    words_kept: float = 1.0
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -309,8 +312,8 @@ def thresholds_table() -> str:
     """The manual's (docs/precisions.md) table of the accuracy gate's thresholds."""
     rows = [
         "| precision | cosine mean | cosine worst | top-1 | teacher-forced top-1 | generation exact match "
-        "| perplexity kept | loop-free | tokens kept |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| perplexity kept | loop-free | tokens kept | words kept |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in PRECISIONS.values():
         if p.thresholds is not None:

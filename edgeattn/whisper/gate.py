@@ -5,7 +5,9 @@ and each graph measured against them.
 The audio encoder and cross keys/values are judged by cosine; the decoders by teacher-forced
 top-1 agreement over eager float32's own greedy tokens; whole decoding by how many of float32's
 tokens a candidate keeps (one minus the token edit distance over float32's tokens: the word error
-rate's analogue on tokens, which needs no tokenizer) and, reported, exact match.
+rate's analogue on tokens, which needs no tokenizer) and how many of float32's transcript's words
+(one minus the word error rate against it, through the export's tokenizer) and, reported, exact
+match.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from edgeattn.exporters.gate import HeldOut, Reference, TeacherForced, _cosine_metrics
 from edgeattn.runtime.specs import GraphSpec, cache_names
 from edgeattn.runtime.whisper.specs import FEATURES
-from edgeattn.runtime.whisper.wer import edit_distance
+from edgeattn.runtime.whisper.wer import edit_distance, words
 from edgeattn.whisper.model import WhisperModel
 
 #: windows of random features the gate measures when no held-out audio is given
@@ -109,15 +111,40 @@ def _until(row: np.ndarray, eos: int) -> list[int]:
 
 
 def generation_metrics(ref: SpeechReference, runtime: Any) -> dict[str, float]:
-    """The share of float32's greedy tokens each window keeps (up to the end token), and exact match."""
+    """The share of float32's greedy tokens each window keeps (up to the end token), exact match,
+    and, where the export has its tokenizer, the share of float32's transcript's words kept (one
+    minus the candidate's word error rate against float32's transcript)."""
     eos = ref.model.config.eos_id
     eager, got = ref.greedy, ref.generated(runtime, ref.new_tokens)
-    kept, same = [], []
+    kept, same, pairs = [], [], []
     for want, have in zip(eager, got, strict=True):
         a, b = _until(want, eos), _until(have, eos)
         kept.append(1.0 - min(1.0, edit_distance([str(t) for t in a], [str(t) for t in b]) / max(1, len(a))))
         same.append(a == b)
-    return {"tokens_kept": float(np.mean(kept)), "exact_match": float(np.mean(same))}
+        pairs.append((a, b))
+    metrics = {"tokens_kept": float(np.mean(kept)), "exact_match": float(np.mean(same))}
+    kept_words = _words_kept(runtime, pairs, eos)
+    if kept_words is not None:
+        metrics["words_kept"] = kept_words
+    return metrics
+
+
+def _words_kept(runtime: Any, pairs: list[tuple[list[int], list[int]]], eos: int) -> float | None:
+    """1 - the word error rate of the candidate's transcripts against float32's (their text tokens
+    decoded by the export's tokenizer); None without a tokenizer or words to measure."""
+    tokenizer = getattr(runtime, "tokenizer", None)
+    if tokenizer is None:
+        return None
+
+    def text(tokens: list[int]) -> list[str]:
+        return words(str(tokenizer.decode([t for t in tokens if t < eos])))
+
+    errors = total = 0
+    for want, have in pairs:
+        reference = text(want)
+        errors += edit_distance(reference, text(have))
+        total += len(reference)
+    return None if total == 0 else 1.0 - min(1.0, errors / total)
 
 
 def encoder_metrics(ref: SpeechReference, runtime: Any, graph: str) -> dict[str, float]:
