@@ -201,7 +201,8 @@ def _precision_options(
     from edgeattn.exporters.calibration import read_sequences_file
     from edgeattn.exporters.precisions import PrecisionOptions
 
-    options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded)
+    options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded,
+                               tokenizer=tokenizer)  # fmt: skip
     if static_form is not None:
         if not any(get_precision(p).plain_form for p in precisions):
             formed = [p.name for p in PRECISIONS.values() if p.plain_form]
@@ -592,6 +593,8 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--task", "speech_task", type=click.Choice(["transcribe", "translate"]), default="transcribe",
               show_default=True, help="Speech: transcribe, or translate into English.")
 @click.option("--timestamps", is_flag=True, help="Speech: segments with their times.")
+@click.option("--word-timestamps", is_flag=True, help="Speech: each word with its times, from the alignment heads "
+              "(txt prints a line a word; json gives each segment's words).")
 @click.option("--format", "speech_format", type=click.Choice(["txt", "srt", "vtt", "json"]), default="txt",
               show_default=True, help="Speech: how the transcript is printed.")
 @click.option("--fallback", default=None, help="Speech: temperatures tried in turn (e.g. 0,0.2,0.4,0.6,0.8,1) while "
@@ -629,6 +632,7 @@ def run(
     language: str | None,
     speech_task: str,
     timestamps: bool,
+    word_timestamps: bool,
     speech_format: str,
     fallback: str | None,
     compression_ratio_threshold: float | None,
@@ -669,6 +673,7 @@ def run(
     if hasattr(model, "transcribe"):
         search = _speech_search(strategy, beams, temperature, top_k, seed, fallback, compression_ratio_threshold,
                                 logprob_threshold, no_speech_threshold)  # fmt: skip
+        search["word_timestamps"] = word_timestamps
         _run_speech(model, texts, language, speech_task, timestamps, speech_format, stream, max_new_tokens, search)
         return
     options: dict[str, Any] = {"strategy": strategy}

@@ -147,6 +147,10 @@ class ModelConfig:
             raise ConfigError("config n_encoder_layers must be at least 1")
         if (self.architecture == "speech-to-text") != isinstance(self.speech, SpeechConfig):
             raise ConfigError("a speech-to-text config needs its speech section, and only it has one")
+        for layer, head in () if self.speech is None else self.speech.alignment_heads:
+            if layer >= self.n_decoder_layers or head >= self.n_heads:
+                raise ConfigError(f"alignment head ({layer}, {head}) is outside the decoder's {self.n_decoder_layers} "
+                                  f"layers of {self.n_heads} heads")  # fmt: skip
         if self.has_decoder:
             if self.n_decoder_layers < 1:
                 raise ConfigError("an encoder-decoder config needs n_decoder_layers >= 1")

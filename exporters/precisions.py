@@ -98,6 +98,9 @@ class PrecisionOptions:
     heldout_features: np.ndarray | None = None
     #: the prompt each held-out window is decoded after (a speech model's start, language, task)
     heldout_prompt: list[int] | None = None
+    #: the export's tokenizer: the gate reads a transcript's words with it (None: measures that need
+    #: words are not taken)
+    tokenizer: Any = None
     #: the most held-out tokens the gate measures (rows spread evenly over a larger file; 0: all)
     gate_tokens: int = GATE_TOKENS
     allow_degraded: bool = False
@@ -406,7 +409,9 @@ class PrecisionBuilder:
         graphs = {name: c.model for name, c in candidates.items()}
         engine = get_precision(precision).engine_provider
         providers = (CPU,) if engine is None else (engine, CPU)
-        return ExportedModel.from_graphs(self.model.config, graphs, precision=precision, providers=providers)
+        runtime = ExportedModel.from_graphs(self.model.config, graphs, precision=precision, providers=providers)
+        runtime.tokenizer = self.options.tokenizer
+        return runtime
 
     def gate(self, precision: str, candidates: dict[str, Candidate], runtime: ExportedModel | None = None
              ) -> GateResult:  # fmt: skip

@@ -366,15 +366,22 @@ class OpenAIApi:
         if not 0 <= temperature <= 1:
             raise ApiError(400, "temperature is from 0 (greedy) to 1 (sampled)", "temperature")
         granularities = form.get("timestamp_granularities[]", []) + form.get("timestamp_granularities", [])
-        if "word" in granularities:
-            raise ApiError(400, "word timestamps are not served yet (segment timestamps are)",
+        unknown = sorted(set(granularities) - {"word", "segment"})
+        if unknown:
+            raise ApiError(400, f"timestamp_granularities are word and segment, not {', '.join(unknown)}",
                            "timestamp_granularities")  # fmt: skip
+        if granularities and answer != "verbose_json":
+            raise ApiError(400, "timestamp_granularities need response_format verbose_json", "timestamp_granularities")
+        words = "word" in granularities
+        if words and not served.model.has_word_timestamps:
+            raise ApiError(400, "this model's export has no alignment heads' weights, which word timestamps are "
+                           "found by (its folder listed none)", "timestamp_granularities")  # fmt: skip
         language = form.get("language") or None
         stamps = answer in ("srt", "vtt", "verbose_json")
 
         def hear() -> Any:
             return served.model.transcribe(form["file"], language=language, task=task, timestamps=stamps,
-                                           temperature=temperature)  # fmt: skip
+                                           temperature=temperature, word_timestamps=words)  # fmt: skip
 
         heard = await asyncio.get_running_loop().run_in_executor(None, hear)
         if answer == "json":
@@ -386,9 +393,15 @@ class OpenAIApi:
                          "tokens": list(s.tokens), "temperature": s.temperature, "avg_logprob": s.avg_logprob,
                          "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob}
                         for i, s in enumerate(heard.segments)]  # fmt: skip
-            return web.json_response({"task": "translate" if task == "translate" else "transcribe",
-                                      "language": heard.language or "en", "duration": heard.duration,
-                                      "text": heard.text.strip(), "segments": segments})  # fmt: skip
+            body: dict[str, Any] = {"task": "translate" if task == "translate" else "transcribe",
+                                    "language": heard.language or "en", "duration": heard.duration,
+                                    "text": heard.text.strip()}  # fmt: skip
+            if words:
+                body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
+                                 for s in heard.segments for w in s.words or ()]  # fmt: skip
+            if not words or "segment" in granularities:
+                body["segments"] = segments
+            return web.json_response(body)
         kind = "text/vtt" if answer == "vtt" else "application/x-subrip"
         return web.Response(text=render(heard, answer, True), content_type=kind)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,21 @@ def map_tensors(tensors: dict[str, torch.Tensor], model: WhisperModel, source: s
     return mapped
 
 
+def with_alignment(config: ModelConfig, hf: dict[str, Any], folder: Path) -> ModelConfig:
+    """``config`` with the alignment heads ``generation_config.json`` lists (the decoder graph
+    then returns their weights, for word timestamps) and config.json's median filter width."""
+    path = folder / GENERATION_CONFIG
+    heads = read_json_object(path, ConfigError).get("alignment_heads") if path.is_file() else None
+    speech = config.speech
+    assert speech is not None
+    try:
+        speech = replace(speech, alignment_heads=tuple(heads or ()),
+                         median_filter_width=int(hf.get("median_filter_width", 7)))  # fmt: skip
+        return replace(config, speech=speech)
+    except (TypeError, ValueError, ConfigError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
 def import_whisper(folder: str | Path) -> WhisperModel:
     """The Whisper model of a local Hugging Face folder, every tensor placed and checked."""
     from edgeattn.hf import _read_json, read_tensors
@@ -141,7 +157,7 @@ def import_whisper(folder: str | Path) -> WhisperModel:
     architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
     if architecture != ARCHITECTURE or hf.get("model_type", "whisper") != "whisper":
         raise ConfigError(f"{folder / 'config.json'} describes {architecture}, not {ARCHITECTURE}")
-    config = map_config(hf, folder / "config.json")
+    config = with_alignment(map_config(hf, folder / "config.json"), hf, folder)
     model = WhisperModel(config)
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), model, source), source, model.tied_aliases())

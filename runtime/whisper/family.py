@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from edgeattn.runtime.families import SEQ2SEQ_FAMILY, Family, GraphRole
 from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, audio_encoder_spec, audio_sizes, window_sizes
+from edgeattn.runtime.whisper.specs import speech_decoder_spec as decoder_spec
 
 _WHISPER = "edgeattn.whisper"
 _GATE = f"{_WHISPER}.gate"
@@ -20,8 +21,8 @@ SPEECH_FAMILY = Family(
                   f"{_GATE}:encoder_calibration", f"{_GATE}:encoder_metrics", lambda c: c.n_encoder_layers,
                   once_per_source=True, int8_form="blockwise"),
         replace(_cross_kv, sizes=window_sizes, calibration=f"{_GATE}:cross_kv_calibration", int8_form="blockwise"),
-        replace(_decoder, needs=(AUDIO_ENCODER, "cross_kv"), calibration=f"{_GATE}:decoder_calibration",
-                int8_form="blockwise"),
+        replace(_decoder, spec=decoder_spec, module=f"{_WHISPER}.graphs:SpeechDecoderGraph",
+                needs=(AUDIO_ENCODER, "cross_kv"), calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise"),
         replace(_decoder_fixed, calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise"),
     ),
     tasks={"transcribe": (AUDIO_ENCODER, "cross_kv", "decoder")},

@@ -22,10 +22,11 @@ from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
 from edgeattn.runtime.model import ExportedModel, InputError
-from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper
+from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
+from edgeattn.runtime.whisper.alignment import Word, group_words, token_times
 from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search
 from edgeattn.runtime.whisper.log_mel import LogMel
-from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, FEATURES
+from edgeattn.runtime.whisper.specs import ALIGNMENT, AUDIO_ENCODER, FEATURES
 
 #: seconds a timestamp token counts (``<|0.02|>`` follows ``<|0.00|>``)
 TIME_PRECISION = 0.02
@@ -52,13 +53,17 @@ class Segment:
     #: probability of no speech after the start token (measured with a no-speech threshold)
     temperature: float = 0.0
     no_speech_prob: float | None = None
+    #: its words with their times, and when each of its tokens starts (asked for with ``word_timestamps``)
+    words: tuple[Word, ...] | None = None
+    token_times: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Window:
     """One window's search: its generated tokens (no prompt, no end token), their language (None
     for an English-only model), mean log-probability, the temperature kept, the no-speech
-    probability, and whether it was found silent (skipped)."""
+    probability, whether it was found silent (skipped), and, when asked, each token's time from
+    the window's start with the time of the token after the last (one more than the tokens)."""
 
     tokens: list[int]
     language: str | None
@@ -66,6 +71,7 @@ class Window:
     temperature: float = 0.0
     no_speech: float | None = None
     silent: bool = False
+    times: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -197,14 +203,16 @@ class WhisperRuntime(ExportedModel):
 
     def segments(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                  timestamps: bool = True, max_new_tokens: int | None = None, rate: int | None = None,
-                 **search: Any) -> Iterator[Segment]:  # fmt: skip
+                 word_timestamps: bool = False, **search: Any) -> Iterator[Segment]:  # fmt: skip
         """The transcript's segments as each window is decoded (see :meth:`transcribe`)."""
         options = search_options(search)
-        yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {}, options)
+        self._check_words(word_timestamps)
+        yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {}, options,
+                                 word_timestamps)  # fmt: skip
 
     def transcribe(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                    timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
-                   **search: Any) -> Transcript:  # fmt: skip
+                   word_timestamps: bool = False, **search: Any) -> Transcript:  # fmt: skip
         """The transcript of ``audio`` (a path, a file's bytes, or mono samples at ``rate``) by
         the export's decoding settings, in ``language`` (a code; detected from the first window
         when None on a multilingual model), ``task`` ``transcribe`` or ``translate`` (into
@@ -214,11 +222,16 @@ class WhisperRuntime(ExportedModel):
         ``search`` says otherwise: ``num_beams``, ``length_penalty``, ``temperature`` (one, or
         several for the fallback), ``compression_ratio_threshold``, ``logprob_threshold``,
         ``no_speech_threshold``, ``top_k``, ``seed``, as
-        :class:`~edgeattn.runtime.whisper.decoding.SearchOptions` and transformers take them."""
+        :class:`~edgeattn.runtime.whisper.decoding.SearchOptions` and transformers take them.
+        ``word_timestamps``: each segment's words with their times, from the alignment heads
+        (:mod:`~edgeattn.runtime.whisper.alignment`), where the export has them; it decodes
+        timestamp tokens too (segments split by them), so that the first word has a row of its own."""
         options = search_options(search)
+        self._check_words(word_timestamps)
         samples = self.samples(audio, rate)
         found: dict[str, Any] = {}
-        segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found, options))
+        segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found, options,
+                                      word_timestamps))  # fmt: skip
         eos = self.decoding.eos
         text = self._text([t for s in segments for t in s.tokens if t < eos])
         return Transcript(text, segments, found.get("language"), samples.size / self.log_mel.rate)
@@ -228,25 +241,39 @@ class WhisperRuntime(ExportedModel):
             raise EdgeattnError("this speech export has no tokenizer.json to turn its tokens into text")
         return str(self.tokenizer.decode(tokens))
 
+    @property
+    def has_word_timestamps(self) -> bool:
+        """Whether the export's decoder returns the alignment heads' weights (its folder listed
+        them)."""
+        return ALIGNMENT in self.specs[DECODER].output_names
+
+    def _check_words(self, asked: bool) -> None:
+        if asked and not self.has_word_timestamps:
+            raise InputError("this export's decoder does not return alignment heads' weights, which word timestamps "
+                             "are found by: its folder's generation_config.json lists no alignment_heads, or it was "
+                             "exported before edgeattn returned them (export it again)")  # fmt: skip
+
     def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
-                 max_new_tokens: int | None, found: dict[str, Any], options: SearchOptions,
+                 max_new_tokens: int | None, found: dict[str, Any], options: SearchOptions, words: bool = False,
                  ) -> Iterator[Segment]:  # fmt: skip
         mel, decoding = self.log_mel, self.decoding
         long_form = samples.size > mel.window_samples
         features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
         window = mel.window_frames
-        stamped = timestamps or long_form
+        stamped = timestamps or long_form or words  # word times: the first word has a row (the first timestamp's)
         begin = decoding.timestamp_begin
         frame_seconds = mel.hop / mel.rate
         duration = samples.size / mel.rate
         total = features.shape[1] if long_form else window  # a short clip is one padded window
+        heard = total if long_form else -(-samples.size // mel.hop)  # the frames holding audio (transformers' mask)
         rng = np.random.default_rng(options.seed)
         seek = 0
         while seek < total:
             frames = min(window, total - seek)
             piece = np.zeros((1, features.shape[0], window), dtype=np.float32)
             piece[0, :, :frames] = features[:, seek : seek + frames]
-            found_here = self._window(piece, language, task, stamped, max_new_tokens, options, rng)
+            positions = (heard - seek) // INPUT_STRIDE if words else None
+            found_here = self._window(piece, language, task, stamped, max_new_tokens, options, rng, positions)
             found.setdefault("language", found_here.language)
             language = language or found_here.language  # detected once, from the first window (as transformers)
             if found_here.silent:  # no speech: on to the next window
@@ -261,17 +288,26 @@ class WhisperRuntime(ExportedModel):
                 pieces, advance = split_segments(tokens, begin, offset, frames, frame_seconds)
             else:  # one window: the audio's length
                 pieces, advance = [(offset, duration, tokens)], frames
+            at = 0  # the segment's first token in the window's
             for start, end, part in pieces:
                 text = self._text([t for t in part if t < decoding.eos])
+                said = stamps = None
+                if found_here.times is not None:
+                    times = found_here.times[at : at + len(part) + 1]
+                    said = tuple(group_words(part, times, self.tokenizer, decoding.eos, language, offset))
+                    stamps = tuple(round(offset + float(t), 3) for t in times[:-1])
+                at += len(part)
                 yield Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
                               round(found_here.logprob, 6), round(ratio, 6), found_here.temperature,
-                              found_here.no_speech)  # fmt: skip
+                              found_here.no_speech, said, stamps)  # fmt: skip
             seek += max(advance, 1)
 
     def _window(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
-                new: int | None, options: SearchOptions, rng: np.random.Generator) -> Window:  # fmt: skip
+                new: int | None, options: SearchOptions, rng: np.random.Generator,
+                positions: int | None = None) -> Window:  # fmt: skip
         """One window searched as ``options`` say: each temperature in turn until one's tokens
-        pass the thresholds (or the last)."""
+        pass the thresholds (or the last); with ``positions`` (the audio positions holding audio),
+        its tokens' times too."""
         decoding = self.decoding
         detect = decoding.multilingual and language is None
         prompt = decoding.prompt(0 if detect else language, task, timestamps)
@@ -300,11 +336,27 @@ class WhisperRuntime(ExportedModel):
             if attempt == len(temperatures) - 1 or not options.failed(sequence, logprob, self.config.vocab_size):
                 break
         silent = options.silent(logprob, no_speech)
+        times = None if positions is None or silent else self._token_times(source, prompt, sequence, positions)
         if sequence and sequence[-1] == decoding.eos:
-            sequence = sequence[:-1]
+            sequence = sequence[:-1]  # its start is the last token's end
+        elif times is not None:  # no end token: the last token ends where it starts (no row says more)
+            times = np.concatenate([times, times[-1:]])
         names = {v: k.strip("<|>") for k, v in decoding.languages.items()}
         spoken = names.get(prompt[1]) if decoding.multilingual else None
-        return Window(sequence, spoken, logprob, float(temperature), no_speech, silent)
+        return Window(sequence, spoken, logprob, float(temperature), no_speech, silent, times)
+
+    def _token_times(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int],
+                     generated: list[int], positions: int) -> np.ndarray:  # fmt: skip
+        """When each generated token starts in the window (seconds): the prompt and every generated
+        token but the last fed to the decoder at once, the alignment heads' weights over the
+        generated tokens' rows aligned (:func:`~edgeattn.runtime.whisper.alignment.token_times`)."""
+        speech = self.config.speech
+        assert speech is not None
+        cross, mask = source
+        fed = np.array([prompt + generated[:-1]], dtype=np.int64)
+        feeds = {"input_ids": fed, "encoder_attention_mask": mask, **cross, **empty_cache(self.config, 1)}
+        weights = self.run(DECODER, feeds)[ALIGNMENT][0, :, len(prompt) :]  # (heads, generated - 1, positions)
+        return token_times(weights, positions, speech.median_filter_width)
 
     def _beams(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int], rules: WhisperRules,
                new: int, options: SearchOptions) -> tuple[list[int], float]:  # fmt: skip

@@ -1,16 +1,21 @@
-"""The speech family's own graph: log-mel features -> encoder states (torch-free). Its cross
-keys/values and decoder graphs are the encoder-decoder family's (:mod:`edgeattn.runtime.specs`)."""
+"""The speech family's own graph: log-mel features -> encoder states (torch-free); its decoder,
+the encoder-decoder family's that also returns the alignment heads' cross-attention weights. Its
+cross keys/values graphs are the encoder-decoder family's (:mod:`edgeattn.runtime.specs`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from edgeattn.config import ModelConfig
-from edgeattn.runtime.specs import BATCH, SRC_LEN, GraphSpec, TensorSpec
+from edgeattn.runtime.specs import BATCH, SRC_LEN, TGT_LEN, GraphSpec, TensorSpec, decoder_spec
 
 #: the feature frames axis (twice the audio positions the encoder returns)
 FRAMES = "frames"
 FEATURES = "input_features"
 #: the graph (an encoder of sound, not of tokens: its own name)
 AUDIO_ENCODER = "audio_encoder"
+#: the decoder's output of the alignment heads' cross-attention weights (B, heads, T, audio positions)
+ALIGNMENT = "alignment"
 #: the frames a verification case runs the encoder at when the window is longer: not the traced size
 SHORT_FRAMES = 74
 
@@ -24,6 +29,19 @@ def audio_encoder_spec(config: ModelConfig) -> GraphSpec:
         (TensorSpec(FEATURES, "float32", (BATCH, config.speech.n_mels, FRAMES)),),
         (TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, config.d_model)),),
     )
+
+
+def speech_decoder_spec(config: ModelConfig) -> GraphSpec:
+    """The encoder-decoder family's decoder step, and, where the config lists alignment heads,
+    their cross-attention weights over the audio positions (word timestamps' evidence)."""
+    assert config.speech is not None, "a speech-to-text config has its speech section"
+    spec = decoder_spec(config)
+    heads = len(config.speech.alignment_heads)
+    if not heads:
+        return spec
+    weights = TensorSpec(ALIGNMENT, "float32", (BATCH, heads, TGT_LEN, SRC_LEN))
+    described = f"{spec.description}, and the cross-attention weights of its {heads} alignment heads"
+    return replace(spec, description=described, outputs=(*spec.outputs, weights))
 
 
 def audio_sizes(config: ModelConfig) -> list[dict[str, int]]:

@@ -135,3 +135,30 @@ def test_beam_search_equals_transformers_long_form(folder, export, clips):
     theirs = _theirs(folder, clips["long"], True, num_beams=5)
     assert [(s.start, s.end, list(s.tokens)) for s in ours.segments] == theirs
     assert word_error_rate([" ".join(SENTENCES * 2)], [ours.text]) < WER_BOUND, ours.text
+
+
+@pytest.mark.parametrize("clip", [SENTENCES[1], "long"])
+def test_word_times_follow_transformers_token_timestamps(folder, export, clips, clip):
+    """On real speech, each token starts where transformers' alignment path puts it (its token
+    timestamps, one token later), one window and long-form; the words spell each segment's text,
+    in time order."""
+    sys.path.insert(0, str(HERE.parent / "runtime"))
+    from whisper_times import their_token_starts
+
+    from edgeattn.runtime import load
+
+    samples = clips[clip]
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(folder, attn_implementation="eager").eval()
+    extra = {"truncation": False, "padding": "longest"} if clip == "long" else {}
+    inputs = extractor(samples, sampling_rate=16_000, return_tensors="pt", return_attention_mask=True, **extra)
+    with torch.no_grad():
+        out = model.generate(inputs.input_features, attention_mask=inputs.attention_mask, return_timestamps=True,
+                             return_segments=True, return_token_timestamps=True)  # fmt: skip
+    heard = load(export[0]).transcribe(samples, word_timestamps=True)
+    assert [(list(s.tokens), list(s.token_times)) for s in heard.segments] == their_token_starts(out, heard.segments)
+    starts = [w.start for s in heard.segments for w in s.words]
+    assert starts == sorted(starts) and starts[-1] > 0.5 * heard.duration
+    for segment in heard.segments:
+        assert "".join(w.word for w in segment.words) == segment.text
+        assert all(segment.seek * 0.01 <= w.start <= w.end <= heard.duration + 0.02 for w in segment.words)

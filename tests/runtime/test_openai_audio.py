@@ -64,6 +64,16 @@ def test_transcriptions_in_every_format(server):
     assert [(s.start, s.end, s.tokens) for s in verbose.segments] == [(s.start, s.end, list(s.tokens))
                                                                       for s in want.segments]  # fmt: skip
     assert all(s.avg_logprob < 0 and s.compression_ratio > 0 and s.temperature == 0 for s in verbose.segments)
+    worded = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
+                                                response_format="verbose_json",
+                                                timestamp_granularities=["word"])  # fmt: skip
+    words = [w for s in model.transcribe(samples, language="fr", word_timestamps=True).segments for w in s.words]
+    assert [(w.word, w.start, w.end) for w in worded.words] == [(w.word.strip(), w.start, w.end) for w in words]
+    assert worded.words and not worded.segments
+    both = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
+                                              response_format="verbose_json",
+                                              timestamp_granularities=["word", "segment"])  # fmt: skip
+    assert both.words and [s.tokens for s in both.segments] == [list(s.tokens) for s in want.segments]
     sampled = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
                                                  response_format="verbose_json", temperature=0.8)  # fmt: skip
     assert sampled.segments and {s.temperature for s in sampled.segments} == {0.8}
@@ -85,9 +95,11 @@ def test_audio_errors_are_openai_errors(server):
     wav = _wav(audio(0.5, seed=3))
     with pytest.raises(openai.NotFoundError):
         client.audio.transcriptions.create(model="nope", file=("a.wav", wav))
-    with pytest.raises(openai.BadRequestError, match="word timestamps"):
+    with pytest.raises(openai.BadRequestError, match="need response_format verbose_json"):
+        client.audio.transcriptions.create(model="whisper-test", file=("a.wav", wav), timestamp_granularities=["word"])
+    with pytest.raises(openai.BadRequestError, match="word and segment, not letter"):
         client.audio.transcriptions.create(model="whisper-test", file=("a.wav", wav), response_format="verbose_json",
-                                           timestamp_granularities=["word"])  # fmt: skip
+                                           timestamp_granularities=["letter"])  # fmt: skip
     with pytest.raises(openai.BadRequestError, match="temperature is from 0"):
         client.audio.transcriptions.create(model="whisper-test", file=("a.wav", wav), temperature=1.5)
     with pytest.raises(openai.BadRequestError, match="not audio"):

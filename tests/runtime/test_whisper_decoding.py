@@ -31,7 +31,7 @@ GENERATION = {
     "begin_suppress_tokens": [220, EOS],
     "lang_to_id": {"<|en|>": 50259, "<|de|>": 50261, "<|fr|>": 50265, "<|ja|>": 50266},
     "task_to_id": {"transcribe": 50359, "translate": 50358}, "max_length": 448,
-    "alignment_heads": [[0, 1], [1, 3]],
+    "alignment_heads": [[0, 1], [0, 3]],
 }  # fmt: skip
 
 
@@ -105,7 +105,7 @@ def test_tokens_equal_transformers_generate(folder, language, task, timestamps, 
 
 def test_settings_and_refusals(folder):
     decoding = WhisperDecoding.from_folder(folder)
-    assert decoding.alignment_heads == ((0, 1), (1, 3)) and decoding.timestamp_begin == NO_TIMESTAMPS + 1
+    assert decoding.alignment_heads == ((0, 1), (0, 3)) and decoding.timestamp_begin == NO_TIMESTAMPS + 1
     assert decoding.prompt("fr", "translate") == [SOT, 50265, 50358, NO_TIMESTAMPS]
     assert decoding.prompt("<|ja|>", timestamps=True) == [SOT, 50266, 50359]
     with pytest.raises(WhisperSettingsError, match="no language 'xx'"):

@@ -303,3 +303,59 @@ def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_pat
     CliRunner().invoke(cli, ["export", "--from-hf", str(other), "-o", str(tmp_path / "other-export"), "--no-verify"])
     wrong = evaluate(model, load(tmp_path / "other-export"), "int8", heldout)
     assert not wrong.passed and wrong.metrics["generation"]["tokens_kept"] < 0.5
+
+
+@pytest.mark.parametrize("seconds,language,search", [
+    (1.5, "fr", {}), (7.9, "de", {}), (5.3, "de", {"num_beams": 3})])  # fmt: skip
+def test_word_times_follow_transformers_token_timestamps(exported, seconds, language, search):
+    """Each token's start is transformers' token timestamp of the token before it (the same
+    alignment path: the alignment heads' weights, filtered, through dynamic time warping), one
+    window or several, greedy or beams; each word spans its tokens."""
+    from whisper_times import their_token_starts
+
+    folder, export, _ = exported
+    samples = audio(seconds, seed=int(seconds * 10))
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    reference = transformers.WhisperForConditionalGeneration.from_pretrained(folder, attn_implementation="eager")
+    extra = {"truncation": False, "padding": "longest"} if seconds > WINDOW_SECONDS else {}
+    inputs = extractor(samples, sampling_rate=RATE, return_tensors="pt", return_attention_mask=True, **extra)
+    with torch.no_grad():
+        out = reference.eval().generate(inputs.input_features, attention_mask=inputs.attention_mask,
+                                        language=language, return_timestamps=True, return_segments=True,
+                                        return_token_timestamps=True, max_new_tokens=30, **search)  # fmt: skip
+    heard = load(export).transcribe(samples, language=language, max_new_tokens=30, word_timestamps=True, **search)
+    ours = [(list(s.tokens), list(s.token_times)) for s in heard.segments]
+    assert ours == their_token_starts(out, heard.segments)
+    assert any(t > 0 for _, times in ours for t in times)
+    for segment in heard.segments:
+        text = [i for i, t in enumerate(segment.tokens) if t < GENERATION["eos_token_id"]]
+        assert [w.word for w in segment.words] == ["".join(f"w{segment.tokens[i]}" for i in text)] if text else []
+        if text:  # one word (the test tokenizer writes no spaces): from its first token's start to the next's
+            word, starts = segment.words[0], segment.token_times
+            assert word.start == starts[text[0]] and word.end >= word.start
+
+
+def test_run_prints_word_times_and_an_export_without_alignment_heads_says_so(exported, tmp_path):
+    from dataclasses import replace
+
+    from edgeattn.runtime.whisper.specs import ALIGNMENT
+
+    _, export, _ = exported
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, audio(1.5, seed=15), RATE)
+    model = load(export)
+    heard = model.transcribe(path, language="fr", word_timestamps=True)
+    lines = CliRunner().invoke(cli, ["run", str(export), str(path), "--language", "fr", "--word-timestamps"])
+    assert lines.exit_code == 0, lines.output
+    words = [w for s in heard.segments for w in s.words]
+    assert lines.output.splitlines() == [f"[{clock(w.start, '.')} --> {clock(w.end, '.')}]  {w.word.strip()}"
+                                         for w in words]  # fmt: skip
+    printed = CliRunner().invoke(cli, ["run", str(export), str(path), "--language", "fr", "--word-timestamps",
+                                       "--format", "json"])  # fmt: skip
+    said = json.loads(printed.output)["segments"]
+    assert [w for s in said for w in s["words"]] == [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+    assert model.transcribe(path, language="fr").segments[0].words is None
+    decoder = model.specs["decoder"]
+    model.specs["decoder"] = replace(decoder, outputs=tuple(o for o in decoder.outputs if o.name != ALIGNMENT))
+    with pytest.raises(InputError, match="no alignment_heads"):
+        model.transcribe(path, language="fr", word_timestamps=True)
