@@ -593,6 +593,10 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.option("--task", "speech_task", type=click.Choice(["transcribe", "translate"]), default="transcribe",
               show_default=True, help="Speech: transcribe, or translate into English.")
 @click.option("--timestamps", is_flag=True, help="Speech: segments with their times.")
+@click.option("--prompt", "speech_prompt", default=None, help="Speech: text the windows are decoded after (earlier "
+              "words, names, spelling).")
+@click.option("--condition-on-previous-text", is_flag=True, help="Speech: decode each window after the text heard "
+              "before it (the prompt only before the first).")
 @click.option("--word-timestamps", is_flag=True, help="Speech: each word with its times, from the alignment heads "
               "(txt prints a line a word; json gives each segment's words).")
 @click.option("--format", "speech_format", type=click.Choice(["txt", "srt", "vtt", "json"]), default="txt",
@@ -632,6 +636,8 @@ def run(
     language: str | None,
     speech_task: str,
     timestamps: bool,
+    speech_prompt: str | None,
+    condition_on_previous_text: bool,
     word_timestamps: bool,
     speech_format: str,
     fallback: str | None,
@@ -667,13 +673,19 @@ def run(
     for graph, engine in model.engines.items():
         if not engine.requested and provider_name(engine.providers[0]) == OPENVINO:
             click.echo(f"{graph} graph on {engine.describe()} (--cpu: ONNX Runtime's CPU provider)", err=True)
+    speech_only = {"--prompt": speech_prompt, "--condition-on-previous-text": condition_on_previous_text,
+                   "--word-timestamps": word_timestamps}  # fmt: skip
+    given = [flag for flag, value in speech_only.items() if value]
+    if given and not hasattr(model, "transcribe"):
+        raise click.UsageError(f"{', '.join(given)}: for speech models (this export is a {model.family.name} model)")
     if not model.family.generation:
         _run_encoder(model, texts, as_json, truncate, aggregation)
         return
     if hasattr(model, "transcribe"):
         search = _speech_search(strategy, beams, temperature, top_k, seed, fallback, compression_ratio_threshold,
                                 logprob_threshold, no_speech_threshold)  # fmt: skip
-        search["word_timestamps"] = word_timestamps
+        search.update(word_timestamps=word_timestamps, prompt=speech_prompt,
+                      condition_on_prev_tokens=condition_on_previous_text)  # fmt: skip
         _run_speech(model, texts, language, speech_task, timestamps, speech_format, stream, max_new_tokens, search)
         return
     options: dict[str, Any] = {"strategy": strategy}

@@ -210,6 +210,9 @@ class Family:
     heldout_reader: str | None = None
     #: what a gate on random held-out inputs cannot show, for its table (empty: the token families' words)
     random_caveat: str = ""
+    #: ``"module:attribute"`` of the served task a family answers itself (its inputs, outputs and
+    #: answers, for Triton and ``edgeattn serve``; None: the text tasks of :mod:`edgeattn.serving.tasks`)
+    served: str | None = None
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
     #: ``"module:function"`` checking a greedy decode of its export against eager PyTorch,

@@ -357,8 +357,6 @@ class OpenAIApi:
         answer = form.get("response_format", "json")
         if answer not in AUDIO_FORMATS:
             raise ApiError(400, f"response_format is one of {', '.join(AUDIO_FORMATS)}", "response_format")
-        if form.get("prompt"):
-            raise ApiError(400, "prompt (text that conditions the transcript) is not served yet", "prompt")
         try:
             temperature = float(form.get("temperature", 0) or 0)
         except ValueError:
@@ -381,7 +379,8 @@ class OpenAIApi:
 
         def hear() -> Any:
             return served.model.transcribe(form["file"], language=language, task=task, timestamps=stamps,
-                                           temperature=temperature, word_timestamps=words)  # fmt: skip
+                                           temperature=temperature, word_timestamps=words,
+                                           prompt=form.get("prompt") or None)  # fmt: skip
 
         heard = await asyncio.get_running_loop().run_in_executor(None, hear)
         if answer == "json":

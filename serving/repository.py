@@ -41,7 +41,7 @@ from edgeattn.runtime.layout import TRITON_SETTINGS, WEIGHTS, external_data_file
 from edgeattn.runtime.manifest import DataFile, FileEntry, Manifest, check_file, read_manifest
 from edgeattn.runtime.precisions import FP32, get_precision
 from edgeattn.runtime.specs import GraphSpec, graph_spec
-from edgeattn.serving.tasks import TRITON_TYPES, ServedTensor, generates, task_inputs, task_of, task_outputs
+from edgeattn.serving.tasks import TRITON_TYPES, ServedTensor, generates, own_task, task_inputs, task_of, task_outputs
 from edgeattn.serving.vendoring import vendor
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,12 @@ def carried_path(name: str) -> str:
 
 def carries_export(task: str) -> bool:
     """Whether ``task``'s graphs keep state written in place between calls (a language model's
-    cache), so that only the end-to-end model, running them in its own process, can serve them."""
+    cache), or its family's served task runs the export itself (a speech model's features and
+    decoding settings are the export's), so that only the end-to-end model, running them in its own
+    process, can serve them."""
     family = task_family(task)
-    return any(family.role(g).in_place for g in graphs_for(task))
+    own = own_task(task)
+    return bool(own is not None and own.carries_export) or any(family.role(g).in_place for g in graphs_for(task))
 
 
 def graph_mode(task: str, options: RepositoryOptions) -> str:
@@ -143,9 +146,10 @@ def graph_mode(task: str, options: RepositoryOptions) -> str:
     if not carries_export(task):
         return options.graphs or "bls"
     if options.graphs == "bls":
-        raise ConfigError(f"a {task_family(task).name} model's graph writes its cache in place between steps, which "
-                          "Triton's ONNX Runtime backend cannot keep between calls; its repository always runs the "
-                          "graph inside the end-to-end model (drop --graphs bls)")  # fmt: skip
+        raise ConfigError(f"a {task_family(task).name} model's graphs run inside the end-to-end model, which "
+                          "carries its export (a cache written in place between steps, which Triton's ONNX Runtime "
+                          "backend cannot keep between calls, or settings only the export holds): "
+                          "drop --graphs bls")  # fmt: skip
     return "in-process"
 
 
@@ -414,7 +418,7 @@ def carry_export(export_dir: Path, manifest: Manifest, precision: str, graphs: l
     if not any(d.file == WEIGHTS for g in carried.graphs.values() for d in g.at(precision).external_data):
         carried.weights = None  # no carried graph reads the checkpoint
     carried.gates = {p: gate for p, gate in carried.gates.items() if p == precision}
-    for extra in (carried.tokenizer, carried.chat_template, carried.weights):
+    for extra in (carried.tokenizer, carried.chat_template, carried.weights, carried.settings):
         if extra is not None:
             copy(extra)
     carried.write(dst)
@@ -424,9 +428,15 @@ def carry_export(export_dir: Path, manifest: Manifest, precision: str, graphs: l
 def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOptions, rows: bool,
             carried: bool) -> str:  # fmt: skip
     listing = "\n".join(f"- `{m}` ({backend})" for m, backend in models.items())
-    outputs = {"classify": "label, score, probabilities", "tag": "entities (JSON)", "embed": "embedding",
-               "encode": "last_hidden_state, attention_mask", "generate": "answer, tokens",
-               "complete": "answer, tokens"}[task]  # fmt: skip
+    own = own_task(task)
+    sends, example = "`text` (strings, one per row)", '"your text"'
+    if own is not None:
+        outputs = ", ".join(t.name for t in own.outputs(None))
+        sends, example = own.sends, own.example
+    else:
+        outputs = {"classify": "label, score, probabilities", "tag": "entities (JSON)", "embed": "embedding",
+                   "encode": "last_hidden_state, attention_mask", "generate": "answer, tokens",
+                   "complete": "answer, tokens"}[task]  # fmt: skip
     stream = (
         f"\n`{name}_stream` streams the answer as it grows (decoupled mode: call it over gRPC streaming, "
         "one request, one response per piece of text).\n"
@@ -436,14 +446,16 @@ def _readme(name: str, task: str, models: dict[str, str], options: RepositoryOpt
     if task == "complete":
         stream += CHAT
     where = CARRIED.format(name=name, precision=options.precision) if carried else IN_PROCESS.format(name=name)
-    packages = "numpy onnxruntime tokenizers" + (" jinja2" if carried else "")
+    packages = "numpy onnxruntime tokenizers" + (" jinja2" if carried and own is None else "")
+    packages += "".join(f" {p}" for p in (own.packages if own is not None else ()))
+    first = own.inputs[0].name if own is not None else "text"
     return f"""# Triton repository for `{name}` ({task}, {options.precision})
 
 Written by edgeattn {edgeattn.__version__}. Models:
 
 {listing}
 
-Clients call `{name}` with `text` (strings, one per row) and get {outputs}.{stream}
+Clients call `{name}` with {sends} and get {outputs}.{stream}
 {where}
 {ROWS if rows else ""}
 ## Start it
@@ -459,8 +471,8 @@ The Python-backend model carries edgeattn's torch-free runtime (`1/vendor`); the
 ```python
 import numpy as np, tritonclient.http as http
 client = http.InferenceServerClient("localhost:8000")
-text = http.InferInput("text", [1, 1], "BYTES")
-text.set_data_from_numpy(np.array([["your text"]], dtype=object))
+text = http.InferInput("{first}", [1, 1], "BYTES")
+text.set_data_from_numpy(np.array([[{example}]], dtype=object))
 print(client.infer("{name}", [text]).as_numpy("{outputs.split(",")[0]}"))
 ```
 
@@ -475,10 +487,11 @@ Without the ONNX Runtime backend (or to keep everything in one process) set the 
 `{name}/config.pbtxt` to `"in-process"` and start only it:
 `tritonserver --model-repository /models --model-control-mode explicit --load-model {name}`."""
 
-CARRIED = """The language model's graph writes its cache in place between decoding steps, which a stateless
-graph model cannot keep: each end-to-end model (and each of its instances) loads it into its own
-process from `{name}/1/export/` (the export's files at {precision}, each checked against the sha256
-its trimmed manifest records)."""
+CARRIED = """The end-to-end model runs the graphs itself (a language model's graph writes its cache in
+place between decoding steps, which a stateless graph model cannot keep; a speech model's features
+and decoding settings are its export's): each end-to-end model (and each of its instances) loads the
+export into its own process from `{name}/1/export/` (the export's files at {precision}, each checked
+against the sha256 its trimmed manifest records)."""
 
 CHAT = """
 A request may also send `chat` (BOOL: each text is a conversation, a JSON list of

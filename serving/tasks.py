@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.families import all_tasks, family_of
+from edgeattn.runtime.families import all_tasks, family_of, resolve, task_family
 from edgeattn.runtime.text import label_names
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,26 @@ _SETTINGS = {"generate": GENERATION_INPUTS, "complete": GENERATION_INPUTS + COMP
 _SERVED = ("generate", "complete", "classify", "tag", "embed", "encode")
 
 
+def own_task(task: str) -> Any | None:
+    """The served task a family answers itself (its record's ``served``), or None for a text task."""
+    try:
+        family = task_family(task)
+    except EdgeattnError:
+        return None
+    return None if family.served is None else resolve(family.served)
+
+
 def task_of(config: Any, task: str | None = None, recorded: str | None = None) -> str:
     """The served task of a model: ``task`` when given and the model can do it, else the task its
     export recorded (``recorded``, when it is one of :data:`TASKS`), else what its head says
     (generate for encoder-decoders, classify / tag for sequence / token heads, else embed)."""
     task = task or (recorded if recorded in TASKS else None)
     family = family_of(config)
+    if family.served is not None:
+        served = resolve(family.served).name
+        if task not in (None, "", served):
+            raise EdgeattnError(f"this model cannot serve task {task!r}; it serves {served}")
+        return str(served)
     natural = (next(iter(family.tasks)) if len(family.tasks) == 1 else "classify" if config.head == "sequence"
                else "tag" if config.head == "token" else "embed")  # fmt: skip
     if natural not in _SERVED:
@@ -99,11 +113,17 @@ def task_of(config: Any, task: str | None = None, recorded: str | None = None) -
 
 def task_inputs(task: str) -> tuple[ServedTensor, ...]:
     """What a request of ``task`` sends."""
+    own = own_task(task)
+    if own is not None:
+        return tuple(own.inputs)
     return (ServedTensor("text", "bytes", (1,)), *_SETTINGS.get(task, ()))
 
 
 def task_outputs(task: str, config: Any) -> tuple[ServedTensor, ...]:
     """What a request of ``task`` gets back (one row per text)."""
+    own = own_task(task)
+    if own is not None:
+        return tuple(own.outputs(config))
     d = config.d_model
     return {
         "classify": (ServedTensor("label", "bytes", (1,)), ServedTensor("score", "float32", (1,)),
@@ -145,8 +165,17 @@ def request_texts(inputs: dict[str, np.ndarray]) -> list[str]:
 
 def generation_options(inputs: dict[str, np.ndarray], task: str = "generate") -> dict[str, Any]:
     """The decoding settings a request of ``task`` sent (scalars; the first row's where it sends several)."""
+    options = request_settings(inputs, _SETTINGS[task])
+    if "stop" in options:
+        options["stop"] = stop_strings(options["stop"])
+    return options
+
+
+def request_settings(inputs: dict[str, np.ndarray], tensors: Sequence[ServedTensor]) -> dict[str, Any]:
+    """The settings among ``tensors`` a request sent, as Python scalars (the first row's where it
+    sends several)."""
     options: dict[str, Any] = {}
-    for t in _SETTINGS[task]:
+    for t in tensors:
         if t.name not in inputs:
             continue
         value = np.asarray(inputs[t.name]).reshape(-1)
@@ -161,8 +190,6 @@ def generation_options(inputs: dict[str, np.ndarray], task: str = "generate") ->
             options[t.name] = float(item)
         else:
             options[t.name] = int(item)
-    if "stop" in options:
-        options["stop"] = stop_strings(options["stop"])
     return options
 
 
@@ -215,7 +242,8 @@ def prompts(texts: list[str], options: dict[str, Any]) -> tuple[list[Any], dict[
     return list(texts), options
 
 
-def _strings(values: Sequence[str]) -> np.ndarray:
+def strings(values: Sequence[str]) -> np.ndarray:
+    """Strings as a Triton string tensor, one a row."""
     return np.array([v.encode("utf-8") for v in values], dtype=np.object_).reshape(-1, 1)
 
 
@@ -225,13 +253,13 @@ def answer_texts(model: Any, task: str, texts: list[str], options: dict[str, Any
         found = model.classify(texts)
         labels = label_names(model.labels, model.config.num_labels)
         return {
-            "label": _strings([c.label for c in found]),
+            "label": strings([c.label for c in found]),
             "score": np.array([[c.score] for c in found], np.float32),
             "probabilities": np.array([[c.scores[name] for name in labels] for c in found], np.float32),
         }
     if task == "tag":
         found = model.tag(texts)
-        return {"entities": _strings([json.dumps([e.to_dict() for e in row]) for row in found])}
+        return {"entities": strings([json.dumps([e.to_dict() for e in row]) for row in found])}
     if task == "embed":
         return {"embedding": np.asarray(model.embed(texts), np.float32)}
     if task == "encode":
@@ -245,7 +273,7 @@ def answer_texts(model: Any, task: str, texts: list[str], options: dict[str, Any
     rows = np.full((len(found), width), model.config.pad_id, np.int64)
     for i, (_, tokens) in enumerate(found):
         rows[i, : len(tokens)] = tokens
-    return {"answer": _strings([text for text, _ in found]), "tokens": rows}
+    return {"answer": strings([text for text, _ in found]), "tokens": rows}
 
 
 def _trim_encoded(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -258,6 +286,9 @@ def _trim_encoded(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def answer(model: Any, task: str, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
     """Each request's outputs (or the error that request alone caused), answering requests with the
     same decoding settings in one call of the model."""
+    own = own_task(task)
+    if own is not None:
+        return list(own.answer(model, requests))
     results: list[dict[str, np.ndarray] | Exception] = [EdgeattnError("not answered")] * len(requests)
     groups: dict[str, list[tuple[int, list[str]]]] = {}
     settings: dict[str, dict[str, Any]] = {}

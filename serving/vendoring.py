@@ -17,8 +17,17 @@ log = logging.getLogger(__name__)
 #: what a vendored module may not import at its top level (the server has none of them)
 HEAVY = ("torch", "transformers")
 #: the modules a served model starts from: the Python backend, and the whole runtime package (its
-#: families' runtime classes are named in the registries, not imported)
+#: families' runtime classes are named in the registries, not imported); the modules of the runtime
+#: classes and served tasks the families' records name are added (:func:`served_roots`)
 ROOTS = ("edgeattn.serving.triton_backend", "edgeattn.runtime")
+
+
+def served_roots() -> tuple[str, ...]:
+    """:data:`ROOTS` and the modules of the runtime classes and served tasks the families' records name."""
+    from edgeattn.runtime.families import FAMILIES
+
+    named = [n.partition(":")[0] for f in FAMILIES.values() for n in (f.runtime, f.served) if n is not None]
+    return (*ROOTS, *dict.fromkeys(named))
 
 
 def _origin(module: str) -> Path:
@@ -97,11 +106,12 @@ def heavy_import(module: str) -> str | None:
     return None
 
 
-def vendored_modules(roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
-    """Every edgeattn module the ``roots`` reach (a package root: all its modules) by imports that
-    need no torch, with its file; EdgeattnError naming the chain where a root's own imports do."""
+def vendored_modules(roots: tuple[str, ...] | None = None) -> dict[str, Path]:
+    """Every edgeattn module the ``roots`` (default :func:`served_roots`) reach (a package root: all
+    its modules) by imports that need no torch, with its file; EdgeattnError naming the chain where
+    a root's own imports do."""
     todo = []
-    for root in roots:
+    for root in served_roots() if roots is None else roots:
         todo.append(root)
         if _is_package(root):
             todo += [f"{root}.{p.stem}" for p in sorted(_origin(root).parent.glob("*.py")) if p.stem != "__init__"]

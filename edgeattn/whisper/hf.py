@@ -37,7 +37,7 @@ TASK = "transcribe"
 #: the generation config keys the runtime decodes by (``edgeattn.runtime.whisper.decoding``)
 DECODING_KEYS = ("decoder_start_token_id", "eos_token_id", "no_timestamps_token_id", "suppress_tokens",
                  "begin_suppress_tokens", "lang_to_id", "task_to_id", "is_multilingual",
-                 "max_initial_timestamp_index", "max_length", "alignment_heads")
+                 "max_initial_timestamp_index", "max_length", "alignment_heads", "prev_sot_token_id")
 #: Hugging Face sub-module -> edgeattn's, inside a layer
 _LAYER = {"self_attn": "self_attn", "encoder_attn": "cross_attn", "fc1": "ff.linear1", "fc2": "ff.linear2"}
 #: the norms of each stack's layers, in order

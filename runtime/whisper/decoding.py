@@ -31,6 +31,14 @@ class WhisperSettingsError(EdgeattnError):
     """A generation config Whisper cannot decode by, or a language or task it does not have."""
 
 
+def _prev_sot(named: Any, suppressed: Any) -> int | None:
+    if isinstance(named, int):
+        return named
+    if isinstance(suppressed, list) and len(suppressed) >= 2 and isinstance(suppressed[-2], int):
+        return suppressed[-2]
+    return None
+
+
 def _ids(value: Any, where: str, name: str) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -59,6 +67,9 @@ class WhisperDecoding:
     max_length: int = 448
     #: (layer, head) pairs of cross-attention that align text with audio, for word timestamps
     alignment_heads: tuple[tuple[int, int], ...] = ()
+    #: ``<|startofprev|>``: what a prompt (earlier text that conditions a window) starts with
+    #: (transformers' fallback where the config names none: the second last suppressed token)
+    prev_sot: int | None = None
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> WhisperDecoding:
@@ -91,6 +102,7 @@ class WhisperDecoding:
             multilingual=bool(data.get("is_multilingual", bool(languages))),
             max_initial_timestamp_index=None if initial is None else int(initial),
             max_length=int(data.get("max_length") or 448), alignment_heads=tuple((int(a), int(b)) for a, b in heads),
+            prev_sot=_prev_sot(data.get("prev_sot_token_id"), data.get("suppress_tokens")),
         )  # fmt: skip
 
     @property

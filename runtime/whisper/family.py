@@ -41,5 +41,6 @@ SPEECH_FAMILY = Family(
     random_caveat="held-out windows of random log-mel features: they cannot show what speech does (a real "
                   "model's transcripts of it); give --heldout with audio",
     generation_gate=f"{_GATE}:generation_metrics",
+    served="edgeattn.serving.speech_task:TRANSCRIBE",
 )  # fmt: skip
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,20 @@ class Window:
     no_speech: float | None = None
     silent: bool = False
     times: np.ndarray | None = None
+
+
+#: how a prompt conditions long-form audio (transformers' ``prompt_condition_type``)
+CONDITION_TYPES = ("first-segment", "all-segments")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What windows are decoded after: the prompt's tokens (``<|startofprev|>`` first; empty for
+    none), whether each window follows the text heard before it, and where the prompt goes."""
+
+    ids: list[int] = field(default_factory=list)
+    condition: bool = False
+    kind: str = "first-segment"
 
 
 @dataclass(frozen=True)
@@ -203,16 +217,19 @@ class WhisperRuntime(ExportedModel):
 
     def segments(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                  timestamps: bool = True, max_new_tokens: int | None = None, rate: int | None = None,
-                 word_timestamps: bool = False, **search: Any) -> Iterator[Segment]:  # fmt: skip
+                 word_timestamps: bool = False, prompt: str | None = None, condition_on_prev_tokens: bool = False,
+                 prompt_condition_type: str = "first-segment", **search: Any) -> Iterator[Segment]:  # fmt: skip
         """The transcript's segments as each window is decoded (see :meth:`transcribe`)."""
         options = search_options(search)
         self._check_words(word_timestamps)
+        context = self._context(prompt, condition_on_prev_tokens, prompt_condition_type)
         yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {}, options,
-                                 word_timestamps)  # fmt: skip
+                                 word_timestamps, context)  # fmt: skip
 
     def transcribe(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                    timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
-                   word_timestamps: bool = False, **search: Any) -> Transcript:  # fmt: skip
+                   word_timestamps: bool = False, prompt: str | None = None, condition_on_prev_tokens: bool = False,
+                   prompt_condition_type: str = "first-segment", **search: Any) -> Transcript:  # fmt: skip
         """The transcript of ``audio`` (a path, a file's bytes, or mono samples at ``rate``) by
         the export's decoding settings, in ``language`` (a code; detected from the first window
         when None on a multilingual model), ``task`` ``transcribe`` or ``translate`` (into
@@ -225,13 +242,18 @@ class WhisperRuntime(ExportedModel):
         :class:`~edgeattn.runtime.whisper.decoding.SearchOptions` and transformers take them.
         ``word_timestamps``: each segment's words with their times, from the alignment heads
         (:mod:`~edgeattn.runtime.whisper.alignment`), where the export has them; it decodes
-        timestamp tokens too (segments split by them), so that the first word has a row of its own."""
+        timestamp tokens too (segments split by them), so that the first word has a row of its own.
+        ``prompt``: text the windows are decoded after (earlier words, names, spelling; as
+        transformers' ``prompt_ids``: every window's, or with ``condition_on_prev_tokens`` the first
+        one's, the others decoded after the text heard so far; ``prompt_condition_type``
+        ``"all-segments"``: the prompt before that text in every window)."""
         options = search_options(search)
         self._check_words(word_timestamps)
+        context = self._context(prompt, condition_on_prev_tokens, prompt_condition_type)
         samples = self.samples(audio, rate)
         found: dict[str, Any] = {}
         segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found, options,
-                                      word_timestamps))  # fmt: skip
+                                      word_timestamps, context))  # fmt: skip
         eos = self.decoding.eos
         text = self._text([t for s in segments for t in s.tokens if t < eos])
         return Transcript(text, segments, found.get("language"), samples.size / self.log_mel.rate)
@@ -253,9 +275,46 @@ class WhisperRuntime(ExportedModel):
                              "are found by: its folder's generation_config.json lists no alignment_heads, or it was "
                              "exported before edgeattn returned them (export it again)")  # fmt: skip
 
+    def _context(self, prompt: str | None, condition: bool, kind: str) -> Context:
+        """The prompt's tokens (after ``<|startofprev|>``) and how windows are conditioned, checked."""
+        if kind not in CONDITION_TYPES:
+            raise InputError(f"prompt_condition_type is one of {', '.join(CONDITION_TYPES)}, not {kind!r}")
+        if kind == "all-segments" and not condition:
+            raise InputError("prompt_condition_type 'all-segments' conditions each window on the text heard so far: "
+                             "set condition_on_prev_tokens too")  # fmt: skip
+        ids: list[int] = []
+        if prompt is not None and prompt.strip():
+            if self.tokenizer is None:
+                raise EdgeattnError("this speech export has no tokenizer.json to read a prompt with")
+            if self.decoding.prev_sot is None:
+                raise InputError("this model's generation config names no <|startofprev|> token to start a prompt")
+            ids = list(self.tokenizer.encode(" " + prompt.strip(), special_tokens=False))
+            if any(t >= self.decoding.eos for t in ids):
+                raise InputError("a prompt is plain text: it holds no special tokens (<|...|>)")
+            ids = [self.decoding.prev_sot, *ids[-self._context_tokens :]]
+        return Context(ids, condition, kind)
+
+    @property
+    def _context_tokens(self) -> int:
+        """The most earlier tokens a window is decoded after (half its sequence, as transformers)."""
+        return self.config.max_len // 2 - 1
+
+    def _prefix(self, context: Context, heard: list[list[int]], conditioned: bool) -> list[int]:
+        """What a window's start sequence follows: the prompt, or (conditioned) ``<|startofprev|>``
+        (the prompt, for all-segments) and the last tokens of the segments heard so far, each
+        closing pair of timestamps counted once (transformers' ``_prepare_decoder_input_ids``)."""
+        if conditioned and heard:
+            begin = self.decoding.timestamp_begin or self.config.vocab_size
+            before = context.ids if context.ids and context.kind == "all-segments" else [self.decoding.prev_sot]
+            if before == [None]:
+                raise InputError("this model's generation config names no <|startofprev|> token to condition on")
+            tokens = [t for part in heard for t in (part[:-1] if len(part) > 2 and part[-2] >= begin else part)]
+            return [*before, *tokens[-self._context_tokens :]]  # type: ignore[list-item]
+        return list(context.ids)
+
     def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
                  max_new_tokens: int | None, found: dict[str, Any], options: SearchOptions, words: bool = False,
-                 ) -> Iterator[Segment]:  # fmt: skip
+                 context: Context | None = None) -> Iterator[Segment]:  # fmt: skip
         mel, decoding = self.log_mel, self.decoding
         long_form = samples.size > mel.window_samples
         features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
@@ -267,13 +326,20 @@ class WhisperRuntime(ExportedModel):
         total = features.shape[1] if long_form else window  # a short clip is one padded window
         heard = total if long_form else -(-samples.size // mel.hop)  # the frames holding audio (transformers' mask)
         rng = np.random.default_rng(options.seed)
+        context = context or Context()
+        # the segments heard so far (a first-segment prompt counts as one), and whether the next
+        # window is decoded after them (not after a window sampled at 0.5 or above)
+        heard_so_far = [context.ids[1:]] if context.ids and context.kind == "first-segment" else []
+        conditioned = context.condition
         seek = 0
         while seek < total:
             frames = min(window, total - seek)
             piece = np.zeros((1, features.shape[0], window), dtype=np.float32)
             piece[0, :, :frames] = features[:, seek : seek + frames]
             positions = (heard - seek) // INPUT_STRIDE if words else None
-            found_here = self._window(piece, language, task, stamped, max_new_tokens, options, rng, positions)
+            prefix = self._prefix(context, heard_so_far, conditioned)
+            found_here = self._window(piece, language, task, stamped, max_new_tokens, options, rng, positions, prefix)
+            conditioned = context.condition and found_here.temperature < 0.5
             found.setdefault("language", found_here.language)
             language = language or found_here.language  # detected once, from the first window (as transformers)
             if found_here.silent:  # no speech: on to the next window
@@ -297,6 +363,7 @@ class WhisperRuntime(ExportedModel):
                     said = tuple(group_words(part, times, self.tokenizer, decoding.eos, language, offset))
                     stamps = tuple(round(offset + float(t), 3) for t in times[:-1])
                 at += len(part)
+                heard_so_far.append(list(part))
                 yield Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
                               round(found_here.logprob, 6), round(ratio, 6), found_here.temperature,
                               found_here.no_speech, said, stamps)  # fmt: skip
@@ -304,13 +371,14 @@ class WhisperRuntime(ExportedModel):
 
     def _window(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
                 new: int | None, options: SearchOptions, rng: np.random.Generator,
-                positions: int | None = None) -> Window:  # fmt: skip
+                positions: int | None = None, prefix: list[int] | None = None) -> Window:  # fmt: skip
         """One window searched as ``options`` say: each temperature in turn until one's tokens
         pass the thresholds (or the last); with ``positions`` (the audio positions holding audio),
-        its tokens' times too."""
+        its tokens' times too; its start sequence after ``prefix`` (a prompt, earlier text)."""
         decoding = self.decoding
         detect = decoding.multilingual and language is None
-        prompt = decoding.prompt(0 if detect else language, task, timestamps)
+        prefix = prefix or []
+        prompt = prefix + decoding.prompt(0 if detect else language, task, timestamps)
         limit = min(self.config.max_len, decoding.max_length) - len(prompt)
         new = limit if new is None else new
         self._check_length(len(prompt), new)
@@ -318,9 +386,11 @@ class WhisperRuntime(ExportedModel):
         no_speech = None
         if detect or options.no_speech_threshold is not None:  # the scores after the start token alone
             first = self._stepper(source, 1, 1).step(np.array([[decoding.start]]))
-            if detect:
-                prompt[1] = int(decoding.detect_language(first)[0])
-            if options.no_speech_threshold is not None:
+            if detect:  # from the start token alone, as transformers
+                prompt[len(prefix) + 1] = int(decoding.detect_language(first)[0])
+            if options.no_speech_threshold is not None:  # after the start token where the window has it
+                if prefix:
+                    first = self._stepper(source, 1, len(prefix) + 1).step(np.array([[*prefix, decoding.start]]))
                 no_speech = float(_softmax(first)[0, decoding.no_speech])
         rules = WhisperRules(decoding, len(prompt), timestamps)
         temperatures = options.temperatures
@@ -342,7 +412,7 @@ class WhisperRuntime(ExportedModel):
         elif times is not None:  # no end token: the last token ends where it starts (no row says more)
             times = np.concatenate([times, times[-1:]])
         names = {v: k.strip("<|>") for k, v in decoding.languages.items()}
-        spoken = names.get(prompt[1]) if decoding.multilingual else None
+        spoken = names.get(prompt[len(prefix) + 1]) if decoding.multilingual else None
         return Window(sequence, spoken, logprob, float(temperature), no_speech, silent, times)
 
     def _token_times(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int],

@@ -66,6 +66,8 @@ def test_run_command(demo_export, tmp_path):
     assert streamed.stdout.split() == ["1", "5", "8"]
     bad = edgeattn("run", str(demo_export), "5 two")
     assert bad.returncode == 1 and "unknown token(s) 'two'" in bad.stderr and "Traceback" not in bad.stderr
+    speech = edgeattn("run", str(demo_export), "5 2", "--prompt", "earlier words", "--word-timestamps")
+    assert speech.returncode == 2 and "--prompt, --word-timestamps: for speech models" in speech.stderr
 
 
 def test_run_stays_torch_free(demo_export):

@@ -162,3 +162,14 @@ def test_word_times_follow_transformers_token_timestamps(folder, export, clips, 
     for segment in heard.segments:
         assert "".join(w.word for w in segment.words) == segment.text
         assert all(segment.seek * 0.01 <= w.start <= w.end <= heard.duration + 0.02 for w in segment.words)
+
+
+def test_long_form_conditioned_on_the_text_heard_equals_transformers(folder, export, clips):
+    """43 s with each window decoded after the segments heard before it (``condition_on_prev_tokens``):
+    transformers' segments, and not those of independent windows."""
+    from edgeattn.runtime import load
+
+    theirs = _theirs(folder, clips["long"], True, condition_on_prev_tokens=True)
+    ours = load(export[0]).transcribe(clips["long"], condition_on_prev_tokens=True)
+    assert [(s.start, s.end, list(s.tokens)) for s in ours.segments] == theirs
+    assert len({s.seek for s in ours.segments}) > 1

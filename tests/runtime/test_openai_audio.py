@@ -74,6 +74,10 @@ def test_transcriptions_in_every_format(server):
                                               response_format="verbose_json",
                                               timestamp_granularities=["word", "segment"])  # fmt: skip
     assert both.words and [s.tokens for s in both.segments] == [list(s.tokens) for s in want.segments]
+    prompted = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
+                                                  response_format="verbose_json", prompt="w5 w17 w300")  # fmt: skip
+    after = model.transcribe(samples, language="fr", timestamps=True, prompt="w5 w17 w300")
+    assert [s.tokens for s in prompted.segments] == [list(s.tokens) for s in after.segments]
     sampled = client.audio.transcriptions.create(model="whisper-test", file=("clip.wav", wav), language="fr",
                                                  response_format="verbose_json", temperature=0.8)  # fmt: skip
     assert sampled.segments and {s.temperature for s in sampled.segments} == {0.8}

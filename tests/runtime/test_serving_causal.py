@@ -92,7 +92,7 @@ def test_a_written_repository_runs_where_edgeattn_is_not_installed(lm_export, tm
 
 
 def test_bls_is_refused_and_a_bad_carried_file_is_found(lm_export, tmp_path):
-    with pytest.raises(ConfigError, match="writes its cache in place.*drop --graphs bls"):
+    with pytest.raises(ConfigError, match="a cache written in place.*drop --graphs bls"):
         write_repository(lm_export, tmp_path / "bls", RepositoryOptions(graphs="bls"))
     repo = write_repository(lm_export, tmp_path / "repo", RepositoryOptions())
     path = repo.path / "lm" / "1" / "export" / "tokenizer.json"

@@ -31,7 +31,7 @@ GENERATION = {
     "begin_suppress_tokens": [220, EOS],
     "lang_to_id": {"<|en|>": 50259, "<|de|>": 50261, "<|fr|>": 50265, "<|ja|>": 50266},
     "task_to_id": {"transcribe": 50359, "translate": 50358}, "max_length": 448,
-    "alignment_heads": [[0, 1], [0, 3]],
+    "alignment_heads": [[0, 1], [0, 3]], "prev_sot_token_id": 50361,
 }  # fmt: skip
 
 

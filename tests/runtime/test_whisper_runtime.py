@@ -359,3 +359,126 @@ def test_run_prints_word_times_and_an_export_without_alignment_heads_says_so(exp
     model.specs["decoder"] = replace(decoder, outputs=tuple(o for o in decoder.outputs if o.name != ALIGNMENT))
     with pytest.raises(InputError, match="no alignment_heads"):
         model.transcribe(path, language="fr", word_timestamps=True)
+
+
+@pytest.mark.parametrize("seconds,language,condition", [
+    (1.5, "fr", {}), (7.9, "de", {}), (7.9, "de", {"condition_on_prev_tokens": True}),
+    (7.9, "de", {"condition_on_prev_tokens": True, "prompt_condition_type": "all-segments"}),
+    (5.3, "de", {"condition_on_prev_tokens": True, "num_beams": 2})])  # fmt: skip
+def test_a_prompt_and_the_text_heard_so_far_condition_windows_as_transformers(exported, seconds, language, condition):
+    """A prompt before a window (one, or the long-form path's first: this random model's timestamps
+    run past its 2 s windows, so it decodes one), alone or as the text heard so far, gives
+    transformers' segments with its ``prompt_ids`` and ``condition_on_prev_tokens`` (later windows
+    decoded after the text heard: tests/real/test_whisper_tiny_en.py)."""
+    folder, export, _ = exported
+    samples = audio(seconds, seed=int(seconds * 10) + 3)
+    prev_sot = GENERATION["suppress_tokens"][-2]  # transformers' <|startofprev|> where the config names none
+    prompt_ids = torch.tensor([prev_sot, 5, 17, 300])
+    theirs, _ = _theirs(folder, samples, language, "transcribe", True, prompt_ids=prompt_ids, **condition)
+    model = load(export)
+    heard = model.transcribe(samples, language=language, timestamps=True, max_new_tokens=30, prompt="w5 w17 w300",
+                             **condition)  # fmt: skip
+    assert [(s.start, s.end, list(s.tokens)) for s in heard.segments] == theirs
+    plain = model.transcribe(samples, language=language, timestamps=True, max_new_tokens=30)
+    assert [s.tokens for s in plain.segments] != [s.tokens for s in heard.segments]  # the prompt was heard
+
+
+def test_run_takes_a_prompt_and_prompts_are_refused_where_they_cannot_work(exported, tmp_path):
+    _, export, _ = exported
+    model = load(export)
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, audio(1.5, seed=16), RATE)
+    printed = CliRunner().invoke(cli, ["run", str(export), str(path), "--language", "fr", "--prompt", "w5 w17 w300",
+                                       "--condition-on-previous-text"])  # fmt: skip
+    assert printed.exit_code == 0, printed.output
+    after = model.transcribe(path, language="fr", prompt="w5 w17 w300", condition_on_prev_tokens=True)
+    assert printed.output.strip() == after.text.strip()
+    with pytest.raises(InputError, match="set condition_on_prev_tokens too"):
+        model.transcribe(audio(0.5, seed=1), language="fr", prompt="w5", prompt_condition_type="all-segments")
+    with pytest.raises(InputError, match="one of first-segment, all-segments"):
+        model.transcribe(audio(0.5, seed=1), language="fr", prompt="w5", prompt_condition_type="every")
+    with pytest.raises(InputError, match="no special tokens"):
+        model.transcribe(audio(0.5, seed=1), language="fr", prompt="w5 <|s50300|>")
+
+
+def test_a_triton_repository_transcribes_where_edgeattn_is_not_installed(exported, tmp_path):
+    """``edgeattn triton`` on a speech export: the end-to-end model carries the export (its
+    features and decoding settings) and, importing only its vendor folder, answers each audio file
+    of a request as the runtime transcribes it; graph models over BLS are refused."""
+    from without_edgeattn import run_vendored
+
+    from edgeattn.errors import ConfigError
+    from edgeattn.serving.repository import RepositoryOptions, write_repository
+
+    _, export, _ = exported
+    clips = [audio(1.5, seed=41), audio(5.3, seed=42)]
+    files = []
+    for i, clip in enumerate(clips):
+        buffer = io.BytesIO()
+        soundfile.write(buffer, clip, RATE, format="WAV")
+        files.append(buffer.getvalue())
+        (tmp_path / f"{i}.wav").write_bytes(files[-1])
+    repo = write_repository(export, tmp_path / "repo", RepositoryOptions())
+    assert repo.task == "transcribe" and set(repo.models) == {repo.name}
+    config = (repo.path / repo.name / "config.pbtxt").read_text()
+    assert 'name: "audio"' in config and 'name: "segments"' in config and '"in-process"' in config
+    assert "`audio`" in (repo.path / "README.md").read_text()
+    code = (
+        "import json, runpy\n"
+        "import numpy as np\n"
+        "assert 'TritonPythonModel' in runpy.run_path(str(version / 'model.py'))\n"
+        "from edgeattn.serving.tasks import answer\n"
+        "from edgeattn.serving.triton_backend import served_model\n"
+        "model, settings = served_model(version, 'in-process', 8)\n"
+        "files = [(version.parent.parent.parent / f'{i}.wav').read_bytes() for i in (0, 1)]\n"
+        "asked = [{'audio': np.array([[f] for f in files], dtype=object), 'language': np.array([[b'de']], object),\n"
+        "          'timestamps': np.array([[True]]), 'word_timestamps': np.array([[True]])},\n"
+        "         {'language': np.ones(1)}]\n"
+        "found = answer(model, settings['task'], asked)\n"
+        "assert 'no' in str(found[1]) and 'audio' in str(found[1])\n"
+        "print(json.dumps({k: [v.decode() for v in found[0][k][:, 0]] for k in ('text', 'segments', 'language')}))\n"
+        "assert not [m for m in sys.modules if m.startswith(('torch', 'transformers')) and sys.modules[m]]\n"
+    )
+    got = json.loads(run_vendored(repo.path / repo.name / "1", code).strip())
+    model = load(export)
+    want = [model.transcribe(c, language="de", timestamps=True, word_timestamps=True) for c in clips]
+    assert got["text"] == [w.text.strip() for w in want] and got["language"] == ["de", "de"]
+    segments = [json.loads(s) for s in got["segments"]]
+    assert [[(s["start"], s["end"], s["tokens"]) for s in one] for one in segments] == [
+        [(s.start, s.end, list(s.tokens)) for s in w.segments] for w in want]  # fmt: skip
+    assert all("words" in s for one in segments for s in one)
+    with pytest.raises(ConfigError, match="drop --graphs bls"):
+        write_repository(export, tmp_path / "bls", RepositoryOptions(graphs="bls"))
+
+
+@pytest.mark.slow
+def test_a_real_triton_server_transcribes_as_the_runtime(exported, tmp_path):
+    """``edgeattn serve``'s server on a speech export: an audio file's bytes in over HTTP, the
+    runtime's transcript and segments out; a request without audio is answered with its error."""
+    pytest.importorskip("pytriton")
+    http = pytest.importorskip("tritonclient.http")
+    from edgeattn.serving.repository import RepositoryOptions, write_repository
+    from edgeattn.serving.triton_server import TritonServer
+
+    _, export, _ = exported
+    clip = audio(1.5, seed=43)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, clip, RATE, format="WAV")
+    repo = write_repository(export, tmp_path / "repo", RepositoryOptions())
+    want = load(export).transcribe(clip, language="fr", timestamps=True)
+
+    def tensor(name: str, value: object, kind: str) -> object:
+        found = http.InferInput(name, [1, 1], kind)
+        found.set_data_from_numpy(np.array([[value]], dtype=object if kind == "BYTES" else bool))
+        return found
+
+    with TritonServer(repo.path, [repo.name], log_file=tmp_path / "server.log") as server:
+        client = http.InferenceServerClient(server.http_url)
+        out = client.infer(repo.name, [tensor("audio", buffer.getvalue(), "BYTES"), tensor("language", b"fr", "BYTES"),
+                                       tensor("timestamps", True, "BOOL")])  # fmt: skip
+        assert out.as_numpy("text")[0, 0].decode() == want.text.strip()
+        segments = json.loads(out.as_numpy("segments")[0, 0].decode())
+        assert [(s["start"], s["end"], s["tokens"]) for s in segments] == [(s.start, s.end, list(s.tokens))
+                                                                           for s in want.segments]  # fmt: skip
+        with pytest.raises(Exception, match="audio"):
+            client.infer(repo.name, [tensor("language", b"fr", "BYTES")])
