@@ -49,7 +49,7 @@ from edgeattn.exporters.onnx_export import (
     written_graph,
 )
 from edgeattn.exporters.operators import fused_attention_count, operator_counts
-from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantizable_weights
+from edgeattn.exporters.quantize import ConversionJob, converter, quantizable_weights
 from edgeattn.exporters.sensitivity import SEARCH_SECONDS, SearchResult, Trial, group_nodes, search_sensitive
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.host import release_freed_memory
@@ -342,7 +342,7 @@ class PrecisionBuilder:
         if precision.fitted and self.family.role(graph).fitter is not None and self.fit_text is not None:
             job.fit = lambda bits_of, block: self._fit(graph, bits_of, block)
             job.fit_source = self.fit_text[1]
-        info = CONVERTERS[precision.name](src, dst, job)
+        info = converter(precision.name)(src, dst, job)
         release_freed_memory()
         fields = {"quantization": info, **source}
         if self.family.role(graph).cache_dtype(precision) == "int8":

@@ -11,7 +11,7 @@
 
 Each converter takes a fused float32 graph of its precision's source form (see
 ``edgeattn.runtime.precisions``), writes the converted graph, and returns the settings it used
-(recorded in the manifest). :data:`CONVERTERS` maps each precision to its converter.
+(recorded in the manifest). Each precision's record names its converter (:func:`converter`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.layout import external_data_file
-from edgeattn.runtime.precisions import CALIBRATION_METHODS
+from edgeattn.runtime.precisions import CALIBRATION_METHODS, PrecisionError, get_precision
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import is_in_place_cache
 
@@ -512,10 +512,12 @@ def quantizable_weights(src: Path) -> dict[str, str]:
     return {name: next(i for i in nodes[name].input if i in inits) for name in _quantizable(model)}
 
 
-#: Every precision that is made by converting a fused float32 graph, and its converter.
-CONVERTERS: dict[str, Converter] = {
-    "int8": quantize_int8_dynamic,
-    "int8-static": quantize_int8_static,
-    "fp16": convert_fp16,
-    "int4": quantize_int4,
-}
+def converter(precision: str) -> Converter:
+    """The converter its record names for ``precision`` (one made by converting a fused graph)."""
+    from edgeattn.runtime.families import resolve
+
+    named = get_precision(precision).converter
+    if named is None:
+        raise PrecisionError(f"precision {precision!r} is not made by a converter")
+    found: Converter = resolve(named)
+    return found

@@ -191,7 +191,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     (default: the export's). ExportError naming the nodes otherwise."""
     from edgeattn.exporters.compact import fold_transposes
     from edgeattn.exporters.fitted_weights import carry_fitted
-    from edgeattn.exporters.quantize import CONVERTERS, ConversionJob, quantize_int4
+    from edgeattn.exporters.quantize import ConversionJob, converter, quantize_int4
     from edgeattn.exporters.target_lint import lint, summary
 
     model = onnx.load(str(check_file(export_dir, manifest.entry(graph, precision), checked)))
@@ -200,7 +200,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
         return model, None
     release = f"ONNX Runtime {ORT_PACKAGES['node'][1]} (onnxruntime-web and -node)"
     plain = onnx.load(str(check_file(export_dir, manifest.entry(graph, FP32), checked)))
-    if get_precision(precision).build != "convert" or precision not in CONVERTERS or lint(plain):
+    if get_precision(precision).converter is None or lint(plain):
         raise ExportError(f"the {precision} {graph} holds nodes {release} cannot run:\n{summary(findings)}")
     variant = manifest.graphs[graph].precisions[precision]
     quantization = variant.quantization or {}
@@ -219,7 +219,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     if precision == "int4" and int4_accuracy_level is not None:
         info = quantize_int4(src, dst, job, accuracy_level=int4_accuracy_level)
     else:
-        info = CONVERTERS[precision](src, dst, job)
+        info = converter(precision)(src, dst, job)
     remade = onnx.load(str(dst))
     if quantization.get("method") == "gptq":  # the export's fitted levels, where they stand for the same weights
         carried = carry_fitted(remade, model, onnx.load(str(src)))

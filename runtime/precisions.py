@@ -4,7 +4,7 @@ A record says what the precision is (for the CLI's help and the manual's table),
 are made (the fp32 export itself, the fused graph, or a converter run on a fused source form),
 how it is judged (float32 parity, or the accuracy gate's thresholds) and which provider it is
 for. The CLI, the exporters, the gate, the runtime and the benchmark read these records; a new
-precision is one record here plus its converter in ``edgeattn.exporters.quantize.CONVERTERS``.
+precision is one record here (naming its converter, for those made by converting a fused graph).
 
 Torch-free and onnx-free: the CLI reads it at import time.
 """
@@ -165,6 +165,9 @@ class Precision:
     #: the kernels' floor its graphs are timed against on the CPU (``edgeattn.benchmark.floors``),
     #: if any
     floor: str | None = None
+    #: ``"module:function"`` converting a fused float32 graph into it ("convert" builds):
+    #: ``(src, dst, ConversionJob) -> quantization info``
+    converter: str | None = None
 
     @property
     def gated(self) -> bool:
@@ -177,6 +180,7 @@ class Precision:
 
 
 _FUSED_CPU = FusedForm()
+_QUANTIZE = "edgeattn.exporters.quantize"
 PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
@@ -212,6 +216,7 @@ PRECISIONS: dict[str, Precision] = {
             cache_dtype="int8",
             transformers_js=("model_quantized.onnx", "q8"),
             floor="int8",
+            converter=f"{_QUANTIZE}:quantize_int8_dynamic",
         ),
         Precision(
             "int8-static",
@@ -230,6 +235,7 @@ PRECISIONS: dict[str, Precision] = {
             # either way (1.17x / 1.38x slower plain at batch 1 / 8)
             plain_form=True,
             floor="int8-static",
+            converter=f"{_QUANTIZE}:quantize_int8_static",
         ),
         Precision(
             "fp16",
@@ -241,6 +247,7 @@ PRECISIONS: dict[str, Precision] = {
             thresholds=Thresholds(0.9999, 0.999, 0.99, 0.99, 0.95, 0.99, 1.0),
             provider="gpu",
             cache_dtype="float16",
+            converter=f"{_QUANTIZE}:convert_fp16",
         ),
         Precision(
             "bf16",
@@ -266,6 +273,7 @@ PRECISIONS: dict[str, Precision] = {
             cache_dtype="int8",
             transformers_js=("model_q4.onnx", "q4"),
             floor="int4",
+            converter=f"{_QUANTIZE}:quantize_int4",
         ),
     )
 }

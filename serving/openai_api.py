@@ -22,6 +22,7 @@ from aiohttp import web
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.model import InputError
+from edgeattn.runtime.precisions import FP32
 from edgeattn.runtime.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
 
@@ -73,7 +74,7 @@ class Served:
         return "transcribe" if hasattr(self.model, "transcribe") else "embed"
 
 
-def served_models(exports: list[Path], max_rows: int, precision: str = "fp32") -> dict[str, Served]:
+def served_models(exports: list[Path], max_rows: int, precision: str = FP32) -> dict[str, Served]:
     """Each export loaded at ``precision`` (its directory's name the model's), a language model
     with its batcher."""
     from edgeattn.runtime import load
@@ -626,7 +627,7 @@ class OpenAIApi:
 
 
 def run_api(exports: list[Path], host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-            max_rows: int = 8, precision: str = "fp32", ready: Any = None) -> None:  # fmt: skip
+            max_rows: int = 8, precision: str = FP32, ready: Any = None) -> None:  # fmt: skip
     """Serve ``exports`` at ``precision`` until interrupted (``ready``: called with the URL once
     listening)."""
     api = OpenAIApi(served_models(exports, max_rows, precision), api_key)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
+from edgeattn.runtime.precisions import FP32
 
 
 @dataclass
@@ -63,7 +64,7 @@ def bench_causal(export_dir: str | Path, prompts: tuple[int, ...] = (128,), batc
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
     entry = manifest.graphs["causal_decoder"]
-    held = ["fp32", *entry.precisions]
+    held = [FP32, *entry.precisions]
     chosen = [p for p in held if not precisions or p in precisions]
     models = {p: load(export_dir, threads=threads, precision=p, providers=["CPUExecutionProvider"]) for p in chosen}
     result = CausalBench(str(export_dir), new_tokens, threads, rounds, machine=machine_info())

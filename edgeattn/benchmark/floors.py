@@ -126,7 +126,7 @@ def _layer_graph(config: ModelConfig, int8: bool, seed: int = 0, weights: str | 
 
 def _converted_layer(config: ModelConfig, kind: str, folder: Path, layers: int = 1) -> Path:
     """The float32 layers' graph through the export's converter for ``kind`` (int8-static, int4)."""
-    from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
+    from edgeattn.exporters.quantize import ConversionJob, converter
 
     src, dst = folder / "layer.fp32.onnx", folder / f"layer.{kind}.onnx"
     src.write_bytes(_layer_graph(config, False, layers=layers))
@@ -135,7 +135,7 @@ def _converted_layer(config: ModelConfig, kind: str, folder: Path, layers: int =
         {f"x_{k}": rng.standard_normal((16, k)).astype(np.float32) for k, _ in projection_shapes(config)}
         for _ in range(4)
     ]  # fmt: skip
-    CONVERTERS[kind](src, dst, ConversionJob(calibration=lambda: calibration))
+    converter(kind)(src, dst, ConversionJob(calibration=lambda: calibration))
     return dst
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.memory import peak_mb, resident_mb
+from edgeattn.runtime.precisions import FP32
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ def _disk(variant: str, path: Path) -> float:
         precision = variant.split("-", 1)[1]
         runs = get_family(manifest.family_name).generation_path(manifest.graphs)  # what generation reads
         graphs = [path / manifest.entry(g, precision).file for g in runs]
-        if precision == "fp32":
+        if precision == FP32:
             return (sum(g.stat().st_size for g in graphs) + (path / "weights.safetensors").stat().st_size) / 1e6
         return graph_bytes(*graphs) / 1e6
     if variant == "transformers":

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.precisions import FP32
 
 #: (batch, sequence length) of the encode requests, within the model's max_len
 SHAPES = ((1, 7), (1, 32), (2, 19), (4, 64), (8, 16), (3, 128))
@@ -117,7 +118,7 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def soak(export_dir: str | Path, threads: int = 8, seconds: float = 60.0, warmup: float = 0.1,
-         precision: str = "fp32", seed: int = 0, session_threads: int | None = 1) -> SoakReport:  # fmt: skip
+         precision: str = FP32, seed: int = 0, session_threads: int | None = 1) -> SoakReport:  # fmt: skip
     """``threads`` threads calling one model loaded from ``export_dir`` for ``seconds``; memory is
     read again once ``warmup`` (a fraction of the time) has passed. ``session_threads``: ONNX
     Runtime's intra-op threads per call (1: the concurrency comes from the callers)."""

@@ -13,11 +13,12 @@ import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
+from edgeattn.exporters import quantize
 from edgeattn.exporters.fusion import fused_copy
 from edgeattn.exporters.gate import evaluate, heldout_sources
 from edgeattn.exporters.package import export_model, quantize_export
 from edgeattn.exporters.precisions import PrecisionOptions
-from edgeattn.exporters.quantize import CONVERTERS, ConversionJob
+from edgeattn.exporters.quantize import ConversionJob, converter
 from edgeattn.exporters.reference import eager_generate
 from edgeattn.host import dynamic_int8_weights, has_vnni
 from edgeattn.model import build_model
@@ -142,7 +143,7 @@ def test_static_int8_residuals_read_the_float_activation(tmp_path):
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(src))
     ids = rng.integers(0, 50, 12)
-    settings = CONVERTERS["int8-static"](src, dst, ConversionJob(calibration=lambda: [{"ids": ids}]))
+    settings = converter("int8-static")(src, dst, ConversionJob(calibration=lambda: [{"ids": ids}]))
     model = onnx.load(str(dst))
     made = {o: n for n in model.graph.node for o in n.output}
     add, matmul, mul = (next(n for n in model.graph.node if n.op_type == op) for op in ("Add", "MatMul", "Mul"))
@@ -216,14 +217,14 @@ def _corrupt_scales(path, factor=60.0):
 
 
 def test_gate_catches_corrupted_int4_scales(tmp_path, monkeypatch):
-    real = CONVERTERS["int4"]
+    real = quantize.quantize_int4
 
     def broken(src, dst, job):
         info = real(src, dst, job)
         _corrupt_scales(dst)
         return info
 
-    monkeypatch.setitem(CONVERTERS, "int4", broken)
+    monkeypatch.setattr(quantize, "quantize_int4", broken)  # what int4's record names
     model = build_model(CFG, seed=3)
     with pytest.raises(ExportError, match="int4 graphs miss their accuracy thresholds"):
         export_model(model, tmp_path / "out", precisions=["int4"])

@@ -36,10 +36,13 @@ CFG = ModelConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layer
 
 # ----------------------------------------------------------------------------------- registry
 def test_every_converted_precision_has_a_converter_and_every_converter_a_record():
-    from edgeattn.exporters.quantize import CONVERTERS
+    from edgeattn.exporters.quantize import converter
 
     converted = {p.name for p in PRECISIONS.values() if p.build == "convert"}
-    assert converted == set(CONVERTERS)
+    assert converted == {p.name for p in PRECISIONS.values() if p.converter is not None}
+    assert all(callable(converter(name)) for name in converted)
+    with pytest.raises(ValueError, match="not made by a converter"):
+        converter(FP32)
     assert [p.name for p in PRECISIONS.values() if p.build == "export"] == [FP32]
     for p in PRECISIONS.values():
         assert (p.form is None) == (p.build in ("export", "engine")), p.name
