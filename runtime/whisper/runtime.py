@@ -346,8 +346,8 @@ class WhisperRuntime(ExportedModel):
                 seek += frames
                 continue
             tokens = found_here.tokens
-            words = self._text([t for t in tokens if t < decoding.eos]).encode()
-            ratio = len(words) / len(zlib.compress(words)) if words else 0.0
+            text_bytes = self._text([t for t in tokens if t < decoding.eos]).encode()
+            ratio = len(text_bytes) / len(zlib.compress(text_bytes)) if text_bytes else 0.0
             offset = seek * frame_seconds
             if stamped:
                 assert begin is not None

@@ -173,3 +173,4 @@ def test_long_form_conditioned_on_the_text_heard_equals_transformers(folder, exp
     ours = load(export[0]).transcribe(clips["long"], condition_on_prev_tokens=True)
     assert [(s.start, s.end, list(s.tokens)) for s in ours.segments] == theirs
     assert len({s.seek for s in ours.segments}) > 1
+    assert all(s.words is None and s.token_times is None for s in ours.segments)  # none asked for, in any window
