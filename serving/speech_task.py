@@ -70,7 +70,7 @@ class TranscribeTask:
         options.setdefault("language", None)
         if options.get("language") == "":
             options["language"] = None
-        heard = [model.transcribe(f, **options) for f in files]
+        heard = model.transcribe_batch(files, **options)  # the short ones decoded together
         segments = [json.dumps([_segment(s) for s in h.segments], ensure_ascii=False) for h in heard]
         return {"text": strings([h.text.strip() for h in heard]), "segments": strings(segments),
                 "language": strings([h.language or "" for h in heard])}  # fmt: skip

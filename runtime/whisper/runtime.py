@@ -9,7 +9,7 @@ algorithm). Torch-free: numpy, onnxruntime, and ``soundfile`` / ``soxr`` to read
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -258,6 +258,46 @@ class WhisperRuntime(ExportedModel):
         text = self._text([t for s in segments for t in s.tokens if t < eos])
         return Transcript(text, segments, found.get("language"), samples.size / self.log_mel.rate)
 
+    def transcribe_batch(self, audios: Sequence[Any], *, language: str | None = None, task: str = "transcribe",
+                         timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
+                         word_timestamps: bool = False, prompt: str | None = None, batch_size: int = 8,
+                         **search: Any) -> list[Transcript]:  # fmt: skip
+        """:meth:`transcribe` of several audios (paths, bytes or samples): those no longer than a
+        window decoded together, ``batch_size`` at a time (their features, encoder, cross
+        keys/values and decoder steps batched; the language detected per audio where none is
+        given; the rows the fallback retries retried together), longer ones one after another.
+        The same transcripts as one at a time."""
+        if batch_size < 1:
+            raise InputError(f"batch_size is at least 1, not {batch_size}")
+        options = search_options(search)
+        self._check_words(word_timestamps)
+        context = self._context(prompt, False, "first-segment")
+        mel = self.log_mel
+        samples = [self.samples(a, rate) for a in audios]
+        found: list[Transcript | None] = [None] * len(samples)
+        short = [i for i, x in enumerate(samples) if x.size <= mel.window_samples]
+        for i, x in enumerate(samples):
+            if i not in short:
+                found[i] = self.transcribe(x, language=language, task=task, timestamps=timestamps,
+                                           max_new_tokens=max_new_tokens, word_timestamps=word_timestamps,
+                                           prompt=prompt, **search)  # fmt: skip
+        stamped = timestamps or word_timestamps
+        rng = np.random.default_rng(options.seed)
+        for first in range(0, len(short), batch_size):
+            rows = short[first : first + batch_size]
+            features = np.stack([mel(samples[i], pad_to_window=True) for i in rows])
+            positions = [-(-samples[i].size // mel.hop) // INPUT_STRIDE for i in rows] if word_timestamps else None
+            windows = self._search_windows(features, language, task, stamped, max_new_tokens, options, rng, positions,
+                                           context.ids)  # fmt: skip
+            for i, window in zip(rows, windows, strict=True):
+                duration = samples[i].size / mel.rate
+                said = language or window.language
+                segments = [] if window.silent else self._window_segments(window, 0, mel.window_frames, stamped,
+                                                                          duration, said)[0]  # fmt: skip
+                text = self._text([t for s in segments for t in s.tokens if t < self.decoding.eos])
+                found[i] = Transcript(text, segments, window.language, duration)
+        return [t for t in found if t is not None]
+
     def _text(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
             raise EdgeattnError("this speech export has no tokenizer.json to turn its tokens into text")
@@ -315,13 +355,11 @@ class WhisperRuntime(ExportedModel):
     def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
                  max_new_tokens: int | None, found: dict[str, Any], options: SearchOptions, words: bool = False,
                  context: Context | None = None) -> Iterator[Segment]:  # fmt: skip
-        mel, decoding = self.log_mel, self.decoding
+        mel = self.log_mel
         long_form = samples.size > mel.window_samples
         features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
         window = mel.window_frames
         stamped = timestamps or long_form or words  # word times: the first word has a row (the first timestamp's)
-        begin = decoding.timestamp_begin
-        frame_seconds = mel.hop / mel.rate
         duration = samples.size / mel.rate
         total = features.shape[1] if long_form else window  # a short clip is one padded window
         heard = total if long_form else -(-samples.size // mel.hop)  # the frames holding audio (transformers' mask)
@@ -345,75 +383,115 @@ class WhisperRuntime(ExportedModel):
             if found_here.silent:  # no speech: on to the next window
                 seek += frames
                 continue
-            tokens = found_here.tokens
-            text_bytes = self._text([t for t in tokens if t < decoding.eos]).encode()
-            ratio = len(text_bytes) / len(zlib.compress(text_bytes)) if text_bytes else 0.0
-            offset = seek * frame_seconds
-            if stamped:
-                assert begin is not None
-                pieces, advance = split_segments(tokens, begin, offset, frames, frame_seconds)
-            else:  # one window: the audio's length
-                pieces, advance = [(offset, duration, tokens)], frames
-            at = 0  # the segment's first token in the window's
-            for start, end, part in pieces:
-                text = self._text([t for t in part if t < decoding.eos])
-                said = stamps = None
-                if found_here.times is not None:
-                    times = found_here.times[at : at + len(part) + 1]
-                    said = tuple(group_words(part, times, self.tokenizer, decoding.eos, language, offset))
-                    stamps = tuple(round(offset + float(t), 3) for t in times[:-1])
-                at += len(part)
-                heard_so_far.append(list(part))
-                yield Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
-                              round(found_here.logprob, 6), round(ratio, 6), found_here.temperature,
-                              found_here.no_speech, said, stamps)  # fmt: skip
+            segments, advance = self._window_segments(found_here, seek, frames, stamped, duration, language)
+            for segment in segments:
+                heard_so_far.append(list(segment.tokens))
+                yield segment
             seek += max(advance, 1)
+
+    def _window_segments(self, found: Window, seek: int, frames: int, stamped: bool, duration: float,
+                         language: str | None) -> tuple[list[Segment], int]:  # fmt: skip
+        """A decoded window's segments (split at its timestamps where ``stamped``, else the audio's
+        length) with their words where it has its tokens' times, and the frames to move on by."""
+        decoding, mel = self.decoding, self.log_mel
+        frame_seconds = mel.hop / mel.rate
+        tokens = found.tokens
+        text_bytes = self._text([t for t in tokens if t < decoding.eos]).encode()
+        ratio = len(text_bytes) / len(zlib.compress(text_bytes)) if text_bytes else 0.0
+        offset = seek * frame_seconds
+        if stamped:
+            assert decoding.timestamp_begin is not None
+            pieces, advance = split_segments(tokens, decoding.timestamp_begin, offset, frames, frame_seconds)
+        else:  # one window: the audio's length
+            pieces, advance = [(offset, duration, tokens)], frames
+        segments, at = [], 0  # at: the segment's first token in the window's
+        for start, end, part in pieces:
+            text = self._text([t for t in part if t < decoding.eos])
+            said = stamps = None
+            if found.times is not None:
+                times = found.times[at : at + len(part) + 1]
+                said = tuple(group_words(part, times, self.tokenizer, decoding.eos, language, offset))
+                stamps = tuple(round(offset + float(t), 3) for t in times[:-1])
+            at += len(part)
+            segments.append(Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
+                                    round(found.logprob, 6), round(ratio, 6), found.temperature, found.no_speech,
+                                    said, stamps))  # fmt: skip
+        return segments, advance
 
     def _window(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
                 new: int | None, options: SearchOptions, rng: np.random.Generator,
                 positions: int | None = None, prefix: list[int] | None = None) -> Window:  # fmt: skip
-        """One window searched as ``options`` say: each temperature in turn until one's tokens
-        pass the thresholds (or the last); with ``positions`` (the audio positions holding audio),
-        its tokens' times too; its start sequence after ``prefix`` (a prompt, earlier text)."""
+        """One window searched as ``options`` say (see :meth:`_search_windows`)."""
+        return self._search_windows(features, language, task, timestamps, new, options, rng,
+                                    None if positions is None else [positions], prefix)[0]  # fmt: skip
+
+    def _search_windows(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
+                        new: int | None, options: SearchOptions, rng: np.random.Generator,
+                        positions: list[int] | None = None, prefix: list[int] | None = None,
+                        ) -> list[Window]:  # fmt: skip
+        """Windows (B, n_mels, frames) searched together as ``options`` say: each row tries each
+        temperature in turn until its tokens pass the thresholds (or the last), the rows still
+        failing decoded together at the next; the language detected per row where none is given;
+        with ``positions`` (each row's audio positions holding audio), its tokens' times too; the
+        start sequences after ``prefix`` (a prompt, earlier text)."""
         decoding = self.decoding
         detect = decoding.multilingual and language is None
         prefix = prefix or []
-        prompt = prefix + decoding.prompt(0 if detect else language, task, timestamps)
-        limit = min(self.config.max_len, decoding.max_length) - len(prompt)
+        base = prefix + decoding.prompt(0 if detect else language, task, timestamps)
+        limit = min(self.config.max_len, decoding.max_length) - len(base)
         new = limit if new is None else new
-        self._check_length(len(prompt), new)
+        self._check_length(len(base), new)
         source = self.source_state(self._features(features))
-        no_speech = None
+        rows = source[1].shape[0]
+        prompts = [list(base) for _ in range(rows)]
+        no_speech: list[float | None] = [None] * rows
         if detect or options.no_speech_threshold is not None:  # the scores after the start token alone
-            first = self._stepper(source, 1, 1).step(np.array([[decoding.start]]))
+            first = self._stepper(source, 1, 1).step(np.full((rows, 1), decoding.start))
             if detect:  # from the start token alone, as transformers
-                prompt[len(prefix) + 1] = int(decoding.detect_language(first)[0])
+                for prompt, found in zip(prompts, decoding.detect_language(first), strict=True):
+                    prompt[len(prefix) + 1] = int(found)
             if options.no_speech_threshold is not None:  # after the start token where the window has it
                 if prefix:
-                    first = self._stepper(source, 1, len(prefix) + 1).step(np.array([[*prefix, decoding.start]]))
-                no_speech = float(_softmax(first)[0, decoding.no_speech])
-        rules = WhisperRules(decoding, len(prompt), timestamps)
+                    first = self._stepper(source, 1, len(prefix) + 1).step(np.array([[*prefix, decoding.start]] * rows))
+                no_speech = [float(p) for p in _softmax(first)[:, decoding.no_speech]]
+        rules = WhisperRules(decoding, len(base), timestamps)
         temperatures = options.temperatures
+        chosen: list[tuple[list[int], float, float]] = [([], 0.0, 0.0)] * rows
+        pending = list(range(rows))
         for attempt, temperature in enumerate(temperatures):
+            part = _rows(source, pending)
+            asked = [prompts[i] for i in pending]
             if temperature == 0 and options.num_beams > 1:
-                sequence, logprob = self._beams(source, prompt, rules, new, options)
+                found = self._beams(part, asked, rules, new, options)
             else:
                 sums: list[float] = []
-                state = self._stepper(source, 1, len(prompt) + new)
-                sequence = search(state.step, [prompt], rules, new, logprobs=sums, temperature=temperature,
-                                  top_k=options.top_k, rng=rng)[0][len(prompt) :]  # fmt: skip
-                logprob = sums[0] / max(1, len(sequence))
-            if attempt == len(temperatures) - 1 or not options.failed(sequence, logprob, self.config.vocab_size):
+                state = self._stepper(part, 1, len(base) + new)
+                out = search(state.step, asked, rules, new, logprobs=sums, temperature=temperature,
+                             top_k=options.top_k, rng=rng)  # fmt: skip
+                found = [(row[len(base) :], total / max(1, len(row) - len(base)))
+                         for row, total in zip(out, sums, strict=True)]  # fmt: skip
+            failing = []
+            for i, (sequence, logprob) in zip(pending, found, strict=True):
+                chosen[i] = (sequence, logprob, float(temperature))
+                if attempt < len(temperatures) - 1 and options.failed(sequence, logprob, self.config.vocab_size):
+                    failing.append(i)
+            pending = failing
+            if not pending:
                 break
-        silent = options.silent(logprob, no_speech)
-        times = None if positions is None or silent else self._token_times(source, prompt, sequence, positions)
-        if sequence and sequence[-1] == decoding.eos:
-            sequence = sequence[:-1]  # its start is the last token's end
-        elif times is not None:  # no end token: the last token ends where it starts (no row says more)
-            times = np.concatenate([times, times[-1:]])
         names = {v: k.strip("<|>") for k, v in decoding.languages.items()}
-        spoken = names.get(prompt[len(prefix) + 1]) if decoding.multilingual else None
-        return Window(sequence, spoken, logprob, float(temperature), no_speech, silent, times)
+        windows = []
+        for i, (sequence, logprob, temperature) in enumerate(chosen):
+            silent = options.silent(logprob, no_speech[i])
+            times = None
+            if positions is not None and not silent:
+                times = self._token_times(_rows(source, [i]), prompts[i], sequence, positions[i])
+            if sequence and sequence[-1] == decoding.eos:
+                sequence = sequence[:-1]  # its start is the last token's end
+            elif times is not None:  # no end token: the last token ends where it starts (no row says more)
+                times = np.concatenate([times, times[-1:]])
+            spoken = names.get(prompts[i][len(prefix) + 1]) if decoding.multilingual else None
+            windows.append(Window(sequence, spoken, logprob, temperature, no_speech[i], silent, times))
+        return windows
 
     def _token_times(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int],
                      generated: list[int], positions: int) -> np.ndarray:  # fmt: skip
@@ -428,14 +506,16 @@ class WhisperRuntime(ExportedModel):
         weights = self.run(DECODER, feeds)[ALIGNMENT][0, :, len(prompt) :]  # (heads, generated - 1, positions)
         return token_times(weights, positions, speech.median_filter_width)
 
-    def _beams(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int], rules: WhisperRules,
-               new: int, options: SearchOptions) -> tuple[list[int], float]:  # fmt: skip
-        """A window's best beam (its end token kept) and its length-normalised log-probability."""
+    def _beams(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompts: list[list[int]],
+               rules: WhisperRules, new: int, options: SearchOptions) -> list[tuple[list[int], float]]:  # fmt: skip
+        """Each window's best beam (its end token kept) and its length-normalised log-probability."""
         cfg = GenerationConfig(max_new_tokens=new, strategy="beam", num_beams=options.num_beams,
                                length_penalty=options.length_penalty)  # fmt: skip
-        out = beam_search(lambda n: self._stepper(source, n, len(prompt) + new), 1, self.decoding.start,
-                          self.decoding.eos, -1, cfg, prompts=np.array([prompt]), processor=rules)  # fmt: skip
-        return [t for t in out.tokens[0].tolist() if t >= 0], float(out.scores[0])
+        width = len(prompts[0])
+        out = beam_search(lambda n: self._stepper(source, n, width + new), len(prompts), self.decoding.start,
+                          self.decoding.eos, -1, cfg, prompts=np.array(prompts), processor=rules)  # fmt: skip
+        return [([t for t in row.tolist() if t >= 0], float(score)) for row, score in zip(out.tokens, out.scores,
+                                                                                        strict=True)]  # fmt: skip
 
 
 def search_options(given: dict[str, Any]) -> SearchOptions:
@@ -447,6 +527,15 @@ def search_options(given: dict[str, Any]) -> SearchOptions:
             f"transcribe() has no option {', '.join(unknown)} (its search options: {', '.join(sorted(known))})"
         )
     return SearchOptions(**given)
+
+
+def _rows(source: tuple[dict[str, np.ndarray], np.ndarray], rows: list[int]) -> tuple[dict[str, np.ndarray],
+                                                                                     np.ndarray]:  # fmt: skip
+    """The decoding source (cross keys/values, audio positions) of some of its rows."""
+    cross, mask = source
+    if len(rows) == mask.shape[0]:
+        return source
+    return {k: v[rows] for k, v in cross.items()}, mask[rows]
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:

@@ -482,3 +482,28 @@ def test_a_real_triton_server_transcribes_as_the_runtime(exported, tmp_path):
                                                                            for s in want.segments]  # fmt: skip
         with pytest.raises(Exception, match="audio"):
             client.infer(repo.name, [tensor("language", b"fr", "BYTES")])
+
+
+@pytest.mark.parametrize("options", [
+    {"language": "fr", "timestamps": True}, {"language": None}, {"language": "de", "num_beams": 3},
+    {"language": "fr", "word_timestamps": True, "prompt": "w5 w17"}])  # fmt: skip
+def test_a_batch_of_clips_is_heard_as_each_alone_and_as_transformers_batch(exported, options):
+    """Clips of several lengths (and one over a window, decoded alone) transcribed together give
+    each clip's transcript alone; batched greedy equals transformers' batched ``generate``."""
+    folder, export, _ = exported
+    clips = [audio(seconds, seed=60 + i) for i, seconds in enumerate((1.5, 0.6, 1.9, 5.3, 1.1))]
+    model = load(export)
+    together = model.transcribe_batch(clips, max_new_tokens=30, batch_size=3, **options)
+    alone = [model.transcribe(c, max_new_tokens=30, **options) for c in clips]
+    assert [t.as_dict() for t in together] == [t.as_dict() for t in alone]
+    if set(options) == {"language"}:  # greedy, no timestamps: transformers' batch of the short clips
+        short = [c for c in clips if c.size <= WINDOW_SECONDS * RATE]
+        extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+        reference = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+        features = extractor(short, sampling_rate=RATE, return_tensors="pt").input_features
+        with torch.no_grad():
+            out = reference.generate(features, return_timestamps=False, max_new_tokens=30)
+        eos = GENERATION["eos_token_id"]
+        theirs = [[t for t in row.tolist() if t != eos] for row in out]  # the generated tokens (prompt left out)
+        ours = [list(t.segments[0].tokens) for t in together if t.duration <= WINDOW_SECONDS]
+        assert ours == theirs
