@@ -62,10 +62,12 @@ class TranscribeTask:
     def _one(self, model: Any, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "audio" not in request:
             raise EdgeattnError("the request has no 'audio' input (each row an audio file's bytes)")
-        files = [bytes(v) if not isinstance(v, str) else v.encode("latin-1")
-                 for v in np.asarray(request["audio"], dtype=object).reshape(-1)]  # fmt: skip
+        files = list(np.asarray(request["audio"], dtype=object).reshape(-1))
         if not files:
             raise EdgeattnError("the request's 'audio' input is empty")
+        if not all(isinstance(f, bytes | np.bytes_) for f in files):
+            raise EdgeattnError("'audio' holds each file's bytes (BYTES), not text or numbers")
+        files = [bytes(f) for f in files]
         options = request_settings(request, self.inputs[1:])
         options.setdefault("language", None)
         if options.get("language") == "":

@@ -507,3 +507,22 @@ def test_a_batch_of_clips_is_heard_as_each_alone_and_as_transformers_batch(expor
         theirs = [[t for t in row.tolist() if t != eos] for row in out]  # the generated tokens (prompt left out)
         ours = [list(t.segments[0].tokens) for t in together if t.duration <= WINDOW_SECONDS]
         assert ours == theirs
+
+
+def test_served_requests_are_answered_each_with_its_own_error(exported):
+    from edgeattn.serving.tasks import answer, task_inputs, task_of
+
+    _, export, _ = exported
+    model = load(export)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio(1.2, seed=44), RATE, format="WAV")
+    assert task_of(model.config) == "transcribe" and task_inputs("transcribe")[0].name == "audio"
+    found = answer(model, "transcribe", [{"audio": np.array([["clip.wav"]], object)},
+                                         {"audio": np.array([[buffer.getvalue()]], object),
+                                          "language": np.array([[b"fr"]], object)},
+                                         {"audio": np.array([[b"not audio"]], object)}])  # fmt: skip
+    assert isinstance(found[0], EdgeattnError) and "file's bytes" in str(found[0])
+    assert found[1]["text"][0, 0].decode() == model.transcribe(buffer.getvalue(), language="fr").text.strip()
+    assert isinstance(found[2], EdgeattnError)
+    with pytest.raises(EdgeattnError, match="serves transcribe"):
+        task_of(model.config, "generate")
