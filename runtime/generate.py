@@ -197,24 +197,39 @@ def choose(logits: np.ndarray, cfg: GenerationConfig, rng: np.random.Generator) 
 
 
 def stream_tokens(
-    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    make: StepperFactory, batch: int, bos_id: int, eos_id: EosIds, pad_id: int, cfg: GenerationConfig,
+    prompts: np.ndarray | None = None, processor: Processor | None = None, rng: np.random.Generator | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
     """Greedy or sampled decoding, one step at a time: yields (tokens (B,), their log-probs (B,)),
-    ``pad_id`` for rows that already ended, until every row ended or ``max_new_tokens``."""
+    ``pad_id`` for rows that already ended, until every row ended or ``max_new_tokens``.
+
+    Each row starts from ``bos_id``, or from its row of ``prompts`` (B, T), fed in one step;
+    ``processor(sequences, logits)`` edits each step's logits given the rows so far, prompts
+    included (:func:`beam_steps` hands it log-probabilities: transformers' order); ``rng`` draws
+    the samples (default: ``cfg.seed``'s)."""
     if cfg.strategy == "beam":
         raise EdgeattnError("beam search has no one token per step and row to stream: stream_positions streams it")
     stepper = _factory(make, cfg)(1)
     eos = eos_array(eos_id)
-    rng = np.random.default_rng(cfg.seed)
-    tokens = np.full(batch, bos_id, dtype=np.int64)
+    rng = np.random.default_rng(cfg.seed) if rng is None else rng
+    if prompts is None:
+        tokens = np.full(batch, bos_id, dtype=np.int64)
+        seen = tokens[:, None]
+    else:
+        tokens = seen = np.asarray(prompts, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
     for _ in range(cfg.max_new_tokens):
-        nxt, chosen = choose(stepper.step(tokens), cfg, rng)
+        logits = stepper.step(tokens)
+        if processor is not None:  # on the logits, as transformers' greedy and sampling (beams: log-probabilities)
+            logits = processor(seen, logits)
+        nxt, chosen = choose(logits, cfg, rng)
         nxt = np.where(done, pad_id, nxt)
         chosen = np.where(done, 0.0, chosen)
         yield nxt, chosen
         done |= np.isin(nxt, eos)
         tokens = nxt
+        if processor is not None:
+            seen = np.concatenate([seen, nxt[:, None]], axis=1)
         if done.all():
             return
 

@@ -280,7 +280,8 @@ def search(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
            rules: Callable[[Sequence[Sequence[int]], np.ndarray], np.ndarray] | None, max_new_tokens: int,
            eos: int | None = None, logprobs: list[float] | None = None, temperature: float = 0.0, top_k: int = 0,
            rng: np.random.Generator | None = None) -> list[list[int]]:  # fmt: skip
-    """Greedy decoding (``temperature`` 0) or sampling of rows with prompts of equal length:
+    """Greedy decoding (``temperature`` 0) or sampling of rows with prompts of equal length, by the
+    decoding core every family shares (:func:`edgeattn.runtime.generate.stream_tokens`):
     ``step(tokens (B, T))`` feeds the tokens new since its last call and returns the last
     position's scores (B, vocab), which ``rules`` (a :class:`WhisperRules`, or None) edit; a
     sampled token is drawn at ``temperature`` from the ``top_k`` likeliest (0: all) by ``rng``.
@@ -288,41 +289,44 @@ def search(step: Callable[[np.ndarray], np.ndarray], prompts: list[list[int]],
     ``max_new_tokens``; rows that ended are fed the end token and ignored. ``logprobs`` (a list)
     receives each row's summed log-probability of its tokens under the edited scores (at
     temperature 1, the end token's included), as transformers measures a window."""
+    from edgeattn.runtime.generate import GenerationConfig, log_softmax, stream_tokens
+
     if len({len(p) for p in prompts}) != 1:
         raise WhisperSettingsError("rows decoded together need prompts of one length")
     if eos is None and isinstance(rules, WhisperRules):
         eos = rules.decoding.eos
-    if temperature > 0 and rng is None:
-        rng = np.random.default_rng()
     end = -1 if eos is None else eos
+    sampled = temperature > 0
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy="sample" if sampled else "greedy",
+                           temperature=temperature if sampled else 1.0, top_k=top_k if sampled else 0)  # fmt: skip
+    measured: list[np.ndarray] = []  # the step's scores the chosen token's log-probability is read from
+
+    def edit(seen: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        scores = logits if rules is None else rules(seen, logits)
+        if sampled:
+            measured[:] = [_top_k(scores, top_k)]
+        return scores
+
+    class _Step:
+        def step(self, tokens: np.ndarray) -> np.ndarray:
+            return step(tokens.reshape(len(prompts), -1))  # (B, T): the prompts, then one token a row
+
+        def reorder(self, index: np.ndarray) -> None:
+            raise AssertionError("greedy decoding and sampling never reorder rows")
+
     sequences = [list(p) for p in prompts]
     done = np.zeros(len(prompts), dtype=bool)
-    feed = np.array(prompts, dtype=np.int64)
     sums = np.zeros(len(prompts))
-    for _ in range(max_new_tokens):
-        scores = step(feed)
-        if rules is not None:
-            scores = rules(sequences, scores)
-        if temperature > 0:
-            assert rng is not None
-            scores = _top_k(scores, top_k)
-            chosen = _draw(scores / temperature, rng)
-        else:
-            chosen = scores.argmax(-1)
-        if logprobs is not None:  # the chosen token's log-probability: its score less the log-sum-exp
-            top = scores.max(-1)
-            with np.errstate(over="ignore", invalid="ignore"):
-                total = np.log(np.exp(scores - top[:, None]).sum(-1, dtype=np.float64)) + top
-            sums += np.where(done, 0.0, scores[np.arange(len(chosen)), chosen] - total)
-        if end >= 0:
-            chosen[done] = end
+    for chosen, logp in stream_tokens(lambda n: _Step(), len(prompts), -1, end, max(end, 0), cfg,
+                                      prompts=np.array(prompts, dtype=np.int64), processor=edit,
+                                      rng=np.random.default_rng() if rng is None else rng):  # fmt: skip
+        if logprobs is not None:  # greedy: the core's own log-probability is the measure (temperature 1)
+            picked = log_softmax(measured[0])[np.arange(len(chosen)), chosen] if sampled else logp
+            sums += np.where(done, 0.0, picked)
         for row, token in enumerate(chosen.tolist()):
             if not done[row]:
                 sequences[row].append(token)
         done |= chosen == end
-        if done.all():
-            break
-        feed = chosen[:, None].astype(np.int64)
     if logprobs is not None:
         logprobs.extend(sums.tolist())
     return sequences
@@ -341,11 +345,3 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
         return scores
     kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
     return np.where(scores < kth, -np.inf, scores)
-
-
-def _draw(scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One token a row drawn from the softmax of ``scores``."""
-    shifted = np.exp(scores - scores.max(-1, keepdims=True), dtype=np.float64)
-    cdf = np.cumsum(shifted, axis=-1)
-    u = rng.random(len(scores))[:, None] * cdf[:, -1:]
-    return np.minimum((cdf < u).sum(-1), scores.shape[-1] - 1).astype(np.int64)
