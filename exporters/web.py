@@ -654,16 +654,19 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
 
 def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: str) -> Any:
     """The Python runtime (ONNX Runtime CPU) over the bundle's own graph file at ``precision``, with
-    the export's tokenizer and settings: what the JavaScript runtimes are compared with."""
+    the export's tokenizer and settings: what the JavaScript runtimes are compared with. One thread,
+    as the checks run onnxruntime-web's wasm: its sums then come in the order the wasm's do (a seq2seq
+    bundle's logits 3.0e-5 from it, against 5.5e-5 on two threads and 1.66e-4 when two threads split
+    the work otherwise under CI's load)."""
     from edgeattn.runtime import load
     from edgeattn.runtime.session import create_session
 
     described = json.loads((Path(bundle_dir) / BUNDLE).read_text())
-    model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)
+    model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision, threads=1)
     for entry in described["files"]:
         if entry["precision"] == precision:
             graph = entry.get("graph") or bundle_graphs(described.get("family", ENCODER_FAMILY.name))[0]
-            model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"]))
+            model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"], threads=1))
     return model
 
 
