@@ -322,12 +322,14 @@ class WhisperRuntime(ExportedModel):
         if kind == "all-segments" and not condition:
             raise InputError("prompt_condition_type 'all-segments' conditions each window on the text heard so far: "
                              "set condition_on_prev_tokens too")  # fmt: skip
+        if (condition or (prompt is not None and prompt.strip())) and self.decoding.prev_sot is None:
+            raise InputError("this model's generation config names no <|startofprev|> token to start a prompt or "
+                             "the text heard with")  # fmt: skip
         ids: list[int] = []
         if prompt is not None and prompt.strip():
             if self.tokenizer is None:
                 raise EdgeattnError("this speech export has no tokenizer.json to read a prompt with")
-            if self.decoding.prev_sot is None:
-                raise InputError("this model's generation config names no <|startofprev|> token to start a prompt")
+            assert self.decoding.prev_sot is not None
             ids = list(self.tokenizer.encode(" " + prompt.strip(), special_tokens=False))
             if any(t >= self.decoding.eos for t in ids):
                 raise InputError("a prompt is plain text: it holds no special tokens (<|...|>)")
@@ -345,11 +347,11 @@ class WhisperRuntime(ExportedModel):
         closing pair of timestamps counted once (transformers' ``_prepare_decoder_input_ids``)."""
         if conditioned and heard:
             begin = self.decoding.timestamp_begin or self.config.vocab_size
-            before = context.ids if context.ids and context.kind == "all-segments" else [self.decoding.prev_sot]
-            if before == [None]:
-                raise InputError("this model's generation config names no <|startofprev|> token to condition on")
+            prev_sot = self.decoding.prev_sot
+            assert prev_sot is not None, "_context refuses conditioning without <|startofprev|>"
+            before = context.ids if context.ids and context.kind == "all-segments" else [prev_sot]
             tokens = [t for part in heard for t in (part[:-1] if len(part) > 2 and part[-2] >= begin else part)]
-            return [*before, *tokens[-self._context_tokens :]]  # type: ignore[list-item]
+            return [*before, *tokens[-self._context_tokens :]]
         return list(context.ids)
 
     def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
@@ -376,7 +378,8 @@ class WhisperRuntime(ExportedModel):
             piece[0, :, :frames] = features[:, seek : seek + frames]
             positions = (heard - seek) // INPUT_STRIDE if words else None
             prefix = self._prefix(context, heard_so_far, conditioned)
-            found_here = self._window(piece, language, task, stamped, max_new_tokens, options, rng, positions, prefix)
+            found_here = self._search_windows(piece, language, task, stamped, max_new_tokens, options, rng,
+                                              None if positions is None else [positions], prefix)[0]  # fmt: skip
             conditioned = context.condition and found_here.temperature < 0.5
             found.setdefault("language", found_here.language)
             language = language or found_here.language  # detected once, from the first window (as transformers)
@@ -417,13 +420,6 @@ class WhisperRuntime(ExportedModel):
                                     round(found.logprob, 6), round(ratio, 6), found.temperature, found.no_speech,
                                     said, stamps))  # fmt: skip
         return segments, advance
-
-    def _window(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
-                new: int | None, options: SearchOptions, rng: np.random.Generator,
-                positions: int | None = None, prefix: list[int] | None = None) -> Window:  # fmt: skip
-        """One window searched as ``options`` say (see :meth:`_search_windows`)."""
-        return self._search_windows(features, language, task, timestamps, new, options, rng,
-                                    None if positions is None else [positions], prefix)[0]  # fmt: skip
 
     def _search_windows(self, features: np.ndarray, language: str | None, task: str, timestamps: bool,
                         new: int | None, options: SearchOptions, rng: np.random.Generator,
