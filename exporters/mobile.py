@@ -8,7 +8,8 @@ does before anything is written.
                                            inputs and outputs, the config, the checks and their figures
   <graph>[.<precision>].ort                one file per graph and precision (ORT format, no external data)
   required_operators_and_types.config      for ``build.sh --minimal_build --include_ops_by_config``
-  tokenizer.json, chat_template.json       as the export holds them
+  tokenizer.json, chat_template.json,      as the export holds them (settings.json: a speech model's
+  settings.json                            features and decoding settings)
 ```
 
 The ORT files come from ONNX Runtime's own converter (``convert_onnx_models_to_ort``: optimised
@@ -169,7 +170,7 @@ def package_mobile(export_dir: str | Path, out_dir: str | Path, precisions: list
                 bundle.files.append(OrtFile(ort_path.name, graph, precision, sha256_file(ort_path),
                                             ort_path.stat().st_size, [], [], **parity))  # fmt: skip
             _write_config(tmp, bundle, loaded)
-            for extra in (manifest.tokenizer, manifest.chat_template):
+            for extra in (manifest.tokenizer, manifest.chat_template, manifest.settings):
                 if extra is not None:
                     shutil.copy2(check_file(export_dir, extra), tmp / extra.file)
             (tmp / BUNDLE).write_text(json.dumps(_describe(bundle, manifest, export_dir), indent=2) + "\n",
@@ -427,6 +428,7 @@ def _describe(bundle: MobileBundle, manifest: Manifest, export_dir: Path) -> dic
         "stop_ids": manifest.stop_ids,
         "tokenizer": manifest.tokenizer.file if manifest.tokenizer else None,
         "chat_template": manifest.chat_template.file if manifest.chat_template else None,
+        "settings": manifest.settings.file if manifest.settings else None,
         "graphs": {name: {"inputs": [asdict(t) for t in entry.inputs], "outputs": [asdict(t) for t in entry.outputs]}
                    for name, entry in manifest.graphs.items()},  # fmt: skip
         "files": [asdict(f) for f in bundle.files],

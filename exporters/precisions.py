@@ -59,7 +59,7 @@ from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
 from edgeattn.runtime.model import ExportedModel
-from edgeattn.runtime.precisions import FusedForm, Precision, get_precision, source_name
+from edgeattn.runtime.precisions import FUSED_SOURCE, FusedForm, Precision, get_precision, source_name
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import LOGITS_AT, graph_spec, is_in_place_cache
 
@@ -297,7 +297,7 @@ class PrecisionBuilder:
                          external_threshold=self.options.external_threshold,
                          fused=self._blocks(graph) > 0)  # fmt: skip
             proto = optimize_fused(raw, self.model, form)
-            finalize(proto, self.model.config, graph_spec(graph, self.model.config), "fp32-opt")
+            finalize(proto, self.model.config, graph_spec(graph, self.model.config), FUSED_SOURCE)
         expected, fused = self._blocks(graph), fused_attention_count(operator_counts(proto))
         # weights outside the graph where its role keeps them so: checked without a copy in memory
         save_checked(proto, dst, 0 if self.family.role(graph).external_weights else self.options.external_threshold)

@@ -112,6 +112,9 @@ class ConversionJob:
     #: fp16 makes the in-place caches (``cache_*`` in, ``updated_*`` out) float16 too (the family
     #: role's ``cache_dtype`` at the precision is float16)
     float16_cache: bool = False
+    #: int4 products' accuracy level (MatMulNBits): None for the role's own (4 where
+    #: ``int8_activations``, else 0); a bundle for a target may ask another
+    accuracy_level: int | None = None
 
 
 Converter = Callable[[Path, Path, ConversionJob], dict[str, Any]]
@@ -283,19 +286,21 @@ INT8_BLOCK = 32
 INT8_BLOCKWISE_LEVEL = 4
 
 
-def quantize_int4(src: Path, dst: Path, job: ConversionJob, accuracy_level: int | None = None) -> dict[str, Any]:
+def quantize_int4(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     """Block-wise symmetric 4-bit weights for every MatMul with a constant weight (MatMulNBits)
     and for large embedding tables (GatherBlockQuantized); a table tied to an output layer reads
     that layer's weights instead of a copy of its own, and the output layer has ``job.head_bits``.
 
-    ``accuracy_level`` (default: 4 where the graph's role asks for int8 activations, else 0): 0
+    ``job.accuracy_level`` (default: 4 where the graph's role asks for int8 activations, else 0): 0
     dequantises the weights and multiplies in float32; 4 quantises the activations to int8 on the
     fly. Measured here (2 cores of an AMD EPYC, AVX-512 VNNI, onnxruntime 1.32): a
     SmolLM2-135M-shaped decoder decoded 83-95 tokens/s at level 4 against 59-64 at level 0, its
     128-token prompt 0.17-0.24 s against 0.26-0.31 s; the reference encoder at 1 x 128 ran 34 ms
     at level 4 against 27 ms at 0.
     """
-    level = accuracy_level if accuracy_level is not None else INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0
+    level = job.accuracy_level
+    if level is None:
+        level = INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0
     return quantize_blockwise(src, dst, job, bits=4, block_size=job.block_size, accuracy_level=level,
                               head_bits=job.head_bits, method=job.int4_method)  # fmt: skip
 

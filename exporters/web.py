@@ -30,6 +30,7 @@ Torch-free (onnx).
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import logging
 import shutil
@@ -69,6 +70,8 @@ TOKENIZERS_JS = ("tokenizers.min.mjs", "tokenizers.LICENSE")
 #: @huggingface/jinja 0.5.13 (MIT), which renders a language model's chat template in JavaScript
 JINJA_JS = ("jinja.mjs", "jinja.LICENSE")
 CHAT_TEMPLATE = "chat_template.json"
+#: the export's own settings its family's runtime reads (a speech model's features and decoding)
+SETTINGS = "settings.json"
 #: protobuf and the browser's ArrayBuffer both stop near 2 GB: no file of a bundle passes this
 WEB_LIMIT = (1 << 31) - 1
 #: what a page's wasm32 memory can address: a web bundle's graph and weights must fit in it
@@ -161,8 +164,14 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         if manifest.chat_template is not None:
             shutil.copy2(check_file(export_dir, manifest.chat_template, checked), tmp / CHAT_TEMPLATE)
             assets += JINJA_JS
+        if manifest.settings is not None:
+            shutil.copy2(check_file(export_dir, manifest.settings, checked), tmp / SETTINGS)
         for name in assets:
             shutil.copy2(ASSETS / name, tmp / name)
+        own = family_of(manifest.config).bundle_module
+        if own is not None:  # the family's own ES module, beside edgeattn.mjs
+            package, name = own.split(":")
+            shutil.copy2(Path(str(importlib.resources.files(package).joinpath(name))), tmp / name)
         package, version = ORT_PACKAGES[target]
         npm = {"name": _npm_name(out_dir.name), "private": True, "type": "module", "main": MODULE,
                "dependencies": {package: version}}  # fmt: skip
@@ -191,7 +200,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     (default: the export's). ExportError naming the nodes otherwise."""
     from edgeattn.exporters.compact import fold_transposes
     from edgeattn.exporters.fitted_weights import carry_fitted
-    from edgeattn.exporters.quantize import ConversionJob, converter, quantize_int4
+    from edgeattn.exporters.quantize import ConversionJob, converter
     from edgeattn.exporters.target_lint import lint, summary
 
     model = onnx.load(str(check_file(export_dir, manifest.entry(graph, precision), checked)))
@@ -208,7 +217,8 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     wide = family_of(manifest.config).role(graph).int4_wide_products if "output_layer_bits" in quantization else ()
     job = ConversionJob(block_size=int(quantization.get("block_size", 32)),
                         int8_activations=quantization.get("accuracy_level") == 4,
-                        head_bits=int(quantization.get("output_layer_bits", 4)), wide_products=wide)  # fmt: skip
+                        head_bits=int(quantization.get("output_layer_bits", 4)), wide_products=wide,
+                        accuracy_level=int4_accuracy_level)  # fmt: skip
     dst = work / "remade" / f"{graph}.{precision}.onnx"
     dst.parent.mkdir(exist_ok=True)
     # the weights the plain graph shares with the checkpoint through Transpose nodes, folded back
@@ -216,10 +226,7 @@ def runnable_graph(export_dir: Path, manifest: Manifest, graph: str, precision: 
     src = dst.parent / f"{graph}.fp32-folded.onnx"
     onnx.save_model(fold_transposes(plain), str(src), save_as_external_data=True,
                     location=src.name + ".data")  # fmt: skip
-    if precision == "int4" and int4_accuracy_level is not None:
-        info = quantize_int4(src, dst, job, accuracy_level=int4_accuracy_level)
-    else:
-        info = converter(precision)(src, dst, job)
+    info = converter(precision)(src, dst, job)
     remade = onnx.load(str(dst))
     if quantization.get("method") == "gptq":  # the export's fitted levels, where they stand for the same weights
         carried = carry_fitted(remade, model, onnx.load(str(src)))
@@ -339,8 +346,9 @@ def default_precision(manifest: Manifest, target: str = "web") -> str:
 def _check_runs(manifest: Manifest, export_dir: Path) -> None:
     """An ExportError saying why the web and node targets cannot run this export, if they cannot."""
     if not bundle_graphs(manifest.family_name):
-        raise ExportError(f"the web and node targets run encoders, seq2seq models and language models; this is a "
-                          f"{manifest.family_name} export: package it for --target mobile, or serve it")  # fmt: skip
+        runs = ", ".join(f.name for f in FAMILIES.values() if f.bundle_graphs)
+        raise ExportError(f"the web and node targets run {runs} exports; this is a {manifest.family_name} "
+                          "export: package it for --target mobile, or serve it")  # fmt: skip
     missing = [g for g in bundle_graphs(manifest.family_name) if g not in manifest.graphs]
     if missing:
         raise ExportError(f"the web and node targets need the export's {', '.join(missing)} graph(s), which it "
@@ -600,19 +608,23 @@ def parity_table(checks: list[BundleCheck]) -> str:
 
 
 def check_and_record(bundle_dir: str | Path, export_dir: str | Path, node_modules: str | Path,
-                     texts: list[str] | None = None) -> list[BundleCheck]:  # fmt: skip
+                     texts: list[str] | None = None, inputs: Any = None) -> list[BundleCheck]:  # fmt: skip
     """:func:`check_bundle` on every ONNX Runtime for JavaScript installed in ``node_modules``
     (onnxruntime-node, onnxruntime-web), recorded in the bundle's ``bundle.json`` (``parity``);
-    ExportError naming the table when a check fails."""
+    ExportError naming the table when a check fails. ``inputs``: what a family's own check runs on
+    (its record's ``bundle_check``; a speech bundle's audio, name -> samples)."""
     bundle_dir = Path(bundle_dir)
     runtimes = [name for name in ("onnxruntime-node", "onnxruntime-web") if (Path(node_modules) / name).is_dir()]
     if not runtimes:
         raise ExportError(f"{node_modules} holds neither onnxruntime-node nor onnxruntime-web: npm install "
                           "--ignore-scripts onnxruntime-node@1.30.0 onnxruntime-web@1.30.0 there")  # fmt: skip
     checks = [c for runtime in runtimes for c in check_bundle(bundle_dir, export_dir, node_modules,
-                                                              texts or SAMPLE_TEXTS, runtime)]  # fmt: skip
+                                                              texts or SAMPLE_TEXTS, runtime, inputs=inputs)]
     described = json.loads((bundle_dir / BUNDLE).read_text())
-    described["parity"] = {"texts": texts or SAMPLE_TEXTS, "against": "the Python runtime (ONNX Runtime CPU)",
+    own = FAMILIES[described["family"]].bundle_check is not None
+    on = {"inputs": list(inputs) if isinstance(inputs, dict) else "the family's own"} if own else {
+        "texts": texts or SAMPLE_TEXTS}  # fmt: skip
+    described["parity"] = {**on, "against": "the Python runtime (ONNX Runtime CPU)",
                            "checks": [asdict(c) for c in checks]}  # fmt: skip
     (bundle_dir / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
     if not all(c.passed for c in checks):
@@ -621,7 +633,7 @@ def check_and_record(bundle_dir: str | Path, export_dir: str | Path, node_module
 
 
 def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: str | Path, texts: list[str],
-                 runtime: str = "onnxruntime-node", node: str = "node", timeout: float = 300.0
+                 runtime: str = "onnxruntime-node", node: str = "node", timeout: float = 300.0, inputs: Any = None
                  ) -> list[BundleCheck]:  # fmt: skip
     """Run the bundle under Node.js on ``runtime`` (an npm package installed in ``node_modules``:
     onnxruntime-node, or onnxruntime-web's wasm backend) on ``texts``, and compare the token ids and
@@ -632,6 +644,9 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
     precisions, 0.9 of the answers' tokens)."""
     bundle_dir, node_modules = Path(bundle_dir).resolve(), Path(node_modules).resolve()
     described = json.loads((bundle_dir / BUNDLE).read_text())
+    own = FAMILIES[described["family"]].bundle_check
+    if own is not None:  # a family whose answers are not text checks its bundles itself, on ``inputs``
+        return resolve(own)(bundle_dir, Path(export_dir), node_modules, runtime, node, timeout, inputs)
     precisions = list(dict.fromkeys(f["precision"] for f in described["files"]))
     causal = described["task"] in ("complete", "generate")
     with tempfile.TemporaryDirectory(dir=node_modules.parent) as work_name:

@@ -201,6 +201,13 @@ class Family:
     #: ``"module:function"`` describing its bundle for the JavaScript module,
     #: ``(manifest, described, folder) -> bundle.json's fields``
     bundle_describer: str | None = None
+    #: ``"package:file"`` of its own ES module, copied beside ``edgeattn.mjs`` (whose ``load`` opens
+    #: the module ``bundle.json`` names), for a family whose JavaScript is not in ``edgeattn.mjs``
+    bundle_module: str | None = None
+    #: ``"module:function"`` checking a bundle of it under Node.js against the Python runtime, for a
+    #: family whose answers are not text: ``(bundle_dir, export_dir, node_modules, runtime, node,
+    #: timeout, inputs) -> [BundleCheck]`` (None: the text families' check in ``exporters.web``)
+    bundle_check: str | None = None
     #: ``"module:class"`` of the gate's eager float32 reference, ``(model, heldout, new_tokens,
     #: progress)``, and ``"module:function"`` measuring whole generation, ``(reference, runtime)``
     gate_reference: str = "edgeattn.exporters.gate:Reference"

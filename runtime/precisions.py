@@ -19,6 +19,9 @@ from edgeattn.errors import ExportError
 
 #: The precision every export holds: the graphs as torch.onnx wrote them.
 FP32 = "fp32"
+#: The kernel floors every benchmark run times (``edgeattn.benchmark.floors``): float32 matrix
+#: products and dynamic int8 ones; a precision's record names the floor it is held to
+FLOAT_FLOOR, INT8_FLOOR = "fp32", "int8"
 #: How static int8 calibration ranges are found.
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 
@@ -165,6 +168,9 @@ class Precision:
     #: the kernels' floor its graphs are timed against on the CPU (``edgeattn.benchmark.floors``),
     #: if any
     floor: str | None = None
+    #: its fused attention can take the padding as key lengths instead of a mask matrix
+    #: (``edgeattn.exporters.mask_forms``; timed so by the latency benchmark)
+    key_lengths: bool = False
     #: ``"module:function"`` converting a fused float32 graph into it ("convert" builds):
     #: ``(src, dst, ConversionJob) -> quantization info``
     converter: str | None = None
@@ -192,7 +198,7 @@ PRECISIONS: dict[str, Precision] = {
             float32_parity=True,
             provider="any",
             transformers_js=("model.onnx", "fp32"),
-            floor="fp32",
+            floor=FLOAT_FLOOR,
         ),
         Precision(
             "fp32-opt",
@@ -202,7 +208,8 @@ PRECISIONS: dict[str, Precision] = {
             _FUSED_CPU,
             float32_parity=True,
             thresholds=Thresholds(0.99999, 0.9999, 1.0, 0.999, 0.99, 0.999, 1.0),
-            floor="fp32",
+            floor=FLOAT_FLOOR,
+            key_lengths=True,
         ),
         Precision(
             "int8",
@@ -215,7 +222,7 @@ PRECISIONS: dict[str, Precision] = {
             sensitive_search=True,
             cache_dtype="int8",
             transformers_js=("model_quantized.onnx", "q8"),
-            floor="int8",
+            floor=INT8_FLOOR,
             converter=f"{_QUANTIZE}:quantize_int8_dynamic",
         ),
         Precision(
@@ -247,6 +254,7 @@ PRECISIONS: dict[str, Precision] = {
             thresholds=Thresholds(0.9999, 0.999, 0.99, 0.99, 0.95, 0.99, 1.0),
             provider="gpu",
             cache_dtype="float16",
+            key_lengths=True,
             converter=f"{_QUANTIZE}:convert_fp16",
         ),
         Precision(
@@ -296,6 +304,17 @@ def graph_precisions() -> list[str]:
     """Every precision whose graphs are its own: all but those an engine brings to the fp32 graphs
     (bf16), which a benchmark times as fp32 on that engine."""
     return [p.name for p in PRECISIONS.values() if p.engine is None]
+
+
+def standard_operator_precisions() -> list[str]:
+    """The precisions whose graphs can be of standard ONNX operators only, which another engine
+    (OpenVINO) runs whole: fp32, and those made from the plain graph (``plain_form``)."""
+    return [p.name for p in PRECISIONS.values() if p.build == "export" or p.plain_form]
+
+
+def key_length_precisions() -> list[str]:
+    """The precisions whose fused attention can take key lengths (``Precision.key_lengths``)."""
+    return [p.name for p in PRECISIONS.values() if p.key_lengths]
 
 
 def float32_precisions() -> list[str]:

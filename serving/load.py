@@ -18,6 +18,7 @@ import numpy as np
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import load
+from edgeattn.runtime.precisions import FP32
 from edgeattn.runtime.session import CPU
 from edgeattn.serving.repository import RepositoryOptions, write_repository
 from edgeattn.serving.tasks import answer, task_inputs, task_of
@@ -142,7 +143,7 @@ def bench_serving(
     duration: float = 5.0,
     max_batch_size: int = 8,
     max_queue_delay_us: int = 2000,
-    precision: str = "fp32",
+    precision: str = FP32,
     threads: int | None = None,
     settings: dict[str, dict[str, Any]] | None = None,
 ) -> ServingBench:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
+from edgeattn.runtime.families import family_of
 from edgeattn.runtime.precisions import FP32
 
 
@@ -63,12 +64,13 @@ def bench_causal(export_dir: str | Path, prompts: tuple[int, ...] = (128,), batc
 
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    entry = manifest.graphs["causal_decoder"]
+    step = family_of(manifest.config).generation[-1]  # the graph each new token runs
+    entry = manifest.graphs[step]
     held = [FP32, *entry.precisions]
     chosen = [p for p in held if not precisions or p in precisions]
     models = {p: load(export_dir, threads=threads, precision=p, providers=["CPUExecutionProvider"]) for p in chosen}
     result = CausalBench(str(export_dir), new_tokens, threads, rounds, machine=machine_info())
-    result.disk_mb = {p: graph_bytes(export_dir / manifest.entry("causal_decoder", p).file) / 1e6 for p in chosen}
+    result.disk_mb = {p: graph_bytes(export_dir / manifest.entry(step, p).file) / 1e6 for p in chosen}
     rng = np.random.default_rng(0)
     vocab = manifest.config.vocab_size
     samples: dict[tuple[str, int, int], list[tuple[float, float]]] = {}

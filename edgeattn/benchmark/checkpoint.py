@@ -87,7 +87,7 @@ def optimum_files(folder: Path, task: str | None, out: Path) -> tuple[dict[str, 
     from optimum.onnxruntime import ORTOptimizer, ORTQuantizer
     from optimum.onnxruntime.configuration import AutoQuantizationConfig, OptimizationConfig
 
-    raw, o2, int8 = out / "fp32", out / "o2", out / "int8"
+    raw, o2, int8 = out / "exported", out / "o2", out / "dynamic-int8"
     files: dict[str, tuple[Path, str]] = {}
     failed: dict[str, str] = {}
     start = time.perf_counter()

@@ -30,7 +30,7 @@ import numpy as np
 
 from edgeattn.config import ModelConfig
 from edgeattn.host import dynamic_int8_weights
-from edgeattn.runtime.precisions import PRECISIONS
+from edgeattn.runtime.precisions import FLOAT_FLOOR, INT8_FLOOR, PRECISIONS
 
 #: One run of a floor graph (timed by the caller).
 Runner = Callable[[], object]
@@ -51,9 +51,6 @@ def _floor_model(graph: Any) -> Any:
     )
 
 
-#: The floors every run times: float32 products, and dynamic int8 ones (their kinds' names; an
-#: int8-static or int4 floor is timed where a precision's record names it)
-FLOAT_FLOOR, INT8_FLOOR = "fp32", "int8"
 #: The floor each exported precision is held to (the kernels its graphs run on ONNX Runtime's CPU
 #: provider): its record's ``floor``.
 PRECISION_FLOORS = {p.name: p.floor for p in PRECISIONS.values() if p.floor is not None}

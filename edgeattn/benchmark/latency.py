@@ -37,7 +37,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
 from edgeattn.runtime.manifest import ManifestError
-from edgeattn.runtime.precisions import get_precision
+from edgeattn.runtime.precisions import get_precision, key_length_precisions
 from edgeattn.runtime.providers import Provider, provider_name, provider_options
 from edgeattn.runtime.specs import encoder_feeds
 from edgeattn.tables import table_lines
@@ -349,7 +349,7 @@ def onnx_variants(
 
 
 #: Precisions whose encoder has fused attention, timed also with the padding as key lengths.
-LENGTHS_PRECISIONS = ("fp32-opt", "fp16")
+LENGTHS_PRECISIONS = tuple(key_length_precisions())
 
 
 def _lengths_variants(path: Path, name: str, provider: Provider, bind: bool, threads: int, tf32: bool,

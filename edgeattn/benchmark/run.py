@@ -13,7 +13,7 @@ from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_varia
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
 from edgeattn.runtime.families import get_family
-from edgeattn.runtime.precisions import FP32, get_precision, graph_precisions
+from edgeattn.runtime.precisions import FP32, get_precision, graph_precisions, standard_operator_precisions
 from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, openvino_usable, provider_name
 from edgeattn.runtime.session import CPU, CUDA
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 #: Exported precisions timed on OpenVINO: its own float32 (or bf16) and the standard QDQ int8 graph
 #: (the other precisions hold ONNX Runtime's own operators, which OpenVINO hands back to it).
-OPENVINO_PRECISIONS = ("fp32", "int8-static")
+OPENVINO_PRECISIONS = tuple(standard_operator_precisions())
 
 
 def openvino_providers() -> list[Provider]:

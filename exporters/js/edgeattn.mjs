@@ -91,18 +91,22 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
     const template = bundle.chat_template ? await readJson(new URL(bundle.chat_template, root)) : null;
     return new CausalModel(bundle, file, tokenizer, session, ort, template);
   }
-  if (bundle.task === "generate") {  // a seq2seq model: its encoder (above), cross projections and decoder
-    const sessions = { [file.graph]: session };
+  const sessions = { [file.graph]: session };
+  if (bundle.task === "generate" || bundle.module) { // every graph of the precision (the first above)
     for (const other of bundle.files.filter((f) => f.precision === file.precision && f.graph !== file.graph)) {
       sessions[other.graph] = await createSession(ort, root, other, options);
     }
-    return new Seq2SeqModel(bundle, file, tokenizer, sessions, ort);
   }
+  if (bundle.module) { // a family whose JavaScript is a module of its own, beside this one (bundle.json names it)
+    const family = await import(new URL(bundle.module, root).href);
+    return family.open({ bundle, file, tokenizer, sessions, ort, root, readBytes, readJson });
+  }
+  if (bundle.task === "generate") return new Seq2SeqModel(bundle, file, tokenizer, sessions, ort);
   return new EncoderModel(bundle, file, tokenizer, session, ort);
 }
 
 /** What every bundle's model holds: its description (bundle.json), its file, tokenizer and session. */
-class BundleModel {
+export class BundleModel {
   constructor(bundle, file, tokenizer, session, ort) {
     this.bundle = bundle;
     this.file = file;

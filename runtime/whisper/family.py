@@ -42,5 +42,9 @@ SPEECH_FAMILY = Family(
                   "model's transcripts of it); give --heldout with audio",
     generation_gate=f"{_GATE}:generation_metrics",
     served="edgeattn.serving.speech_task:TRANSCRIBE",
+    bundle_graphs=(AUDIO_ENCODER, _cross_kv.name, _decoder_fixed.name),
+    bundle_describer=f"{_WHISPER}.bundle:describe_speech",
+    bundle_module="edgeattn.runtime.whisper:speech.mjs",
+    bundle_check=f"{_WHISPER}.bundle:check_speech_bundle",
 )  # fmt: skip
 

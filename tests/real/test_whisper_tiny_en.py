@@ -23,6 +23,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("soundfile")
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "exporters"))
+sys.path.insert(0, str(HERE.parent / "edgeattn"))
+from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
+
 FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real")) / "whisper-tiny-en"
 #: what espeak-ng says, one clip each (the third with a pause, the long one all of them in turn)
 SENTENCES = [
@@ -174,3 +178,18 @@ def test_long_form_conditioned_on_the_text_heard_equals_transformers(folder, exp
     assert [(s.start, s.end, list(s.tokens)) for s in ours.segments] == theirs
     assert len({s.seek for s in ours.segments}) > 1
     assert all(s.words is None and s.token_times is None for s in ours.segments)  # none asked for, in any window
+
+
+def test_the_node_bundle_hears_espeak_speech_as_the_python_runtime(export, clips, node_modules, tmp_path):  # noqa: F811
+    """The real model's node bundle: its ES module's log-mel features within 1e-4 of the Python
+    runtime's, and its segments, times and text equal to it on a sentence and on 43 s (long-form)
+    of espeak-ng speech, on onnxruntime-node and onnxruntime-web's wasm."""
+    from edgeattn.exporters.web import check_and_record, package_web
+
+    out, _ = export
+    package_web(out, tmp_path / "node", "node")
+    audio = {name: clips[name] for name in (SENTENCES[1], "long")}
+    checks = check_and_record(tmp_path / "node", out, node_modules, inputs=audio)
+    assert [c.runtime for c in checks] == ["onnxruntime-node", "onnxruntime-web"]
+    for c in checks:
+        assert c.passed and c.labels_equal and c.agreement == 1.0 and c.max_abs <= 1e-4, c

@@ -27,6 +27,8 @@ soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
+from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
 from test_whisper_decoding import GENERATION  # noqa: E402
 from test_whisper_model import whisper_folder  # noqa: E402
 
@@ -526,3 +528,36 @@ def test_served_requests_are_answered_each_with_its_own_error(exported):
     assert isinstance(found[2], EdgeattnError)
     with pytest.raises(EdgeattnError, match="serves transcribe"):
         task_of(model.config, "generate")
+
+
+@pytest.mark.slow
+def test_a_speech_bundle_hears_in_node_and_wasm_as_the_python_runtime(exported, node_modules, tmp_path):  # noqa: F811
+    """The node bundle (and the web one's files) of a speech export: edgeattn.mjs opens the family's
+    own speech.mjs, whose log-mel features come within 1e-4 of the Python runtime's and whose
+    segments, times and text (one window, and the long-form path) equal it on onnxruntime-node and
+    onnxruntime-web's wasm; the mobile bundle's ORT files answer as the export and carry its settings."""
+    from edgeattn.exporters.web import check_and_record, package_web
+
+    _, export, _ = exported
+    bundle = package_web(export, tmp_path / "node", "node")
+    assert [f["graph"] for f in bundle.files] == ["audio_encoder", "cross_kv", "decoder_fixed"]
+    described = json.loads((tmp_path / "node" / "bundle.json").read_text())
+    assert described["task"] == "transcribe" and described["module"] == "speech.mjs"
+    assert described["features"]["n_mels"] == 80 and described["mel_filters"]["shape"] == [80, 201]
+    assert (tmp_path / "node" / "speech.mjs").is_file() and (tmp_path / "node" / "settings.json").is_file()
+    checks = check_and_record(tmp_path / "node", export, node_modules)
+    assert [c.runtime for c in checks] == ["onnxruntime-node", "onnxruntime-web"]
+    for c in checks:
+        assert c.passed and c.labels_equal and c.agreement == 1.0 and c.max_abs <= 1e-4, c
+    recorded = json.loads((tmp_path / "node" / "bundle.json").read_text())["parity"]
+    assert recorded["inputs"] == "the family's own" and len(recorded["checks"]) == 2
+    web = package_web(export, tmp_path / "web", "web")  # the page takes an audio file for a speech bundle
+    assert {f["graph"] for f in web.files} == {"audio_encoder", "cross_kv", "decoder_fixed"}
+    assert (tmp_path / "web" / "speech.mjs").is_file() and (tmp_path / "web" / "index.html").is_file()
+    from edgeattn.exporters.mobile import package_mobile
+
+    phone = package_mobile(export, tmp_path / "mobile")  # ORT files proven against the export, and the settings
+    assert {f.graph for f in phone.files} == {"audio_encoder", "cross_kv", "decoder", "decoder_fixed"}
+    assert all(f.passed for f in phone.files)
+    assert json.loads((tmp_path / "mobile" / "bundle.json").read_text())["settings"] == "settings.json"
+    assert (tmp_path / "mobile" / "settings.json").read_bytes() == (export / "settings.json").read_bytes()

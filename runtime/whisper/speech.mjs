@@ -1,0 +1,423 @@
+// edgeattn's speech bundle (Whisper) for the browser and Node.js: mono samples at the model's rate
+// in, the transcript and its segments' times out, as edgeattn's Python runtime hears them greedily.
+// The log-mel features are computed here (the bundle's mel filters, a mixed-radix FFT), the audio
+// encoder and cross projections run once a window, then the decoder a token a step over a cache of
+// fixed capacity it writes into, under Whisper's rules (suppressed tokens, timestamp pairs, the
+// first timestamp's limit); audio longer than a window is heard window after window, each starting
+// where the last one's final complete segment ends. load() in edgeattn.mjs returns a SpeechModel.
+//
+//   const model = await load("./bundle/", ort);
+//   const { text, segments } = await model.transcribe(samples, { timestamps: true });  // 16 kHz mono
+//   for await (const segment of model.segments(samples)) console.log(segment.start, segment.text);
+import { BundleModel } from "./edgeattn.mjs";
+
+/** Seconds a timestamp token stands for, and the feature frames an audio position covers. */
+const TIME_PRECISION = 0.02;
+const INPUT_STRIDE = 2;
+
+/** A mixed-radix FFT of size n: its factors and the twiddles exp(-2 pi i k / n). */
+function fftPlan(n) {
+  const factors = [];
+  let m = n;
+  for (const p of [4, 2, 3, 5]) while (m % p === 0) { factors.push(p); m /= p; }
+  for (let p = 7; m > 1; p += 2) while (m % p === 0) { factors.push(p); m /= p; }
+  const cos = new Float64Array(n);
+  const sin = new Float64Array(n);
+  for (let k = 0; k < n; k++) {
+    cos[k] = Math.cos((2 * Math.PI * k) / n);
+    sin[k] = -Math.sin((2 * Math.PI * k) / n);
+  }
+  return { n, factors, cos, sin, tRe: new Float64Array(n), tIm: new Float64Array(n) };
+}
+
+/** The DFT of the real `x` (every `stride`-th value from `at`, `n` of them) into re/im from `out`. */
+function fftInto(plan, x, at, stride, n, re, im, out, depth) {
+  if (n === 1) {
+    re[out] = x[at];
+    im[out] = 0;
+    return;
+  }
+  const p = plan.factors[depth];
+  const m = n / p;
+  for (let q = 0; q < p; q++) fftInto(plan, x, at + q * stride, stride * p, m, re, im, out + q * m, depth + 1);
+  const { cos, sin, tRe, tIm } = plan;
+  const N = plan.n;
+  const step = N / n;
+  for (let k = 0; k < m; k++) {
+    for (let q = 0; q < p; q++) { // each part's k-th value times its twiddle
+      const w = (q * k * step) % N;
+      const yr = re[out + q * m + k];
+      const yi = im[out + q * m + k];
+      tRe[q] = yr * cos[w] - yi * sin[w];
+      tIm[q] = yr * sin[w] + yi * cos[w];
+    }
+    for (let s = 0; s < p; s++) { // the parts' DFT of size p gives X[k + s m]
+      let sr = 0;
+      let si = 0;
+      for (let q = 0; q < p; q++) {
+        const w = (q * s * m * step) % N;
+        sr += tRe[q] * cos[w] - tIm[q] * sin[w];
+        si += tRe[q] * sin[w] + tIm[q] * cos[w];
+      }
+      re[out + k + s * m] = sr;
+      im[out + k + s * m] = si;
+    }
+  }
+}
+
+/**
+ * Whisper's log-mel features of mono `samples` (Float32Array at the model's rate) by `features`
+ * (the export's settings) and `filters` (n_mels x (n_fft / 2 + 1), Float32Array): {data (n_mels x
+ * frames, row-major), frames}. With `padToWindow` one window (cut or padded with zeros), else every
+ * frame of the audio (long audio, cut into windows afterwards), as edgeattn's LogMel computes them.
+ */
+export function logMel(samples, features, filters, padToWindow = true) {
+  const { n_fft: nFft, hop, n_mels: nMels } = features;
+  const windowSamples = features.chunk_seconds * features.rate;
+  let x = Float32Array.from(samples);
+  if (padToWindow) {
+    const padded = new Float32Array(windowSamples);
+    padded.set(x.subarray(0, windowSamples));
+    x = padded;
+  }
+  if (x.length < 2) throw new Error("edgeattn: audio of fewer than 2 samples has no spectrogram");
+  const half = Math.floor(nFft / 2);
+  const padded = new Float32Array(x.length + 2 * half);
+  padded.set(x, half);
+  if (x.length > half) { // reflected at both ends, the edge samples not repeated
+    for (let j = 1; j <= half; j++) {
+      padded[half - j] = x[j];
+      padded[half + x.length - 1 + j] = x[x.length - 1 - j];
+    }
+  }
+  const count = 1 + Math.floor((padded.length - nFft) / hop);
+  const frames = count - 1; // the last frame is dropped, as Whisper's extractor drops it
+  const bins = Math.floor(nFft / 2) + 1;
+  const window = new Float32Array(nFft);
+  for (let k = 0; k < nFft; k++) window[k] = 0.5 - 0.5 * Math.cos((2 * Math.PI * k) / nFft);
+  const plan = fftPlan(nFft);
+  const frame = new Float32Array(nFft);
+  const re = new Float64Array(nFft);
+  const im = new Float64Array(nFft);
+  const power = new Float32Array(bins);
+  const logs = new Float32Array(nMels * frames);
+  let top = -Infinity;
+  for (let f = 0; f < frames; f++) {
+    for (let k = 0; k < nFft; k++) frame[k] = padded[f * hop + k] * window[k];
+    fftInto(plan, frame, 0, 1, nFft, re, im, 0, 0);
+    for (let b = 0; b < bins; b++) power[b] = re[b] * re[b] + im[b] * im[b];
+    for (let m = 0; m < nMels; m++) {
+      let sum = 0;
+      const row = m * bins;
+      for (let b = 0; b < bins; b++) sum += power[b] * filters[row + b];
+      const value = Math.log10(Math.max(Math.fround(sum), 1e-10));
+      logs[m * frames + f] = value;
+      if (value > top) top = value;
+    }
+  }
+  const floor = Math.fround(top) - 8;
+  for (let i = 0; i < logs.length; i++) logs[i] = (Math.max(logs[i], floor) + 4) / 4;
+  return { data: logs, frames };
+}
+
+/** `scores` (Float32Array) as log-probabilities, in float64. */
+function logSoftmax(scores) {
+  let top = -Infinity;
+  for (const v of scores) if (v > top) top = v;
+  let sum = 0;
+  for (const v of scores) sum += Math.exp(v - top);
+  const log = Math.log(sum);
+  return Float64Array.from(scores, (v) => v - top - log);
+}
+
+/**
+ * A window's generated tokens (no prompt, no end token) as segments {start, end, tokens} in seconds
+ * from `offset`, and the feature frames to move on by (as edgeattn's split_segments and transformers'
+ * _retrieve_segment): to the end of the window's `frames` when the tokens end on a single timestamp
+ * or hold no pair, else to the last complete segment's end.
+ */
+export function splitSegments(tokens, begin, offset, frames, frameSeconds) {
+  const stamps = tokens.map((t) => t >= begin);
+  const n = tokens.length;
+  const singleEnding = n >= 2 ? !stamps[n - 2] && stamps[n - 1] : n === 1 && stamps[0];
+  const pairs = [];
+  for (let i = 0; i < n - 1; i++) if (stamps[i] && stamps[i + 1]) pairs.push(i + 1);
+  if (!pairs.length) {
+    const times = tokens.filter((t) => t >= begin);
+    let last = (frames * frameSeconds) / TIME_PRECISION;
+    if (times.length && times.at(-1) !== begin) last = times.at(-1) - begin;
+    return { segments: [{ start: offset, end: offset + last * TIME_PRECISION, tokens: [...tokens] }], advance: frames };
+  }
+  const slices = [...pairs];
+  if (singleEnding) slices.push(n);
+  else slices[slices.length - 1] += 1;
+  const segments = [];
+  let previous = 0;
+  slices.forEach((cut, i) => {
+    const piece = tokens.slice(previous, cut);
+    const endAt = i < slices.length - 1 || singleEnding ? piece.length - 1 : piece.length - 2;
+    segments.push({ start: offset + (piece[0] - begin) * TIME_PRECISION,
+                    end: offset + (piece[endAt] - begin) * TIME_PRECISION, tokens: piece });
+    previous = cut;
+  });
+  return { segments, advance: singleEnding ? frames : (tokens[previous - 2] - begin) * INPUT_STRIDE };
+}
+
+/** Seconds rounded to the millisecond, as the Python runtime rounds them. */
+function ms(seconds) {
+  return Math.round(seconds * 1000) / 1000;
+}
+
+/** The model load() returns for a speech bundle: its settings and mel filters read beside bundle.json. */
+export async function open({ bundle, file, tokenizer, sessions, ort, root, readBytes }) {
+  const bytes = await readBytes(new URL(bundle.mel_filters.file, root));
+  const filters = new Float32Array(bytes.slice().buffer); // float32, little-endian
+  const [rows, cols] = bundle.mel_filters.shape;
+  if (filters.length !== rows * cols) throw new Error(`edgeattn: ${bundle.mel_filters.file} holds ${filters.length} values, not ${rows} x ${cols}`);
+  return new SpeechModel(bundle, file, tokenizer, sessions, ort, filters);
+}
+
+/** A Whisper model: 16 kHz mono samples (Float32Array) in, the transcript with its segments' times out. */
+export class SpeechModel extends BundleModel {
+  constructor(bundle, file, tokenizer, sessions, ort, filters) {
+    super(bundle, file, tokenizer, sessions[file.graph], ort);
+    this.sessions = sessions;
+    this.features = bundle.features; // the export's feature settings
+    this.decoding = bundle.decoding; // and decoding settings (its generation config's), as the Python runtime reads them
+    this.filters = filters;
+    this.eos = this.decoding.eos;
+    this.noTimestamps = this.decoding.no_timestamps;
+    this.timestampBegin = this.noTimestamps === null ? null : this.noTimestamps + 1;
+    this.languages = this.decoding.languages;
+    this.multilingual = this.decoding.multilingual;
+    this.rate = this.features.rate;
+    this.windowSamples = this.features.chunk_seconds * this.rate;
+    this.windowFrames = this.windowSamples / this.features.hop;
+  }
+
+  /** The log-mel features of `samples` (see logMel): one window, or every frame of longer audio. */
+  logMel(samples, padToWindow = true) {
+    return logMel(samples, this.features, this.filters, padToWindow);
+  }
+
+  /** The token of a language (a code such as "fr", or a token "<|fr|>"). */
+  languageId(language) {
+    const token = language.startsWith("<|") ? language : `<|${language.toLowerCase()}|>`;
+    if (!(token in this.languages)) {
+      const known = Object.keys(this.languages).map((t) => t.slice(2, -2)).sort().join(", ") || "none: it is English-only";
+      throw new Error(`edgeattn: this model has no language ${JSON.stringify(language)} (its languages: ${known})`);
+    }
+    return this.languages[token];
+  }
+
+  /** A window's first tokens: start, the language and task (multilingual models), no-timestamps unless `timestamps`. */
+  prompt(language, task, timestamps) {
+    const d = this.decoding;
+    const tokens = [d.start];
+    if (this.multilingual) {
+      const tasks = d.tasks;
+      if (!(task in tasks)) throw new Error(`edgeattn: the task is one of ${Object.keys(tasks).join(", ")}, not ${task}`);
+      tokens.push(typeof language === "number" ? language : this.languageId(language), tasks[task]);
+    } else if (!(language == null || language === "en") || task !== "transcribe") {
+      throw new Error("edgeattn: this model is English-only: it transcribes English, nothing else");
+    }
+    if (timestamps && this.noTimestamps === null) throw new Error("edgeattn: this model has no timestamp tokens");
+    if (!timestamps && this.noTimestamps !== null) tokens.push(this.noTimestamps);
+    return tokens;
+  }
+
+  /** `scores` of a row whose whole sequence is `tokens` (its prompt `begin` long), with what Whisper's rules forbid at -Infinity. */
+  rules(tokens, scores, begin, timestamps) {
+    const d = this.decoding;
+    const forbid = (from, to) => scores.fill(-Infinity, from, to);
+    if (tokens.length === begin) for (const t of d.begin_suppress) scores[t] = -Infinity;
+    for (const t of d.suppress) scores[t] = -Infinity;
+    if (!timestamps) return scores;
+    const tb = this.timestampBegin;
+    scores[this.noTimestamps] = -Infinity;
+    const sampled = tokens.slice(begin);
+    const last = sampled.length >= 1 && sampled.at(-1) >= tb;
+    const penultimate = sampled.length < 2 || sampled.at(-2) >= tb;
+    if (last) {
+      if (penultimate) forbid(tb, scores.length); // a pair closed: text next
+      else forbid(0, this.eos); // a pair opened: its closing timestamp (or the end) next
+    }
+    const stamps = sampled.filter((t) => t >= tb);
+    if (stamps.length) forbid(tb, last && !penultimate ? stamps.at(-1) : stamps.at(-1) + 1); // never back in time
+    if (tokens.length === begin) { // the first token is a timestamp, not too late
+      forbid(0, tb);
+      if (d.max_initial_timestamp_index != null) forbid(tb + d.max_initial_timestamp_index + 1, scores.length);
+    }
+    const logp = logSoftmax(scores);
+    let top = -Infinity;
+    for (let k = tb; k < logp.length; k++) if (logp[k] > top) top = logp[k];
+    let mass = 0;
+    for (let k = tb; k < logp.length; k++) mass += Math.exp(logp[k] - top);
+    const stampMass = top + Math.log(mass);
+    let textBest = -Infinity;
+    for (let k = 0; k < tb; k++) if (logp[k] > textBest) textBest = logp[k];
+    if (stampMass > textBest) forbid(0, tb);
+    return scores;
+  }
+
+  /** One window's features (n_mels x frames, zero-padded) as the decoder's cross keys/values. */
+  async source(window) {
+    const { Tensor } = this.ort;
+    const nMels = this.features.n_mels;
+    const input = this.bundle.contract;
+    const hidden = (await this.sessions[input.encoder_graph].run({
+      [input.features]: new Tensor("float32", window, [1, nMels, this.windowFrames]) }))[input.encoder_output];
+    const cross = await this.sessions[input.cross_graph].run({ [input.cross_input]: hidden });
+    const positions = hidden.dims[1];
+    return { cross, mask: new Tensor("int64", new BigInt64Array(positions).fill(1n), [1, positions]) };
+  }
+
+  /** A decoder over `source` with a cache of `capacity` slots: `step(ids)` feeds tokens, gives the last one's logits. */
+  decoder(source, capacity) {
+    const { Tensor } = this.ort;
+    const { n_heads: heads, head_dim: dim } = this.bundle.model;
+    const names = this.bundle.cache;
+    const cache = Object.fromEntries(names.inputs.map((name) => [name, new Tensor(
+      "float32", new Float32Array(heads * capacity * dim), [1, heads, capacity, dim])]));
+    let position = 0;
+    const step = async (ids) => {
+      if (position + ids.length > capacity) throw new Error(`edgeattn: ${position + ids.length} tokens exceed ${capacity}`);
+      const out = await this.sessions[this.bundle.contract.decoder_graph].run({
+        input_ids: new Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]),
+        encoder_attention_mask: source.mask, position: new Tensor("int64", BigInt64Array.of(BigInt(position)), [1]),
+        ...source.cross, ...cache });
+      names.inputs.forEach((name, k) => { cache[name] = out[names.outputs[k]]; });
+      position += ids.length;
+      const vocab = out.logits.dims[2];
+      return out.logits.data.slice((ids.length - 1) * vocab, ids.length * vocab);
+    };
+    return step;
+  }
+
+  /** One window's greedy tokens (no prompt, no end token) and its language token. */
+  async searchWindow(window, language, task, timestamps, maxNewTokens) {
+    const source = await this.source(window);
+    const detect = this.multilingual && language == null;
+    let spoken = detect ? null : language;
+    if (detect) { // from the scores after the start token alone
+      const first = await this.decoder(source, 1)([this.decoding.start]);
+      const ids = Object.values(this.languages).sort((a, b) => a - b);
+      spoken = ids.reduce((best, id) => (first[id] > first[best] ? id : best), ids[0]);
+    }
+    const prompt = this.prompt(spoken, task, timestamps);
+    const limit = Math.min(this.bundle.model.max_len, this.decoding.max_length) - prompt.length;
+    const steps = maxNewTokens ?? limit;
+    if (!(steps >= 1) || steps > limit) {
+      throw new Error(`edgeattn: a window holds at most ${this.bundle.model.max_len} tokens: a prompt of ` +
+        `${prompt.length} leaves ${limit} new ones, not ${steps}`);
+    }
+    const step = this.decoder(source, prompt.length + steps);
+    const sequence = [...prompt];
+    let logits = await step(prompt);
+    for (let k = 0; k < steps; k++) {
+      const scores = this.rules(sequence, Float32Array.from(logits), prompt.length, timestamps);
+      let best = 0;
+      for (let v = 1; v < scores.length; v++) if (scores[v] > scores[best]) best = v;
+      sequence.push(best);
+      if (best === this.eos || k + 1 === steps) break;
+      logits = await step([best]);
+    }
+    const tokens = sequence.slice(prompt.length);
+    if (tokens.at(-1) === this.eos) tokens.pop();
+    const name = Object.entries(this.languages).find(([, id]) => id === prompt[1]);
+    return { tokens, language: this.multilingual && name ? name[0].slice(2, -2) : null };
+  }
+
+  /** The text of tokens (those from the end token on left out). */
+  text(tokens) {
+    return this.decode(tokens.filter((t) => t < this.eos));
+  }
+
+  /**
+   * The transcript's segments as each window is decoded: {start, end, text, tokens}. Options:
+   * language (a code; detected from the first window when not given, on a multilingual model),
+   * task ("transcribe", or "translate" into English), timestamps (segments split at the model's
+   * timestamp tokens; always for audio longer than a window), maxNewTokens (a window's).
+   */
+  async *segments(samples, { language = null, task = "transcribe", timestamps = true, maxNewTokens, onLanguage } = {}) {
+    if (!(samples instanceof Float32Array || Array.isArray(samples))) {
+      throw new Error(`edgeattn: give mono samples at ${this.rate} Hz (a Float32Array); decode files with decodeWav or an AudioContext`);
+    }
+    const longForm = samples.length > this.windowSamples;
+    const { data, frames: count } = this.logMel(samples, !longForm);
+    const nMels = this.features.n_mels;
+    const window = this.windowFrames;
+    const stamped = timestamps || longForm;
+    const duration = samples.length / this.rate;
+    const total = longForm ? count : window;
+    const frameSeconds = this.features.hop / this.rate;
+    let seek = 0;
+    while (seek < total) {
+      const frames = Math.min(window, total - seek);
+      const piece = new Float32Array(nMels * window);
+      for (let m = 0; m < nMels; m++) piece.set(data.subarray(m * count + seek, m * count + seek + frames), m * window);
+      const found = await this.searchWindow(piece, language, task, stamped, maxNewTokens);
+      if (onLanguage && language == null) onLanguage(found.language);
+      language ??= found.language; // detected once, from the first window
+      const offset = seek * frameSeconds;
+      const { segments, advance } = stamped
+        ? splitSegments(found.tokens, this.timestampBegin, offset, frames, frameSeconds)
+        : { segments: [{ start: offset, end: duration, tokens: found.tokens }], advance: frames };
+      for (const s of segments) yield { start: ms(s.start), end: ms(s.end), text: this.text(s.tokens), tokens: s.tokens };
+      seek += Math.max(advance, 1);
+    }
+  }
+
+  /**
+   * The transcript of `samples` (mono, at the model's rate): {text, segments, language, duration};
+   * options as segments' (timestamps off by default: one segment for a clip of a window or less).
+   */
+  async transcribe(samples, { timestamps = false, ...options } = {}) {
+    let language = options.language ?? null;
+    const segments = [];
+    for await (const s of this.segments(samples, { ...options, timestamps, onLanguage: (l) => { language ??= l; } })) {
+      segments.push(s);
+    }
+    return { text: this.text(segments.flatMap((s) => s.tokens)), segments, language,
+             duration: samples.length / this.rate };
+  }
+}
+
+/**
+ * The samples of a WAV file's bytes (PCM 16, 24 or 32 bits, or float 32), channels averaged:
+ * {samples: Float32Array, rate}. Resample to the model's rate before transcribing (in a page, an
+ * AudioContext at that rate decodes and resamples any format the browser reads).
+ */
+export function decodeWav(bytes) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const tag = (at) => String.fromCharCode(...bytes.subarray(at, at + 4));
+  if (bytes.length < 12 || tag(0) !== "RIFF" || tag(8) !== "WAVE") throw new Error("edgeattn: not a WAV file (no RIFF/WAVE header)");
+  let format = null;
+  for (let at = 12; at + 8 <= bytes.length;) {
+    const size = view.getUint32(at + 4, true);
+    if (tag(at) === "fmt ") {
+      format = { code: view.getUint16(at + 8, true), channels: view.getUint16(at + 10, true),
+                 rate: view.getUint32(at + 12, true), bits: view.getUint16(at + 22, true) };
+      if (format.code === 0xfffe && size >= 40) format.code = view.getUint16(at + 32, true); // WAVE_FORMAT_EXTENSIBLE
+    } else if (tag(at) === "data") {
+      if (!format) throw new Error("edgeattn: a WAV file whose data comes before its format");
+      const { code, channels, bits, rate } = format;
+      const width = bits / 8;
+      const frames = Math.floor(Math.min(size, bytes.length - at - 8) / (width * channels));
+      const read = code === 3 && bits === 32 ? (o) => view.getFloat32(o, true)
+        : code === 1 && bits === 16 ? (o) => view.getInt16(o, true) / 32768
+        : code === 1 && bits === 24 ? (o) => ((view.getUint8(o) | (view.getUint8(o + 1) << 8) | (view.getInt8(o + 2) << 16)) / 8388608)
+        : code === 1 && bits === 32 ? (o) => view.getInt32(o, true) / 2147483648 : null;
+      if (!read) throw new Error(`edgeattn: WAV format ${code} at ${bits} bits is not read here (PCM 16/24/32 or float 32)`);
+      const samples = new Float32Array(frames);
+      for (let f = 0; f < frames; f++) {
+        let sum = 0;
+        for (let c = 0; c < channels; c++) sum += read(at + 8 + (f * channels + c) * width);
+        samples[f] = sum / channels;
+      }
+      return { samples, rate };
+    }
+    at += 8 + size + (size % 2);
+  }
+  throw new Error("edgeattn: a WAV file without a data chunk");
+}
