@@ -400,15 +400,21 @@ def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     t5_folder(tmp_path / "my-t5", "v1.1")
     (tmp_path / "articles.txt").write_text("\n".join(CORPUS) + "\n")
+    ran: set[tuple[str, ...]] = set()  # exports already made as written: the same command makes the same files
     for command in commands:
         args = shlex.split(command)[1:]
+        if tuple(args) in ran:
+            continue
         if args[0] == "export":
             shutil.rmtree(tmp_path / "t5", ignore_errors=True)
         result = CliRunner().invoke(cli, args)
         if args[0] == "export" and result.exit_code == 1:
             assert "miss their accuracy thresholds" in result.output, result.output
-            result = CliRunner().invoke(cli, [*args, "--allow-degraded"])
+            args = [*args, "--allow-degraded"]
+            result = CliRunner().invoke(cli, args)
         assert result.exit_code == 0, (command, result.output)
+        if args[0] == "export":
+            ran.add(tuple(args))
         if args[0] == "run":
             lines = result.output.strip().splitlines()
             assert lines and len(lines) == (len(CORPUS) if "--file" in args else 1), (command, result.output)
