@@ -120,16 +120,6 @@ export function logMel(samples, features, filters, padToWindow = true) {
   return { data: logs, frames };
 }
 
-/** `scores` (Float32Array) as log-probabilities, in float64. */
-function logSoftmax(scores) {
-  let top = -Infinity;
-  for (const v of scores) if (v > top) top = v;
-  let sum = 0;
-  for (const v of scores) sum += Math.exp(v - top);
-  const log = Math.log(sum);
-  return Float64Array.from(scores, (v) => v - top - log);
-}
-
 /**
  * A window's generated tokens (no prompt, no end token) as segments {start, end, tokens} in seconds
  * from `offset`, and the feature frames to move on by (as edgeattn's split_segments and transformers'
@@ -248,14 +238,15 @@ export class SpeechModel extends BundleModel {
       forbid(0, tb);
       if (d.max_initial_timestamp_index != null) forbid(tb + d.max_initial_timestamp_index + 1, scores.length);
     }
-    const logp = logSoftmax(scores);
+    // timestamps next where their probability together beats the likeliest text token's (the
+    // softmax's normaliser is common to both sides, so the scores compare as they are)
     let top = -Infinity;
-    for (let k = tb; k < logp.length; k++) if (logp[k] > top) top = logp[k];
+    for (let k = tb; k < scores.length; k++) if (scores[k] > top) top = scores[k];
     let mass = 0;
-    for (let k = tb; k < logp.length; k++) mass += Math.exp(logp[k] - top);
+    if (top > -Infinity) for (let k = tb; k < scores.length; k++) mass += Math.exp(scores[k] - top);
     const stampMass = top + Math.log(mass);
     let textBest = -Infinity;
-    for (let k = 0; k < tb; k++) if (logp[k] > textBest) textBest = logp[k];
+    for (let k = 0; k < tb; k++) if (scores[k] > textBest) textBest = scores[k];
     if (stampMass > textBest) forbid(0, tb);
     return scores;
   }
@@ -279,6 +270,8 @@ export class SpeechModel extends BundleModel {
     const names = this.bundle.cache;
     const cache = Object.fromEntries(names.inputs.map((name) => [name, new Tensor(
       "float32", new Float32Array(heads * capacity * dim), [1, heads, capacity, dim])]));
+    // the updated caches are the next step's (fetching them into the inputs' own tensors, in place,
+    // answered otherwise on onnxruntime-web's wasm: its tokens parted from the Python runtime's)
     let position = 0;
     const step = async (ids) => {
       if (position + ids.length > capacity) throw new Error(`edgeattn: ${position + ids.length} tokens exceed ${capacity}`);
@@ -315,7 +308,7 @@ export class SpeechModel extends BundleModel {
     const sequence = [...prompt];
     let logits = await step(prompt);
     for (let k = 0; k < steps; k++) {
-      const scores = this.rules(sequence, Float32Array.from(logits), prompt.length, timestamps);
+      const scores = this.rules(sequence, logits, prompt.length, timestamps); // logits: this step's own copy
       let best = 0;
       for (let v = 1; v < scores.length; v++) if (scores[v] > scores[best]) best = v;
       sequence.push(best);
