@@ -561,3 +561,21 @@ def test_a_speech_bundle_hears_in_node_and_wasm_as_the_python_runtime(exported, 
     assert all(f.passed for f in phone.files)
     assert json.loads((tmp_path / "mobile" / "bundle.json").read_text())["settings"] == "settings.json"
     assert (tmp_path / "mobile" / "settings.json").read_bytes() == (export / "settings.json").read_bytes()
+
+
+def test_no_window_state_outlives_its_window(exported):
+    """Each window's decoder state (its cross keys and values) is freed when the window is done,
+    not when Python's cycle collector next runs: long audio's memory does not grow window by window."""
+    import gc
+
+    from edgeattn.runtime.seq2seq_runtime import OnnxStepper
+
+    model = load(exported[1])
+    gc.collect()
+    gc.disable()
+    try:
+        heard = model.transcribe(audio(3.5 * WINDOW_SECONDS, 5), max_new_tokens=3)  # long-form: window after window
+        alive = [o for o in gc.get_objects() if isinstance(o, OnnxStepper)]
+    finally:
+        gc.enable()
+    assert len({s.seek for s in heard.segments}) > 1 and alive == []
