@@ -93,6 +93,7 @@ def test_a_tensor_with_no_place_is_named(tmp_path):
         import_whisper(tmp_path)
 
 
+@pytest.mark.slow  # a transformers 5 environment's process: out of the quick tier
 def test_a_folder_saved_by_transformers_5_answers_as_transformers_5_did(tmp_path):
     """The folder and its reference outputs made in the transformers 5 environment (CI makes it)."""
     import subprocess

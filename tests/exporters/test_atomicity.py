@@ -85,6 +85,7 @@ def test_a_killed_writer_leaves_the_previous_or_the_new_export(tmp_path, command
 
 
 @pytest.mark.quick
+@pytest.mark.slow  # a writer in another process: out of the quick tier
 def test_a_second_writer_is_refused_while_the_first_holds_the_directory(tmp_path):
     out = tmp_path / "out"
     export_model(build_model_tiny(), out, graphs=["encoder"], verify=False)

@@ -105,6 +105,7 @@ def test_a_registered_plugin_listed_as_available_stays_a_plugin(monkeypatch):
     assert providers.built_in_providers() == [CPU, OPENVINO, f"{OPENVINO}.AUTO"] and not providers.is_plugin(OPENVINO)
 
 
+@pytest.mark.slow  # an export of its own: out of the quick tier
 def test_openvino_on_graphs_with_fused_operators_is_warned_about(tmp_path, built_in_providers, caplog):
     """OpenVINO hands ONNX Runtime's fused operators back to the CPU provider: loading such graphs
     on it says so (sessions are made on first use, so none is made here)."""
