@@ -527,13 +527,16 @@ def describe_encoder(manifest: Manifest, folder: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ checking
-#: the script a bundle is checked with under Node.js: each precision loaded, its answers kept
-RUNNER_FRAME = """
+#: what every check script under Node.js starts with: the runtime, the module's load, one wasm
+#: thread (as :func:`bundle_runtime`'s Python reference runs on one)
+NODE_PRELUDE = """
 import * as ort from "{package}";
 import {{ load }} from "{module}";
-import {{ writeFile }} from "node:fs/promises";
+import {{ readFile, writeFile }} from "node:fs/promises";
 if (ort.env?.wasm) ort.env.wasm.numThreads = 1;
-const texts = {texts};
+"""
+#: the script a bundle is checked with under Node.js: each precision loaded, its answers kept
+RUNNER_FRAME = NODE_PRELUDE + """const texts = {texts};
 const out = {{}};
 for (const precision of {precisions}) {{
   const model = await load({base}, ort, {{ precision }});
@@ -656,15 +659,20 @@ def check_bundle(bundle_dir: str | Path, export_dir: str | Path, node_modules: s
             package=runtime, module=(bundle_dir / MODULE).as_uri(), texts=json.dumps(texts),
             precisions=json.dumps(precisions), base=json.dumps(str(bundle_dir) + "/"), result=json.dumps(str(result)),
             steps=CHECK_STEPS, chat=json.dumps(CHECK_CHAT))  # fmt: skip
-        (work / "run.mjs").write_text(script)
-        done = subprocess.run([node, str(work / "run.mjs")], capture_output=True, text=True, timeout=timeout,
-                              cwd=work)  # fmt: skip
-        if done.returncode != 0:
-            raise ExportError(f"the bundle failed under Node.js ({runtime}): {done.stderr.strip()[-2000:]}")
-        got = json.loads(result.read_text())
+        got = run_check_script(script, work, node, timeout, runtime)
     check = _check_causal if causal else _check_encoder  # a seq2seq model is checked as a language model
     return [check(runtime, precision, bundle_runtime(export_dir, bundle_dir, precision), texts, got[precision])
             for precision in precisions]  # fmt: skip
+
+
+def run_check_script(script: str, work: Path, node: str, timeout: float, runtime: str) -> Any:
+    """Run a check script under Node.js in ``work``: what it wrote to ``work/result.json``
+    (ExportError with Node's error where it failed)."""
+    (work / "run.mjs").write_text(script)
+    done = subprocess.run([node, str(work / "run.mjs")], capture_output=True, text=True, timeout=timeout, cwd=work)
+    if done.returncode != 0:
+        raise ExportError(f"the bundle failed under Node.js ({runtime}): {done.stderr.strip()[-2000:]}")
+    return json.loads((work / "result.json").read_text())
 
 
 def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: str) -> Any:
@@ -700,7 +708,7 @@ def _close(precision: str, diff: float, cosine: float, scale: float = 0.0) -> bo
     return cosine >= 0.999
 
 
-def _compare(want: np.ndarray, have: np.ndarray) -> tuple[float, float]:
+def compare_outputs(want: np.ndarray, have: np.ndarray) -> tuple[float, float]:
     """Max abs error and worst row cosine."""
     return float(np.abs(want - have).max()), worst_cosine(want, have)
 
@@ -710,7 +718,7 @@ def _check_encoder(runtime: str, precision: str, model: Any, texts: list[str], r
     ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
     tokens_equal = ids.shape == batch.ids.shape and bool((ids == batch.ids).all())
     want = model.embed(texts)
-    diff, cosine = _compare(want, np.array(row["embed"], np.float32))
+    diff, cosine = compare_outputs(want, np.array(row["embed"], np.float32))
     labels_equal = None
     if "classify" in row:
         labels_equal = [c.label for c in model.classify(texts)] == [c["label"] for c in row["classify"]]
@@ -740,7 +748,7 @@ def _check_causal(runtime: str, precision: str, model: Any, texts: list[str], ro
     ids, want_logits = _first_logits(model, texts)
     have_ids = np.array(row["ids"], np.int64).reshape(len(texts), row["width"])
     tokens_equal = have_ids.shape == ids.shape and bool((have_ids == ids).all())
-    diff, cosine = _compare(want_logits, np.array(row["logits"], np.float32))
+    diff, cosine = compare_outputs(want_logits, np.array(row["logits"], np.float32))
     answers = model.generate_answers(texts, CHECK_STEPS)
     shared = []
     for (_, want), have in zip(answers, row["answers"], strict=True):

@@ -6,7 +6,6 @@ segments, times and text against the Python runtime's over the bundle's own grap
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.errors import ExportError
 from edgeattn.runtime.manifest import Manifest, sha256_file
 from edgeattn.runtime.precisions import get_precision
 from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER_FIXED
@@ -80,12 +78,7 @@ def check_clips(window_seconds: float, rate: int) -> dict[str, np.ndarray]:
 CHECK_WINDOW_TOKENS = 3
 #: the script a speech bundle is checked with under Node.js: each clip's features (written beside
 #: the result, once), and at each precision its segments with timestamps and a plain transcript
-RUNNER = """
-import * as ort from "{package}";
-import {{ load }} from "{module}";
-import {{ readFile, writeFile }} from "node:fs/promises";
-if (ort.env?.wasm) ort.env.wasm.numThreads = 1;
-const clips = {clips};
+RUNNER = """const clips = {clips};
 const out = {{}};
 for (const precision of {precisions}) {{
   const model = await load({base}, ort, {{ precision }});
@@ -116,7 +109,7 @@ def check_speech_bundle(bundle_dir: Path, export_dir: Path, node_modules: Path, 
     bundle's own graph files, greedy (a reduced precision: at least ``REDUCED_AGREEMENT`` of the
     tokens)."""
     from edgeattn.exporters.web import MODULE as MAIN
-    from edgeattn.exporters.web import BundleCheck, bundle_runtime
+    from edgeattn.exporters.web import NODE_PRELUDE, BundleCheck, bundle_runtime, compare_outputs, run_check_script
 
     described = json.loads((bundle_dir / "bundle.json").read_text())
     precisions = list(dict.fromkeys(f["precision"] for f in described["files"]))
@@ -129,15 +122,11 @@ def check_speech_bundle(bundle_dir: Path, export_dir: Path, node_modules: Path, 
             paths.append(work / f"clip{k}.f32")
             paths[-1].write_bytes(np.asarray(samples, dtype="<f4").tobytes())
         result = work / "result.json"
-        script = RUNNER.format(package=runtime, module=(bundle_dir / MAIN).as_uri(),
+        script = (NODE_PRELUDE + RUNNER).format(package=runtime, module=(bundle_dir / MAIN).as_uri(),
                                clips=json.dumps([str(p) for p in paths]), precisions=json.dumps(precisions),
                                base=json.dumps(str(bundle_dir) + "/"), result=json.dumps(str(result)),
                                window_tokens=CHECK_WINDOW_TOKENS)  # fmt: skip
-        (work / "run.mjs").write_text(script)
-        done = subprocess.run([node, str(work / "run.mjs")], capture_output=True, text=True, timeout=timeout, cwd=work)
-        if done.returncode != 0:
-            raise ExportError(f"the speech bundle failed under Node.js ({runtime}): {done.stderr.strip()[-2000:]}")
-        got = json.loads(result.read_text())
+        got = run_check_script(script, work, node, timeout, runtime)
         computed = [np.frombuffer(Path(f"{p}.features").read_bytes(), dtype="<f4") for p in paths]
     checks = []
     for precision in precisions:
@@ -151,9 +140,8 @@ def check_speech_bundle(bundle_dir: Path, export_dir: Path, node_modules: Path, 
             if have.shape != want.shape:
                 diff = float("inf")
                 continue
-            diff = max(diff, float(np.abs(have - want).max()))
-            worst = min(worst, float(np.dot(have.ravel(), want.ravel())
-                                     / (np.linalg.norm(have) * np.linalg.norm(want) or 1.0)))  # fmt: skip
+            clip_diff, clip_cosine = compare_outputs(want, have)
+            diff, worst = max(diff, clip_diff), min(worst, clip_cosine)
             segments = list(model.segments(samples, timestamps=True))
             heard = model.transcribe(samples, max_new_tokens=CHECK_WINDOW_TOKENS)
             mine = [t for s in segments for t in s.tokens]
