@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -264,8 +264,13 @@ class PrecisionBuilder:
         return self._sources[key]
 
     def _form(self, graph: str, precision: Precision) -> FusedForm | None:
-        plain = precision.plain_form and not self.family.role(graph).decodes and self._plain(graph)
-        return None if plain else precision.form
+        role = self.family.role(graph)
+        if precision.plain_form and not role.decodes and self._plain(graph):
+            return None
+        form = precision.form
+        if form is not None and form.packed and role.separate_projections:
+            form = replace(form, packed=False)
+        return form
 
     def _plain(self, graph: str) -> bool:
         """Whether ``graph``'s ``plain_form`` variants are made from its plain fp32 graph."""

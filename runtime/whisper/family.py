@@ -19,7 +19,7 @@ SPEECH_FAMILY = Family(
     (
         GraphRole(AUDIO_ENCODER, audio_encoder_spec, f"{_WHISPER}.graphs:AudioEncoderGraph", audio_sizes,
                   f"{_GATE}:encoder_calibration", f"{_GATE}:encoder_metrics", lambda c: c.n_encoder_layers,
-                  once_per_source=True, int8_form="blockwise"),
+                  once_per_source=True, int8_form="blockwise", separate_projections=True),
         replace(_cross_kv, sizes=window_sizes, calibration=f"{_GATE}:cross_kv_calibration", int8_form="blockwise"),
         replace(_decoder, spec=decoder_spec, module=f"{_WHISPER}.graphs:SpeechDecoderGraph",
                 needs=(AUDIO_ENCODER, "cross_kv"), calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise"),

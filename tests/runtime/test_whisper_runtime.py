@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from click.testing import CliRunner
@@ -295,6 +296,12 @@ def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_pat
     assert "tokens_kept" in result.output and "audio_encoder" in result.output
     heard = load(out, precision="int8").transcribe(audio(1.5, seed=2), language="fr", max_new_tokens=8)
     assert len(heard.segments) == 1 and heard.text
+    # the audio encoder's self-attention is MultiHeadAttention over separate projections (flash
+    # attention on the CPU, no (heads, T, T) scores), which the block-wise quantiser reaches
+    encoder = onnx.load(str(out / "audio_encoder.int8.onnx"), load_external_data=False)
+    ops = [n.op_type for n in encoder.graph.node]
+    layers = load(out).config.n_encoder_layers
+    assert ops.count("MultiHeadAttention") == layers and "Attention" not in ops and "MatMulNBits" in ops
     model = import_whisper(folder)
     rows = 4
     heldout = HeldOut(np.full((rows, 1), model.config.bos_id), np.ones((rows, 1), np.int64))
