@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edgeattn.exporters.external_data import ALIGN_ABOVE, ALIGNMENT, weight_views
 from edgeattn.runtime.layout import TRANSPOSED_SUFFIX
 
 #: safetensors dtype -> ONNX element type, for the types weights come in
@@ -123,7 +124,12 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, i
     """Write each initializer that several of ``protos`` hold alike (byte for byte, still inside the
     graph: a quantised embedding, a decoder's weights in both of its cache forms) once into
     ``path`` and point every graph at it; returns the bytes each graph no longer holds. Writes no
-    file when nothing is shared."""
+    file when nothing is shared.
+
+    A ``Reshape`` of a shared weight by a constant shape (the tied table a GatherBlockQuantized
+    reads by row) becomes a view over the same bytes (:func:`weight_views`), and large tensors start
+    at page-aligned offsets, so that ONNX Runtime maps them rather than folding the Reshape into a
+    copy of its own: the real Whisper tiny.en's int8 decoder held a 20 MB copy of its table."""
     users: dict[tuple[int, tuple[int, ...], str], list[tuple[str, onnx.TensorProto]]] = {}
     for graph, proto in protos.items():
         for tensor in proto.graph.initializer:
@@ -135,11 +141,18 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, i
     shared = [tensors for tensors in users.values() if len({g for g, _ in tensors}) > 1]
     if not shared:
         return {}
+    for graph, proto in protos.items():
+        group = {t.name: tensors for tensors in shared for g, t in tensors if g == graph}
+        views = weight_views(proto, MIN_SHARED_BYTES, only=set(group))
+        by_name = {t.name: t for t in proto.graph.initializer}
+        for view, weight in views.items():
+            group[weight].append((graph, by_name[view]))
     moved = dict.fromkeys(protos, 0)
     with path.open("wb") as out:
         for tensors in shared:
             data = tensors[0][1].raw_data
-            out.write(b"\0" * (-out.tell() % 64))  # each tensor 64-byte aligned
+            align = ALIGNMENT if len(data) >= ALIGN_ABOVE else 64
+            out.write(b"\0" * (-out.tell() % align))
             region = Region(out.tell(), len(data))
             out.write(data)
             for graph, tensor in tensors:

@@ -48,10 +48,11 @@ def _reshaped(dims: list[int], shape: np.ndarray) -> list[int] | None:
     return out if int(np.prod(out)) == total else None
 
 
-def weight_views(model: onnx.ModelProto, min_bytes: int = ALIGN_ABOVE) -> dict[str, str]:
-    """Replace each ``Reshape`` of a weight (of ``min_bytes`` or more) by a constant shape with an
-    initializer of the reshaped dims sharing that weight's data: the view's ``raw_data`` is the same
-    bytes until :func:`write_external_data` points both at one region. Returns {view: weight}."""
+def weight_views(model: onnx.ModelProto, min_bytes: int = ALIGN_ABOVE, only: set[str] | None = None) -> dict[str, str]:
+    """Replace each ``Reshape`` of a weight (of ``min_bytes`` or more; of those named ``only``, where
+    given) by a constant shape with an initializer of the reshaped dims sharing that weight's data:
+    the view's ``raw_data`` is the same bytes until its writer points both at one region. Returns
+    {view: weight}."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     outputs = {o.name for o in graph.output}
@@ -61,6 +62,8 @@ def weight_views(model: onnx.ModelProto, min_bytes: int = ALIGN_ABOVE) -> dict[s
             continue
         weight, shape = inits.get(node.input[0]), inits.get(node.input[1])
         if weight is None or shape is None or node.output[0] in outputs or len(weight.raw_data) < min_bytes:
+            continue
+        if only is not None and weight.name not in only:
             continue
         if any(a.name == "allowzero" and a.i for a in node.attribute):
             continue

@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgeattn.exporters.compact import share_between
 from edgeattn.exporters.external_data import ALIGNMENT, _reshaped, weight_views
 from edgeattn.exporters.onnx_export import save_checked
 
@@ -78,3 +79,25 @@ def test_small_weights_and_graph_outputs_stay_reshapes() -> None:
     model.graph.output.append(helper.make_tensor_value_info("table", TensorProto.FLOAT, [256, 1024]))
     assert weight_views(model) == {}  # a graph output is computed, not stored
     assert weight_views(_graph()) == {"table": "w"}
+
+
+def test_a_weight_shared_between_graphs_keeps_its_view_over_one_aligned_region(tmp_path) -> None:
+    """Two graphs holding the same weight (a decoder in both cache forms) store it once, page-aligned
+    after a small shared tensor, and each graph's Reshape of it reads the same region (ONNX Runtime
+    would otherwise fold the Reshape into a copy of its own)."""
+    protos = {"a": _graph(), "b": _graph()}
+    whole = tmp_path / "whole.onnx"
+    onnx.save_model(_graph(), str(whole))
+    moved = share_between(protos, tmp_path / "shared.data")
+    assert set(moved) == {"a", "b"}
+    for name, proto in protos.items():
+        assert "Reshape" not in [n.op_type for n in proto.graph.node]
+        regions = {t.name: {e.key: e.value for e in t.external_data} for t in proto.graph.initializer}
+        assert regions["table"] == regions["w"]
+        assert int(regions["w"]["offset"]) % ALIGNMENT == 0
+        path = tmp_path / f"{name}.onnx"
+        onnx.save_model(proto, str(path))
+        for got, want in zip(_run(str(path)), _run(str(whole)), strict=True):
+            np.testing.assert_array_equal(got, want)
+    # W and the bias once on disk
+    assert (tmp_path / "shared.data").stat().st_size <= 512 * 512 * 4 + ALIGNMENT

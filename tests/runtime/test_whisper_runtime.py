@@ -302,6 +302,13 @@ def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_pat
     ops = [n.op_type for n in encoder.graph.node]
     layers = load(out).config.n_encoder_layers
     assert ops.count("MultiHeadAttention") == layers and "Attention" not in ops and "MatMulNBits" in ops
+    # a Reshape of a weight both decoders share is a view over its bytes, not a copy ONNX Runtime makes
+    for graph in ("decoder", "decoder_fixed"):
+        decoder = onnx.load(str(out / f"{graph}.int8.onnx"), load_external_data=False)
+        regions = {t.name: {e.key: e.value for e in t.external_data} for t in decoder.graph.initializer}
+        shared = [n for n in decoder.graph.node if n.op_type == "Reshape" and regions.get(n.input[0], {})
+                  .get("location", "").endswith(".int8.data")]  # fmt: skip
+        assert shared == [] and "GatherBlockQuantized" in [n.op_type for n in decoder.graph.node]
     model = import_whisper(folder)
     rows = 4
     heldout = HeldOut(np.full((rows, 1), model.config.bos_id), np.ones((rows, 1), np.int64))
