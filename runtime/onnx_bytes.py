@@ -1,7 +1,8 @@
 """A serialised ONNX model read straight from its protobuf bytes, without the ``onnx`` package.
 
 Reads what the runtime needs to know before ONNX Runtime sees a file: the tensors a graph keeps
-in external data (where, what shape and type) and the operator domains its nodes use. Values are
+in external data (where, what shape and type), the operator domains its nodes use and the weights
+it reads a row at a time. Values are
 memoryviews into the bytes given (an ``mmap`` of the file reads only what it touches). Torch-free.
 """
 
@@ -176,3 +177,34 @@ def operator_domains(data: bytes | memoryview | mmap.mmap) -> set[str]:
 
     walk(memoryview(data), "model", 0)
     return domains
+
+
+_NODE_INPUT, _NODE_OP_TYPE = 1, 4
+_GRAPH_NODE = 1
+#: the operators that read their first input a row at a time (the rows their indices name)
+ROW_READERS = frozenset({"Gather", "GatherBlockQuantized"})
+
+
+def row_read_only(data: bytes | memoryview | mmap.mmap) -> set[str]:
+    """The names a serialised ONNX model's main graph reads only as the table of a gather (the first
+    input of a :data:`ROW_READERS` node, and no other node's input): a token embedding, which each
+    call reads a few rows of."""
+    rows: set[str] = set()
+    other: set[str] = set()
+    for number, wire, graph in _fields(memoryview(data)):
+        if number != 7 or wire != 2:  # ModelProto.graph
+            continue
+        assert isinstance(graph, memoryview)
+        for n, w, node in _fields(graph):
+            if n != _GRAPH_NODE or w != 2:
+                continue
+            assert isinstance(node, memoryview)
+            inputs, op = [], ""
+            for f, fw, value in _fields(node):
+                if f == _NODE_INPUT and fw == 2:
+                    inputs.append(bytes(value).decode("utf-8", "replace"))  # type: ignore[arg-type]
+                elif f == _NODE_OP_TYPE and fw == 2:
+                    op = bytes(value).decode("utf-8", "replace")  # type: ignore[arg-type]
+            for i, name in enumerate(inputs):
+                (rows if i == 0 and op in ROW_READERS else other).add(name)
+    return rows - other

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import onnxruntime as ort
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.mapped_weights import release_mapped_weights
+from edgeattn.runtime.mapped_weights import release_mapped_weights, row_tables
 from edgeattn.runtime.onnx_bytes import Malformed, file_external_tensors
 from edgeattn.runtime.providers import (
     Provider,
@@ -227,7 +227,7 @@ def create_session(
         raise EdgeattnError(f"onnxruntime did not register {', '.join(missing)} for {Path(name).name}")
     release_free_memory()
     if not isinstance(source, bytes):
-        release_mapped_weights(external_data_files(source))
+        release_mapped_weights(external_data_files(source), row_tables(source))
     return session
 
 

@@ -14,7 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeattn.exporters.external_data import write_external_data
-from edgeattn.runtime.mapped_weights import file_mappings, release_mapped_weights
+from edgeattn.runtime.mapped_weights import file_mappings, release_mapped_weights, row_tables
+from edgeattn.runtime.onnx_bytes import row_read_only
 from edgeattn.runtime.session import create_session, external_data_files
 
 pytestmark = [
@@ -91,3 +92,51 @@ def test_nothing_to_release_where_nothing_is_mapped(tmp_path) -> None:
     assert external_data_files(tmp_path / "absent.onnx") == []
     (tmp_path / "model.ort").write_bytes(b"\x10\x00\x00\x00ORTM")  # not an ONNX protobuf
     assert external_data_files(tmp_path / "model.ort") == []
+
+
+def test_only_tables_read_by_row_lose_their_read_ahead(tmp_path) -> None:
+    """A weight every call reads whole (position embeddings added to the input) keeps its cached
+    pages and read-ahead; the gather's table is read by row; a table another node also reads whole
+    is not a table read by row."""
+    rng = np.random.default_rng(2)
+    positions = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+    table = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "positions"], ["y"]),
+         helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)],
+        "whole_and_rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, WIDTH]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["k"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, WIDTH]),
+         helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["k", WIDTH])],
+        [numpy_helper.from_array(positions, "positions"), numpy_helper.from_array(table, "table")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert row_read_only(model.SerializeToString()) == {"table"}
+    path = tmp_path / "g.onnx"
+    write_external_data(model, path, "g.onnx.data")
+    data = path.parent / "g.onnx.data"
+    with open(data, "rb+") as f:
+        os.fsync(f.fileno())
+    assert [(t.offset, t.length) for t in row_tables(path)] == [(ROWS * WIDTH * 4, ROWS * WIDTH * 4)]
+    session = create_session(path, threads=1)
+    by_offset = {m.offset: m for m in file_mappings([data])}
+    assert "rr" in by_offset[ROWS * WIDTH * 4].flags and "rr" not in by_offset[0].flags
+    x = np.ones((ROWS, WIDTH), np.float32)
+    y, rows = session.run(None, {"x": x, "ids": np.array([3, 9], np.int64)})
+    np.testing.assert_array_equal(y, x + positions)
+    np.testing.assert_array_equal(rows, table[[3, 9]])
+
+    both = helper.make_model(helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+         helper.make_node("Add", ["x", "table"], ["y"])],
+        "both", graph.input, graph.output, [numpy_helper.from_array(table, "table")],
+    ), opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    assert row_read_only(both.SerializeToString()) == set()
+
+
+def test_a_file_that_is_not_an_onnx_protobuf_has_no_tables(tmp_path) -> None:
+    (tmp_path / "model.ort").write_bytes(b"\x10\x00\x00\x00ORTM\xff\xff\xff\xff")  # ONNX Runtime's own format
+    assert row_tables(tmp_path / "model.ort") == []
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert row_tables(tmp_path / "empty.onnx") == []
