@@ -121,8 +121,7 @@ def choose_engine(
     if CUDA in ort.get_available_providers():
         return EngineChoice((CUDA, CPU), "this onnxruntime has the CUDA provider")
     cpu = (CPU,)
-    if not openvino_usable():
-        return EngineChoice(cpu, "OpenVINO does not run here (onnxruntime-openvino runs it on any x86-64 CPU)")
+    # the reasons that need no OpenVINO first: asking whether it runs loads its plugin (7 MB resident)
     if role is None:
         return EngineChoice(cpu, "a graph this edgeattn has no role for: it runs where every graph can")
     if generates or not role.openvino:
@@ -130,6 +129,8 @@ def choose_engine(
                                  "and each graph OpenVINO compiles adds 0.5-1 s to loading")  # fmt: skip
     if ort_cache:
         return EngineChoice(cpu, "optimized_cache keeps ONNX Runtime's optimised graphs; OpenVINO compiles its own")
+    if not openvino_usable():
+        return EngineChoice(cpu, "OpenVINO does not run here (onnxruntime-openvino runs it on any x86-64 CPU)")
     if not standard_only(path):
         return EngineChoice(
             cpu,

@@ -99,6 +99,13 @@ def test_the_rule_in_order(tmp_path, monkeypatch, openvino_here, built_in_provid
     assert "optimized_cache" in said["cache"].reason
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": False)
     assert "onnxruntime-openvino" in choose_engine(ENCODER_FAMILY.graphs["encoder"], plain).reason
+
+    def loads_the_plugin(device: str = "CPU") -> bool:
+        raise AssertionError("asked whether OpenVINO runs (which loads its plugin) for a graph it never runs")
+
+    monkeypatch.setattr(engines, "openvino_usable", loads_the_plugin)  # a decoder or a generating export's graph
+    assert choose_engine(SEQ2SEQ_FAMILY.graphs["decoder"], plain, generates=True).providers == (CPU,)
+    assert choose_engine(SEQ2SEQ_FAMILY.graphs["encoder"], plain, generates=True).providers == (CPU,)
     built_in_providers(CUDA, OPENVINO, CPU)
     assert choose_engine(ENCODER_FAMILY.graphs["encoder"], plain).providers == (CUDA, CPU)
 
