@@ -10,6 +10,7 @@ it came.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,12 +23,13 @@ from edgeattn.exporters.gptq import Hessians, fits, gptq, nearest
 log = logging.getLogger(__name__)
 
 
-def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block: int, progress: bool = False
-               ) -> dict[str, FittedWeight]:  # fmt: skip
+def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block: int, progress: bool = False,
+               source: Path | None = None) -> dict[str, FittedWeight]:  # fmt: skip
     """GPTQ fits of ``model``'s products whose graph weight ``bits_of`` gives 4 bits (in blocks it
     fits: :func:`~edgeattn.exporters.gptq.fits`), layer after layer over ``ids`` (R, T) (no
     padding); the other products are rounded to the nearest level of their width for the layers
-    after them, and those not in ``bits_of`` stay float; ``progress`` shows a bar of the layers."""
+    after them, and those not in ``bits_of`` stay float; ``progress`` shows a bar of the layers.
+    (``source``, the graph, is not read: the causal graph names its weights by layer and product.)"""
     from tqdm import tqdm
 
     fitted: dict[str, FittedWeight] = {}

@@ -340,13 +340,14 @@ class PrecisionBuilder:
             calibration_source=describe_calibration(self.options.calibration_data, self.options.calibration_source),
             int8_activations=self.family.role(graph).int8_activations,
             block_size=self.family.role(graph).int4_block_size, head_bits=self.family.role(graph).int4_head_bits,
+            int4_bits=self.family.role(graph).int4_bits,
             int8_form=self.family.role(graph).int8_form, int4_method=self.family.role(graph).int4_method,
             wide_products=self.family.role(graph).int4_wide_products,
             float16_cache=self.family.role(graph).cache_dtype(precision) == "float16",
         )  # fmt: skip
-        if precision.fitted and self.family.role(graph).fitter is not None and self.fit_text is not None:
-            job.fit = lambda bits_of, block: self._fit(graph, bits_of, block)
-            job.fit_source = self.fit_text[1]
+        if precision.fitted and self.family.role(graph).fitter is not None and self.fit_data is not None:
+            job.fit = lambda bits_of, block: self._fit(graph, bits_of, block, src)
+            job.fit_source = self.fit_data[1]
         info = converter(precision.name)(src, dst, job)
         release_freed_memory()
         fields = {"quantization": info, **source}
@@ -400,12 +401,22 @@ class PrecisionBuilder:
         """What GPTQ fits on, and in words (:func:`fit_sequences`)."""
         return fit_sequences(self.options)
 
-    def _fit(self, graph: str, bits_of: dict[str, int], block: int) -> dict[str, Any]:
-        """``graph``'s products fitted by its role's fitter on :attr:`fit_text`."""
-        assert self.fit_text is not None
-        fitter = resolve(self.family.role(graph).fitter or "")
+    @cached_property
+    def fit_data(self) -> tuple[Any, str] | None:
+        """What the roles' fitters fit on, and in words: the family's own source where it names one
+        (a speech model's held-out windows), else :attr:`fit_text` in calibration rows."""
+        if self.family.fit_source is not None:
+            return resolve(self.family.fit_source)(self.reference)
+        if self.fit_text is None:
+            return None
         rows = calibration_rows(self.fit_text[0], width=min(ROW_TOKENS, self.model.config.max_len))
-        return fitter(self.model, rows, bits_of, block, self.progress)
+        return rows, self.fit_text[1]
+
+    def _fit(self, graph: str, bits_of: dict[str, int], block: int, source: Path) -> dict[str, Any]:
+        """``graph``'s products (its graph at ``source``) fitted by its role's fitter on :attr:`fit_data`."""
+        assert self.fit_data is not None
+        fitter = resolve(self.family.role(graph).fitter or "")
+        return fitter(self.model, self.fit_data[0], bits_of, block, self.progress, source)
 
     def runtime(self, candidates: dict[str, Candidate]) -> ExportedModel:
         """ONNX Runtime sessions over candidate graphs, built in memory (the CPU provider, or the
@@ -443,9 +454,11 @@ class PrecisionBuilder:
             if not parity.passed:
                 raise VerificationError(f"{name} graphs disagree with eager PyTorch:\n" + parity.table())
         result = self.gate(name, candidates, runtime) if precision.gated else None
-        if result is not None and not result.passed and precision.sensitive_search and self.options.sensitive_search:
-            failing = result.failing_graphs(self.graphs, self.family)
-            candidates, result = self.exclude_sensitive(precision, candidates, failing)
+        if result is not None and not result.passed and self.options.sensitive_search:
+            failing = [g for g in result.failing_graphs(self.graphs, self.family)
+                       if self.family.role(g).searches(precision)]  # fmt: skip
+            if failing:
+                candidates, result = self.exclude_sensitive(precision, candidates, failing)
         build = PrecisionBuild(name, candidates, result, parity)
         if build.degraded and not self.options.allow_degraded:
             assert result is not None

@@ -99,6 +99,8 @@ class ConversionJob:
     #: the bits of a graph's output layer (and the embedding tied to it) under int4 (the family
     #: role's ``int4_head_bits``): 4, or 8
     head_bits: int = 4
+    #: the bits of its products under int4 (the family role's ``int4_bits``): 4, or 8
+    int4_bits: int = 4
     #: how its int4 blocks are fitted (the family role's ``int4_method``): "rtn", "hqq" or "gptq"
     int4_method: str = "rtn"
     #: GPTQ's fit, ``fit(bits_of, block) -> {weight name: FittedWeight}`` of the products whose
@@ -298,6 +300,9 @@ def quantize_int4(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     128-token prompt 0.17-0.24 s against 0.26-0.31 s; the reference encoder at 1 x 128 ran 34 ms
     at level 4 against 27 ms at 0.
     """
+    if job.int4_bits == 8:  # a graph the role keeps at 8 bits: its int8 form
+        return quantize_blockwise(src, dst, job, bits=8, block_size=INT8_BLOCK, accuracy_level=INT8_BLOCKWISE_LEVEL,
+                                  head_bits=8)  # fmt: skip
     level = job.accuracy_level
     if level is None:
         level = INT8_ACTIVATIONS_LEVEL if job.int8_activations else 0

@@ -132,6 +132,10 @@ class GraphRole:
     #: perplexity +26.5% against +49.6% with a 4-bit head at block 64, for 90 MB against 76
     #: (llama.cpp keeps its output layer at 6 bits for the same reason)
     int4_head_bits: int = 4
+    #: the bits of its products under int4: 8 for a graph whose products 4 bits lose even fitted
+    #: (Whisper's audio encoder: one position's state of the real tiny.en turned to cosine -0.12 at
+    #: 4 bits fitted by GPTQ on held-out speech, and its cross keys and values with it)
+    int4_bits: int = 4
     #: products (by a part of their weight's name) int4 keeps at ``int4_head_bits`` too, as
     #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v projection. Measured on
     #: the real SmolLM2-135M-Instruct (2026-12-03, block 64, 8-bit head, GPTQ on 4,096 held-out
@@ -147,8 +151,10 @@ class GraphRole:
     #: bits GPTQ +2.8%, RTN +10.7%, HQQ +18.9% with down 4-bit too but its float zero points take
     #: ONNX Runtime 1.32's slow path (6.8 tokens/s decoding against RTN's 90)
     int4_method: str = "rtn"
-    #: ``"module:function"`` fitting its int4 products by GPTQ, ``(model, ids, bits_of, block,
-    #: progress) -> {graph weight name: FittedWeight}`` (``int4_method`` "gptq")
+    #: ``"module:function"`` fitting its int4 products by GPTQ, ``(model, data, bits_of, block,
+    #: progress, source) -> {graph weight name: FittedWeight}`` (``int4_method`` "gptq"; ``data``:
+    #: calibration rows of token ids, or what its family's ``fit_source`` gives; ``source``: the
+    #: graph being quantised, whose weights the fitter may match against its products)
     fitter: str | None = None
     #: how its int8 variant is made: "dynamic" (MatMulInteger, activations quantised per tensor: the
     #: fastest for encoders) or "blockwise" (8-bit weights in blocks of 32, MatMulNBits, as llama.cpp's
@@ -174,6 +180,12 @@ class GraphRole:
     bundle_precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: (target, precision) -> why it runs far below the others there: packaged when asked, with a warning
     bundle_slow: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def searches(self, precision: Precision) -> bool:
+        """Whether a failing gate at ``precision`` searches this graph's sensitive nodes: where the
+        precision's record says so, and for a fitted precision (int4) the role keeps at 8 bits, whose
+        products are the int8 ones (searched as int8's are)."""
+        return precision.sensitive_search or (precision.fitted and self.int4_bits == 8)
 
     def cache_dtype(self, precision: Precision) -> str:
         """The element type of its in-place caches at ``precision``."""
@@ -220,6 +232,10 @@ class Family:
     #: progress)``, and ``"module:function"`` measuring whole generation, ``(reference, runtime)``
     gate_reference: str = "edgeattn.exporters.gate:Reference"
     generation_gate: str = "edgeattn.exporters.gate:generation_metrics"
+    #: ``"module:function"`` giving what its roles' ``fitter`` fits on, for a family whose
+    #: calibration is not text: ``(gate reference) -> (data, what it is in words)``, or None where
+    #: there is nothing real to fit on (None: text, ``--calibration`` else the held-out sequences)
+    fit_source: str | None = None
     #: ``"module:function"`` reading ``--heldout`` for a family whose held-out inputs are not text,
     #: ``(path, settings) -> (features, prompt)`` (None: token sequences, one a line)
     heldout_reader: str | None = None

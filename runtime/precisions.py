@@ -272,7 +272,9 @@ PRECISIONS: dict[str, Precision] = {
         Precision(
             "int4",
             "block-wise 4-bit weights (block 32; a language model's decoder: block 64, fitted by GPTQ on real text, "
-            "its output layer and q/k/v projections 8-bit, its key/value cache int8), 4-bit embeddings when large",
+            "its output layer and q/k/v projections 8-bit, its key/value cache int8; a speech model's decoders "
+            "fitted by GPTQ on held-out speech, their output layer, the audio encoder and cross keys/values 8-bit), "
+            "4-bit embeddings when large",
             "`MatMulNBitsQuantizer` (MatMulNBits, GatherBlockQuantized); GPTQ fitted from the PyTorch model",
             "convert",
             FusedForm(packed=False),

@@ -11,7 +11,11 @@ from edgeattn.runtime.whisper.specs import speech_decoder_spec as decoder_spec
 
 _WHISPER = "edgeattn.whisper"
 _GATE = f"{_WHISPER}.gate"
+_FIT = f"{_WHISPER}.fit:fit_whisper"
 _cross_kv, _decoder, _decoder_fixed = (SEQ2SEQ_FAMILY.role(n) for n in ("cross_kv", "decoder", "decoder_fixed"))
+#: int4: the decoders' products fitted by GPTQ on the held-out speech, their output layer (and the table
+#: tied to it) at 8 bits; the audio encoder and cross keys/values stay 8-bit (4 bits lose them)
+_INT4 = {"int4_method": "gptq", "fitter": _FIT, "int8_activations": True}
 
 SPEECH_FAMILY = Family(
     "speech",
@@ -19,11 +23,14 @@ SPEECH_FAMILY = Family(
     (
         GraphRole(AUDIO_ENCODER, audio_encoder_spec, f"{_WHISPER}.graphs:AudioEncoderGraph", audio_sizes,
                   f"{_GATE}:encoder_calibration", f"{_GATE}:encoder_metrics", lambda c: c.n_encoder_layers,
-                  once_per_source=True, int8_form="blockwise", separate_projections=True),
-        replace(_cross_kv, sizes=window_sizes, calibration=f"{_GATE}:cross_kv_calibration", int8_form="blockwise"),
+                  once_per_source=True, int8_form="blockwise", separate_projections=True, int4_bits=8),
+        replace(_cross_kv, sizes=window_sizes, calibration=f"{_GATE}:cross_kv_calibration", int8_form="blockwise",
+                int4_bits=8),
         replace(_decoder, spec=decoder_spec, module=f"{_WHISPER}.graphs:SpeechDecoderGraph",
-                needs=(AUDIO_ENCODER, "cross_kv"), calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise"),
-        replace(_decoder_fixed, calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise"),
+                needs=(AUDIO_ENCODER, "cross_kv"), calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise",
+                int4_head_bits=8, **_INT4),
+        replace(_decoder_fixed, calibration=f"{_GATE}:decoder_calibration", int8_form="blockwise", int4_head_bits=8,
+                **_INT4),
     ),
     tasks={"transcribe": (AUDIO_ENCODER, "cross_kv", "decoder")},
     model=f"{_WHISPER}.model:WhisperModel",
@@ -38,6 +45,7 @@ SPEECH_FAMILY = Family(
             "fp16": {"exact_match": 0.0, "tokens_kept": 0.95, "words_kept": 0.95}},
     gate_reference=f"{_GATE}:SpeechReference",
     heldout_reader=f"{_WHISPER}.heldout:read_heldout",
+    fit_source=f"{_WHISPER}.fit:fit_source",
     random_caveat="held-out windows of random log-mel features: they cannot show what speech does (a real "
                   "model's transcripts of it); give --heldout with audio",
     generation_gate=f"{_GATE}:generation_metrics",

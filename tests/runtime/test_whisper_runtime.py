@@ -321,6 +321,41 @@ def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_pat
     assert not wrong.passed and wrong.metrics["generation"]["tokens_kept"] < 0.5
 
 
+def test_int4_is_fitted_by_gptq_on_the_held_out_speech(exported, tmp_path):
+    """Every 4-bit product of the decoders is fitted on the held-out windows (its weight found among
+    the model's products by value, the alignment heads' queries as rows of theirs); their output
+    layer, the audio encoder and the cross keys/values stay 8-bit; without held-out audio the levels
+    are rounded to nearest and the record says why."""
+    folder, _, _ = exported
+    clips = tmp_path / "heldout"
+    clips.mkdir()
+    for i, seconds in enumerate((1.3, 2.6)):
+        soundfile.write(clips / f"{i}.wav", audio(seconds, seed=60 + i), RATE)
+    out = tmp_path / "int4"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", "int4",
+                                      "--heldout", str(clips), "--no-verify", "--allow-degraded"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    for graph, entry in manifest["graphs"].items():
+        record = entry["precisions"]["int4"]["quantization"]
+        model = onnx.load(str(out / entry["precisions"]["int4"]["file"]), load_external_data=False)
+        four = [n for n in model.graph.node if n.op_type == "MatMulNBits"
+                and any(a.name == "bits" and a.i == 4 for a in n.attribute)]  # fmt: skip
+        if not graph.startswith("decoder"):
+            assert record["bits"] == 8 and not four, (graph, record)
+            continue
+        assert four and record["method"] == "gptq" and record["fitted_products"] == len(four), (graph, record)
+        assert "heldout" in record["fitted_on"] and "the gate measures too" in record["fitted_on"]
+        assert record["output_layer_bits"] == 8 and record["accuracy_level"] == 4
+    rounded = tmp_path / "int4-rtn"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(rounded), "--precision", "int4",
+                                      "--no-verify", "--allow-degraded"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    entry = json.loads((rounded / "manifest.json").read_text())["graphs"]["decoder"]["precisions"]["int4"]
+    record = entry["quantization"]
+    assert record["method"] == "rtn" and "give --heldout" in record["not_fitted_because"]
+
+
 @pytest.mark.parametrize("seconds,language,search", [
     (1.5, "fr", {}), (7.9, "de", {}), (5.3, "de", {"num_beams": 3})])  # fmt: skip
 def test_word_times_follow_transformers_token_timestamps(exported, seconds, language, search):
@@ -593,3 +628,14 @@ def test_no_window_state_outlives_its_window(exported):
     finally:
         gc.enable()
     assert len({s.seek for s in heard.segments}) > 1 and alive == []
+
+
+def test_a_graph_int4_keeps_at_8_bits_is_searched_as_int8_is():
+    from edgeattn.runtime.families import get_family
+    from edgeattn.runtime.precisions import get_precision
+
+    speech, causal = get_family("speech"), get_family("causal")
+    int4, int8 = get_precision("int4"), get_precision("int8")
+    assert speech.role("audio_encoder").searches(int4) and speech.role("cross_kv").searches(int4)
+    assert not speech.role("decoder").searches(int4) and speech.role("decoder").searches(int8)
+    assert not any(role.searches(int4) for role in causal.roles)
