@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeattn.runtime.onnx_bytes import Malformed, file_external_tensors, row_read_only
+from edgeattn.runtime.onnx_bytes import Malformed, external_tensors, row_read_only
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +119,14 @@ class Table:
 def row_tables(graph: str | Path) -> list[Table]:
     """The external tensors of the ONNX file ``graph`` that it reads only a row at a time
     (:func:`edgeattn.runtime.onnx_bytes.row_read_only`); none for a file that is not an ONNX protobuf."""
-    names: set[str] | None = None
     try:
         with open(graph, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             try:
                 names = row_read_only(mapped)
-            except Malformed:  # not an ONNX protobuf (ONNX Runtime's own format): left with the map closed,
-                pass  # as its traceback holds views of it
-        tensors = file_external_tensors(graph) if names else []
-    except (Malformed, OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return []
-    if not names:
+                tensors = external_tensors(mapped) if names else []
+            except Malformed:  # not an ONNX protobuf (ONNX Runtime's own format): handled before the map
+                return []  # closes, as its traceback holds views of it
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
         return []
     folder = Path(graph).parent
     return [Table(os.path.realpath(folder / t.pairs["location"]), int(t.pairs.get("offset", 0)),

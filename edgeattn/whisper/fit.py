@@ -63,10 +63,10 @@ def _products(model: WhisperModel, source: Path, names: list[str]) -> dict[str, 
         if tensor is None or tensor.data_type != onnx.TensorProto.FLOAT or len(tensor.dims) != 2:
             continue
         hits = [rows.get(_row_key(column)) for column in numpy_helper.to_array(tensor, str(source.parent)).T]
-        if any(hit is None for hit in hits) or len({id(hit[0]) for hit in hits if hit}) != 1:
+        if None in hits or len({id(module) for module, _ in hits}) != 1:  # type: ignore[misc]
             log.debug("%s is not a product of the model: rounded to nearest", name)
             continue
-        found[name] = (hits[0][0], np.array([hit[1] for hit in hits if hit]))
+        found[name] = (hits[0][0], np.array([row for _, row in hits]))  # type: ignore[index,misc]
     return found
 
 

@@ -11,11 +11,10 @@ from edgeattn.runtime.whisper.specs import speech_decoder_spec as decoder_spec
 
 _WHISPER = "edgeattn.whisper"
 _GATE = f"{_WHISPER}.gate"
-_FIT = f"{_WHISPER}.fit:fit_whisper"
 _cross_kv, _decoder, _decoder_fixed = (SEQ2SEQ_FAMILY.role(n) for n in ("cross_kv", "decoder", "decoder_fixed"))
 #: int4: the decoders' products fitted by GPTQ on the held-out speech, their output layer (and the table
 #: tied to it) at 8 bits; the audio encoder and cross keys/values stay 8-bit (4 bits lose them)
-_INT4 = {"int4_method": "gptq", "fitter": _FIT, "int8_activations": True}
+_INT4 = {"int4_method": "gptq", "fitter": f"{_WHISPER}.fit:fit_whisper", "int8_activations": True}
 
 SPEECH_FAMILY = Family(
     "speech",
