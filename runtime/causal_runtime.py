@@ -34,7 +34,8 @@ from edgeattn.runtime.generate import (
 )
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import ExportedModel, InputError, input_dtype
-from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, SLOT_UPDATED, cache_names
+from edgeattn.runtime.slot_cache import SlotCache
+from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, cache_names
 from edgeattn.runtime.tokenizer import TextTokenizer
 
 #: the family's one graph (see the family record in edgeattn.runtime.families)
@@ -80,37 +81,23 @@ class CausalState:
         """Buffers of ``capacity`` slots (the first ``keep`` copied from the current ones), bound."""
         c = self.model.config.causal
         assert c is not None
-        shape = (self.rows, c.n_kv_heads, capacity, c.dim)
-        old = getattr(self, "host", None) if self.on_host else self._device_arrays() if keep else None
-        # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
         names = cache_names(SLOT_CACHE, c.n_layers)
         dtype = input_dtype(self.session, names[0])  # float16 for an fp16 graph
-        host = {n: np.zeros(shape, dtype) for n in names}
+        cache = SlotCache.zeros(names, (self.rows, c.n_kv_heads, capacity, c.dim), dtype, "cpu")
         slots = np.zeros((self.rows, capacity), dtype=np.int64)
-        if keep and old is not None:
-            for name, array in host.items():
-                array[:, :, :keep] = old[name][:, :, :keep]
+        if keep:
+            for name, array in self.cache.arrays().items():
+                cache.host[name][:, :, :keep] = array[:, :, :keep]
             slots[:, :keep] = self.slots[:, :keep]
         self.capacity, self.slots = capacity, slots
-        self.buffers = {n: self._to_device(a) for n, a in host.items()}
-        #: the caches as numpy arrays over the same memory (on the CPU; empty on a device)
-        self.host = host if self.on_host else {}
+        self.cache = cache if self.on_host else SlotCache(cache.host, self.model.device)
         self.binding = self.session.io_binding()
-        for name, value in self.buffers.items():
-            self.binding.bind_ortvalue_input(name, value)
-        self.binding.bind_output("logits", "cpu")  # the first output bound, the first get_outputs() gives
-        for name, value in self.buffers.items():
-            self.binding.bind_ortvalue_output(SLOT_UPDATED + name[len(SLOT_CACHE) :], value)
+        self.cache.bind(self.binding)
 
-    def _device_arrays(self) -> dict[str, np.ndarray]:
-        return {n: v.numpy() for n, v in self.buffers.items()}
-
-    def _to_device(self, array: np.ndarray) -> Any:
-        import onnxruntime as ort
-
-        if self.on_host:  # an OrtValue over the array's own memory (a contiguous array is not copied)
-            return ort.OrtValue.ortvalue_from_numpy(array)
-        return ort.OrtValue.ortvalue_from_numpy(array, self.model.device, 0)
+    @property
+    def host(self) -> dict[str, np.ndarray]:
+        """The caches as numpy arrays over the bound memory (on the CPU; empty on a device)."""
+        return self.cache.host
 
     def reserve(self, slots: int) -> None:
         """Room for ``slots`` more tokens: the cache grows (its filled slots copied) when it lacks
@@ -172,11 +159,7 @@ class CausalState:
             return
         self.slots[:] = self.slots[index]
         self.next_position = self.next_position[index]
-        for name, value in self.buffers.items():
-            if self.on_host:
-                self.host[name][:] = self.host[name][index]
-            else:  # beam reordering gathers on the host; greedy and sampling never reorder
-                value.update_inplace(np.ascontiguousarray(value.numpy()[index]))
+        self.cache.reorder(index)
 
     def rewind(self, position: int) -> None:
         """Forget every slot from ``position`` on (a batch of one: its positions count from the start)."""

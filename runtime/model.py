@@ -31,7 +31,7 @@ from edgeattn.runtime.precisions import FP32, PRECISIONS
 from edgeattn.runtime.providers import OPENVINO, Provider, provider_name
 from edgeattn.runtime.safety import UnsafeFileError, check_entries, check_external_data
 from edgeattn.runtime.session import CPU, CUDA, Spinning, create_session, pick_providers
-from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, GraphSpec, TensorSpec
+from edgeattn.runtime.specs import SLOT_CACHE, GraphSpec, TensorSpec
 from edgeattn.runtime.tokenizer import TextBatch, TextTokenizer, TokenizerError, WordTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -347,33 +347,22 @@ class ExportedModel:
         return dict(zip(spec.output_names, outputs, strict=True))
 
     def _run_in_place(self, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import onnxruntime as ort
+        from edgeattn.runtime.slot_cache import SlotCache, updated_name
 
         spec, session = self.specs[graph], self.sessions[graph]
-        binding = session.io_binding()
-        # a bound array must outlive the run (an OrtValue on the CPU is a view of its array)
-        caches: dict[str, tuple[np.ndarray, Any]] = {}  # updated output -> (its array, the OrtValue over it)
-        kept = []
         caches_in = [name for name in spec.input_names if name.startswith(SLOT_CACHE + "_")]
         dtype = input_dtype(session, caches_in[0]) if caches_in else np.float32  # one type for every cache
-        for name in spec.input_names:
-            if name.startswith(SLOT_CACHE + "_"):
-                array = np.array(feeds[name], dtype=dtype, order="C")
-                value = ort.OrtValue.ortvalue_from_numpy(array, *(() if self.device == "cpu" else (self.device, 0)))
-                caches[SLOT_UPDATED + name[len(SLOT_CACHE) :]] = (array, value)
-                binding.bind_ortvalue_input(name, value)
-            else:
-                kept.append(np.ascontiguousarray(feeds[name]))
-                binding.bind_cpu_input(name, kept[-1])
-        others = [name for name in spec.output_names if name not in caches]
-        for name in others:
-            binding.bind_output(name)
-        for name, (_, value) in caches.items():
-            binding.bind_ortvalue_output(name, value)
+        cache = SlotCache({name: np.array(feeds[name], dtype=dtype) for name in caches_in}, self.device)
+        binding = session.io_binding()
+        # a bound array must outlive the run
+        kept = {name: np.ascontiguousarray(feeds[name]) for name in spec.input_names if name not in cache.values}
+        for name, array in kept.items():
+            binding.bind_cpu_input(name, array)
+        others = [name for name in spec.output_names if name not in {updated_name(c) for c in caches_in}]
+        cache.bind(binding, others)
         session.run_with_iobinding(binding)
         out = dict(zip(others, (v.numpy() for v in binding.get_outputs()[: len(others)]), strict=True))
-        for name, (array, value) in caches.items():
-            out[name] = array if self.device == "cpu" else value.numpy()
+        out.update({updated_name(name): array for name, array in cache.arrays().items()})
         return {name: out[name] for name in spec.output_names}
 
     def generation_config(self, max_new_tokens: int, strategy: str, options: dict[str, Any]) -> GenerationConfig:

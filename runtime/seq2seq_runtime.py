@@ -14,16 +14,12 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
 from edgeattn.runtime.encoder_runtime import ENCODER, SourceEncoding
 from edgeattn.runtime.generate import GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import InputError, batch_texts
-from edgeattn.runtime.specs import POSITION, SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError
-
-#: the graphs generation runs besides the encoder (see the family record in edgeattn.runtime.families)
-CROSS_KV, DECODER, DECODER_FIXED = "cross_kv", "decoder", "decoder_fixed"
-
 
 
 class Seq2SeqRuntime(SourceEncoding):
@@ -197,168 +193,7 @@ class Seq2SeqRuntime(SourceEncoding):
 
 
 
-def empty_cache(config: Any, rows: int) -> dict[str, np.ndarray]:
-    """The ``decoder`` graph's self-attention cache of length 0 (its first step) for ``rows`` rows."""
-    shape = (rows, config.n_heads, 0, config.head_dim)
-    return {n: np.zeros(shape, np.float32) for n in cache_names("past", config.n_decoder_layers)}
-
-
 def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
     """A generated row up to (not including) its first EOS."""
     ends = np.flatnonzero(row == eos_id)
     return row[: ends[0]] if ends.size else row
-
-
-
-
-class OnnxStepper:
-    """Decoding state over the exported graphs: cross keys/values computed once (the runtime's
-    ``source_state`` of the source: token ids and their mask, or a speech model's features), the
-    self-attention cache carried from step to step. With IO binding the cache and cross
-    keys/values stay on the session's device; only the new tokens and logits cross to the host.
-    A step takes one token a row (B,) or several (B, T), and returns the last one's logits.
-    ``source``, when given, is that state already computed (several decodings of one source)."""
-
-    def __init__(
-        self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, graph: str = DECODER,
-        source: tuple[dict[str, np.ndarray], np.ndarray] | None = None,
-    ) -> None:  # fmt: skip
-        self.model = model
-        self.session = model.sessions[graph]
-        self.spec = model.specs[graph]
-        cross, mask = model.source_state(ids, mask) if source is None else source
-        if repeat > 1:
-            mask = np.repeat(mask, repeat, axis=0)
-            cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
-        self.rows = mask.shape[0]
-        self.fixed: dict[str, Any] = {"encoder_attention_mask": mask, **cross}
-        if self.bound:
-            self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
-        self._start_cache()
-
-    @property
-    def bound(self) -> bool:
-        """Whether the state lives in ``OrtValue``s run through IO binding."""
-        return self.model.io_binding
-
-    def _start_cache(self) -> None:
-        past = empty_cache(self.model.config, self.rows)
-        self.past: dict[str, Any] = {k: self._to_device(v) for k, v in past.items()} if self.bound else past
-
-    def _to_device(self, array: np.ndarray) -> Any:
-        import onnxruntime as ort
-
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.model.device, 0)
-
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        ids = tokens.reshape(self.rows, -1).astype(np.int64)
-        if not self.bound:
-            feeds = {"input_ids": ids, **self.fixed, **self.past}
-            outs = self.session.run(self.spec.output_names, feeds)
-            res = dict(zip(self.spec.output_names, outs, strict=True))
-            self.past = {p: res["present" + p[4:]] for p in self.past}
-            return res["logits"][:, -1]
-        binding = self.session.io_binding()
-        binding.bind_ortvalue_input("input_ids", self._to_device(ids))
-        for name, value in {**self.fixed, **self.past}.items():
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits", "cpu")
-        for p in self.past:
-            binding.bind_output("present" + p[4:], self.model.device, 0)
-        self.session.run_with_iobinding(binding)
-        outs = dict(zip(self.spec.output_names, binding.get_outputs(), strict=True))
-        self.past = {p: outs["present" + p[4:]] for p in self.past}
-        return outs["logits"].numpy()[:, -1]
-
-    def reorder(self, index: np.ndarray) -> None:
-        if np.array_equal(index, np.arange(self.rows)):
-            return
-        if not self.bound:
-            self.past = {k: v[index] for k, v in self.past.items()}
-            return
-        # beam reordering gathers on the host; greedy and sampling never reorder
-        self.past = {k: self._to_device(v.numpy()[index]) for k, v in self.past.items()}
-
-
-class SlotStepper(OnnxStepper):
-    """Decoding state over the ``decoder_fixed`` graph: each layer's cache is one buffer of
-    ``capacity`` slots, allocated once and bound as both the cache input and the updated-cache
-    output, so the graph's ScatterND writes each step's keys and values into it in place (the
-    export checks that nothing else reads the cache input). Always through IO binding; on the CPU
-    the buffers are numpy arrays the session writes into."""
-
-    def __init__(self, model: Any, ids: np.ndarray, mask: np.ndarray | None, repeat: int, capacity: int,
-                 source: tuple[dict[str, np.ndarray], np.ndarray] | None = None) -> None:  # fmt: skip
-        if capacity < 1:
-            raise InputError(f"a cache needs at least one slot, got capacity={capacity}")
-        self.capacity = capacity
-        self.on_host = model.device == "cpu"
-        super().__init__(model, ids, mask, repeat, graph=DECODER_FIXED, source=source)
-        self.position = 0
-        self.binding = self.session.io_binding()
-        for name, value in {**self.fixed, **self.slots}.items():
-            self.binding.bind_ortvalue_input(name, value)
-        self._bind_outputs()
-
-    def _bind_outputs(self) -> None:
-        """Logits to the host, each updated cache into its own buffer (again whenever the tokens a
-        step takes change: ONNX Runtime keeps the logits buffer of the last run's shape)."""
-        self.binding.clear_binding_outputs()
-        self.binding.bind_output("logits", "cpu")  # the first output bound, the first get_outputs() gives
-        for name, value in self.slots.items():
-            self.binding.bind_ortvalue_output(SLOT_UPDATED + name[len(SLOT_CACHE) :], value)
-        self._width = 0
-
-    #: the cross keys/values and mask are bound once, not copied every step, on the CPU too
-    bound = True
-
-    def _start_cache(self) -> None:
-        c = self.model.config
-        shape = (self.rows, c.n_heads, self.capacity, c.head_dim)
-        # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
-        zeros = {n: np.zeros(shape, np.float32) for n in cache_names(SLOT_CACHE, c.n_decoder_layers)}
-        self.slots: dict[str, Any] = {n: self._to_device(a) for n, a in zeros.items()}
-        #: the caches as numpy arrays over the same memory (on the CPU; empty on a device)
-        self.host = zeros if self.on_host else {}
-
-    def _to_device(self, array: np.ndarray) -> Any:
-        import onnxruntime as ort
-
-        if self.on_host:  # an OrtValue over the array's own memory (a contiguous array is not copied)
-            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-        return super()._to_device(array)
-
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        ids = np.ascontiguousarray(tokens.reshape(self.rows, -1), dtype=np.int64)
-        if self.position >= self.capacity:
-            raise EdgeattnError(f"the decoder cache is full: all {self.capacity} slots hold earlier tokens")
-        if self.position + ids.shape[1] > self.capacity:
-            raise EdgeattnError(f"the decoder cache has {self.capacity - self.position} free slots of its "
-                                f"{self.capacity}; {ids.shape[1]} new tokens do not fit")  # fmt: skip
-        if self._width and ids.shape[1] != self._width:
-            self._bind_outputs()
-        self._width = ids.shape[1]
-        self.binding.bind_cpu_input("input_ids", ids)
-        self.binding.bind_cpu_input(POSITION, np.array([self.position], dtype=np.int64))
-        self.session.run_with_iobinding(self.binding)
-        self.position += ids.shape[1]
-        # a copy: the bound output's memory is the session's to reuse at the next call
-        return np.array(self.binding.get_outputs()[0].numpy()[:, -1])
-
-    def rewind(self, position: int) -> None:
-        """Make slot ``position`` the next one written (what later slots hold is masked until
-        rewritten), for example to time the same step again."""
-        if not 0 <= position < self.capacity:
-            raise InputError(f"position {position} is outside the cache's {self.capacity} slots")
-        self.position = position
-
-    def reorder(self, index: np.ndarray) -> None:
-        if np.array_equal(index, np.arange(self.rows)):
-            return
-        for name, value in self.slots.items():
-            if self.on_host:
-                self.host[name][:] = self.host[name][index]
-            else:  # beam reordering gathers on the host; greedy and sampling never reorder
-                value.update_inplace(np.ascontiguousarray(value.numpy()[index]))
-
-

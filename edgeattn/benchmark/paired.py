@@ -76,7 +76,7 @@ def step_loader(
 
     def load() -> Callable[[], Any]:
         from edgeattn.runtime import load as load_export
-        from edgeattn.runtime.seq2seq_runtime import SlotStepper
+        from edgeattn.runtime.cross_decoding import SlotStepper
         from edgeattn.runtime.session import CPU
 
         model = load_export(export_dir, providers=[CPU], threads=threads, precision=precision, spinning="run")

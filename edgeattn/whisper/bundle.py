@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER_FIXED
 from edgeattn.runtime.manifest import Manifest, sha256_file
 from edgeattn.runtime.precisions import get_precision
-from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER_FIXED
 from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.whisper.decoding import WhisperDecoding
 from edgeattn.runtime.whisper.log_mel import LogMel

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
 from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
 from edgeattn.runtime.model import ExportedModel, InputError
-from edgeattn.runtime.seq2seq_runtime import CROSS_KV, DECODER, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
 from edgeattn.runtime.whisper.alignment import Word, group_words, token_times
 from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search
 from edgeattn.runtime.whisper.log_mel import LogMel

@@ -16,7 +16,7 @@ from edgeattn.exporters.cache_writes import check_cache_writes
 from edgeattn.exporters.package import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import load
-from edgeattn.runtime.seq2seq_runtime import SlotStepper
+from edgeattn.runtime.cross_decoding import SlotStepper
 from edgeattn.runtime.specs import graph_spec
 
 pytestmark = pytest.mark.quick

@@ -617,7 +617,7 @@ def test_no_window_state_outlives_its_window(exported):
     not when Python's cycle collector next runs: long audio's memory does not grow window by window."""
     import gc
 
-    from edgeattn.runtime.seq2seq_runtime import OnnxStepper
+    from edgeattn.runtime.cross_decoding import OnnxStepper
 
     model = load(exported[1])
     gc.collect()
