@@ -12,6 +12,11 @@ import numpy as np
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.model import InputError
 
+#: how JSON answers are laid out: one space after a comma and a colon, no other whitespace (a
+#: grammar that allows any whitespace lets a weak model spend its tokens on it: a random Llama
+#: answered ``{"ok":true,\t"n":1\t\r\t\r...`` until its 60 tokens ran out)
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
 
 def _llguidance() -> Any:
     try:
@@ -53,7 +58,8 @@ class Constraint:
         """Answers that are JSON valid under ``schema`` (``{"type": "object"}``: any object)."""
         llguidance = _llguidance()
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        return cls(model, llguidance.LLMatcher.grammar_from_json_schema(text), "the JSON schema")
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+        return cls(model, grammar, "the JSON schema")
 
     @classmethod
     def lark(cls, model: Any, grammar: str) -> Constraint:

@@ -20,13 +20,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from edgeattn.runtime.constrained import JSON_LAYOUT
 from edgeattn.runtime.model import InputError
 
 #: the most tools one request may describe
 MAX_TOOLS = 128
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-#: calls written compactly (", " and ": " between items, no newlines): fewer tokens, no runaway indents
-COMPACT = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+#: calls laid out as every JSON answer is (", " and ": " between items, no newlines): fewer tokens, no runaway indents
+COMPACT = {"x-guidance": JSON_LAYOUT}
 
 
 @dataclass(frozen=True)

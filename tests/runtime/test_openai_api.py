@@ -51,11 +51,13 @@ def embedder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def json_lm(tmp_path_factory):
     """A random Llama whose byte-level tokenizer can spell any JSON (what llguidance reads)."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from edgeattn.exporters.package import export_model
     from edgeattn.sources import resolve_model
 
+    torch.manual_seed(0)  # the same weights whichever test asks first (a module fixture precedes the seed)
     root = tmp_path_factory.mktemp("openai-json")
     folder = root / "hf"
     folder.mkdir()
