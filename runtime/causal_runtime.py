@@ -23,19 +23,12 @@ import numpy as np
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError
-from edgeattn.runtime.generate import (
-    GenerationConfig,
-    GenerationOutput,
-    eos_array,
-    generate,
-    prompt_seen,
-    stream_positions,
-    stream_tokens,
-)
+from edgeattn.runtime.generate import GenerationConfig, prompt_seen, stream_tokens
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import ExportedModel, InputError, input_dtype
 from edgeattn.runtime.slot_cache import SlotCache
 from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, cache_names
+from edgeattn.runtime.text_generation import TokenGeneration, answer_pieces
 from edgeattn.runtime.tokenizer import TextTokenizer
 
 #: the family's one graph (see the family record in edgeattn.runtime.families)
@@ -205,7 +198,7 @@ class CausalState:
         return state
 
 
-class CausalRuntime(ExportedModel):
+class CausalRuntime(TokenGeneration, ExportedModel):
     """A decoder-only language model's export (GPT-2, Llama, Qwen, Phi-3): generate and stream
     tokens or text for prompts, chat with the export's chat template."""
 
@@ -279,31 +272,6 @@ class CausalRuntime(ExportedModel):
             "cfg": cfg,
         }
 
-    def generate(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 32,
-                 strategy: str = "greedy", eos_id: int | Sequence[int] | None = None,
-                 **options: Any) -> GenerationOutput:  # fmt: skip
-        """Continue a batch of prompts of different lengths (padding, on either side, marked by the
-        mask). ``strategy``: ``greedy``, ``beam`` (``num_beams``, ``length_penalty``) or ``sample``
-        (``temperature``, ``top_k``, ``top_p``, ``seed``); ``repetition_penalty`` with any;
-        ``json_schema`` (a dict) or ``regex`` decodes each answer under that grammar (greedy or
-        sampled; llguidance). Each row stops at ``eos_id`` (default: the model's stop ids).
-        Returns the new tokens (B, N), padded with ``pad_id`` after a row's stop token, and per-row
-        scores."""
-        return generate(**self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options))
-
-    def stream(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 32,
-               strategy: str = "greedy", eos_id: int | Sequence[int] | None = None,
-               **options: Any) -> Iterator[np.ndarray]:  # fmt: skip
-        """:meth:`generate`'s tokens (B,) position by position as they are settled."""
-        yield from stream_positions(
-            **self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options)
-        )
-
-    def greedy(self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 20,
-               stop_at_eos: bool = True) -> np.ndarray:  # fmt: skip
-        """Greedy tokens (B, N); with ``stop_at_eos=False`` every row runs all steps."""
-        return self.generate(input_ids, attention_mask, max_new_tokens, eos_id=None if stop_at_eos else -1).tokens
-
     def next_token_logits(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """(B, T, vocab) logits after every token of each prompt (teacher forcing; the gate's and
         perplexity's measure), in one call."""
@@ -371,7 +339,7 @@ class CausalRuntime(ExportedModel):
         steps = max_new_tokens or self._default_steps(
             DEFAULT_CHAT_TOKENS if any(is_conversation(p) for p in _rows(prompts)) else DEFAULT_NEW_TOKENS)
         ids, mask = self.encode_prompts(prompts, room=steps, truncate=truncate)
-        return self._complete(ids, mask, steps, list(stop), options)
+        return self._answers(self._tokenizer(), ids, mask, steps, stop, options)
 
     def stream_text(self, prompt: str | list[dict[str, Any]], max_new_tokens: int | None = None, *,
                     stop: Sequence[str] = (), truncate: bool = False, **options: Any) -> Iterator[str]:  # fmt: skip
@@ -381,64 +349,11 @@ class CausalRuntime(ExportedModel):
         chat = is_conversation(prompt)
         steps = max_new_tokens or self._default_steps(DEFAULT_CHAT_TOKENS if chat else DEFAULT_NEW_TOKENS)
         ids, mask = self.encode_prompts([prompt], room=steps, truncate=truncate)
-        yield from self._stream_pieces(self.stream(ids, mask, steps, **options), list(stop))
-
-    def _complete(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, stop: list[str],
-                  options: dict[str, Any]) -> list[tuple[str, np.ndarray]]:  # fmt: skip
-        tokenizer = self._tokenizer()
-        if not stop:
-            out = self.generate(ids, mask, max_new_tokens, **options).tokens
-            kept = [self._until_stop(row) for row in out]
-            return [(tokenizer.decode(row), row) for row in kept]
-        rows: list[list[int]] = [[] for _ in range(ids.shape[0])]
-        answers: list[str | None] = [None] * ids.shape[0]
-        for step in self.stream(ids, mask, max_new_tokens, **options):
-            for i, token in enumerate(step.tolist()):
-                if answers[i] is not None:
-                    continue
-                if token in self.stop_ids:
-                    answers[i] = tokenizer.decode(rows[i])
-                    continue
-                rows[i].append(token)
-                cut = cut_at_stop(tokenizer.decode(rows[i]), stop)
-                if cut is not None:
-                    answers[i] = cut
-            if all(a is not None for a in answers):
-                break  # every row is done: the rest of the search is not run
-        texts = [a if a is not None else cut_at_stop(tokenizer.decode(r), stop) or tokenizer.decode(r)
-                 for a, r in zip(answers, rows, strict=True)]  # fmt: skip
-        return [(text, np.array(r, dtype=np.int64)) for text, r in zip(texts, rows, strict=True)]
+        yield from self._pieces(self._tokenizer(), ids, mask, steps, stop, options)
 
     def _default_steps(self, wanted: int) -> int:
         """New tokens when none are asked for: ``wanted``, within half the model's max_len."""
         return max(1, min(wanted, self.config.max_len // 2))
-
-    def _until_stop(self, row: np.ndarray) -> np.ndarray:
-        ends = np.flatnonzero(np.isin(row, eos_array(self.stop_ids)))
-        return row[: ends[0]] if ends.size else row
-
-    def _stream_pieces(self, steps: Iterator[np.ndarray], stop: list[str]) -> Iterator[str]:
-        tokenizer = self._tokenizer()
-        tokens: list[int] = []
-        shown = ""
-        for step in steps:
-            token = int(step[0])
-            if token in self.stop_ids:
-                break
-            tokens.append(token)
-            text = tokenizer.decode(tokens)
-            cut = cut_at_stop(text, stop)
-            if cut is not None:
-                if len(cut) > len(shown):
-                    yield cut[len(shown) :]
-                return
-            safe = len(text) - held_back(text, stop)
-            if text.startswith(shown) and safe > len(shown):
-                yield text[len(shown) : safe]
-                shown = text[:safe]
-        text = tokenizer.decode(tokens)
-        if text.startswith(shown) and len(text) > len(shown):
-            yield text[len(shown) :]
 
     # ------------------------------------------------------------------- chat
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> str:
@@ -505,7 +420,7 @@ class Conversation:
         answer: list[int] = []
         turn = _Turn(self, logits, answer)
         steps = stream_tokens(lambda n: turn, 1, model.config.bos_id, model.stop_ids, model.config.pad_id, cfg)
-        yield from model._stream_pieces((tokens for tokens, _ in steps), [])
+        yield from answer_pieces(model._tokenizer(), (tokens for tokens, _ in steps), model.stop_ids)
         self.messages = [*messages, {"role": "assistant", "content": model._tokenizer().decode(answer)}]
 
 
@@ -557,20 +472,3 @@ def forced_feeds(config: ModelConfig, ids: np.ndarray, mask: np.ndarray) -> dict
     return {"input_ids": ids, "attention_mask": mask, POSITION_IDS: np.maximum(np.cumsum(mask, 1) - 1, 0),
             POSITION: np.zeros(1, np.int64), LOGITS_AT: np.tile(np.arange(t), (b, 1)),
             **{n: zeros for n in cache_names(SLOT_CACHE, c.n_layers)}}  # fmt: skip
-
-
-def cut_at_stop(text: str, stop: list[str]) -> str | None:
-    """``text`` up to the first stop string in it, or None when it holds none."""
-    found = [text.index(s) for s in stop if s and s in text]
-    return text[: min(found)] if found else None
-
-
-def held_back(text: str, stop: list[str]) -> int:
-    """How many characters at the end of ``text`` could begin a stop string (not shown yet)."""
-    held = 0
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                held = max(held, k)
-                break
-    return held

@@ -8,7 +8,7 @@ Torch-free: numpy and onnxruntime (and ``tokenizers`` for text).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,17 +16,19 @@ import numpy as np
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
 from edgeattn.runtime.encoder_runtime import ENCODER, SourceEncoding
-from edgeattn.runtime.generate import GenerationOutput, generate, stream_positions
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import InputError, batch_texts
+from edgeattn.runtime.text_generation import TokenGeneration
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError
 
 
-class Seq2SeqRuntime(SourceEncoding):
+class Seq2SeqRuntime(TokenGeneration, SourceEncoding):
     """An encoder-decoder export (T5 family, edgeattn's own): generate and stream tokens or text."""
 
     def _attached(self) -> None:
         self._cache_slots = True
+        #: the token that ends a row
+        self.stop_ids: list[int] = [self.config.eos_id]
 
     # ------------------------------------------------------------- generation
     def empty_cache(self, rows: int) -> dict[str, np.ndarray]:
@@ -34,8 +36,8 @@ class Seq2SeqRuntime(SourceEncoding):
         return empty_cache(self.config, rows)
 
     def _decoding(
-        self, input_ids: Any, attention_mask: Any, max_new_tokens: int, strategy: str, eos_id: int | None,
-        options: dict[str, Any],
+        self, input_ids: Any, attention_mask: Any, max_new_tokens: int, strategy: str,
+        eos_id: int | Sequence[int] | None, options: dict[str, Any],
     ) -> dict[str, Any]:  # fmt: skip
         """Checked settings and inputs as the keyword arguments of the search functions."""
         if not self.family.generates_with(self.sessions):
@@ -51,7 +53,7 @@ class Seq2SeqRuntime(SourceEncoding):
             "make": lambda n: self.stepper(ids, mask, n, capacity=cfg.max_new_tokens),
             "batch": ids.shape[0],
             "bos_id": c.bos_id,
-            "eos_id": c.eos_id if eos_id is None else eos_id,
+            "eos_id": self.stop_ids if eos_id is None else eos_id,
             "pad_id": c.pad_id,
             "cfg": cfg,
         }
@@ -84,87 +86,43 @@ class Seq2SeqRuntime(SourceEncoding):
             return SlotStepper(self, input_ids, attention_mask, repeat, capacity)
         return OnnxStepper(self, input_ids, attention_mask, repeat)
 
-    def generate(
-        self,
-        input_ids: Any,
-        attention_mask: Any = None,
-        max_new_tokens: int = 32,
-        strategy: str = "greedy",
-        eos_id: int | None = None,
-        **options: Any,
-    ) -> GenerationOutput:
-        """Generate for a batch of sources of different lengths (padding marked by the mask).
-
-        ``strategy``: ``greedy``, ``beam`` (``num_beams``, ``length_penalty``) or ``sample``
-        (``temperature``, ``top_k``, ``top_p``, ``seed``). Each row stops at ``eos_id``
-        (default: the model's). Returns tokens (B, N) padded with ``pad_id`` and per-row scores.
-        """
-        return generate(**self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options))
-
-    def stream(
-        self,
-        input_ids: Any,
-        attention_mask: Any = None,
-        max_new_tokens: int = 32,
-        strategy: str = "greedy",
-        eos_id: int | None = None,
-        **options: Any,
-    ) -> Iterator[np.ndarray]:
-        """Generation that yields its tokens (B,) position by position as they are settled: greedy and
-        sampling every step; beam search once every beam that could still win agrees on them (the
-        positions joined are :meth:`generate`'s tokens)."""
-        yield from stream_positions(
-            **self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options)
-        )
-
-    def greedy(
-        self, input_ids: Any, attention_mask: Any = None, max_new_tokens: int = 20, stop_at_eos: bool = True
-    ) -> np.ndarray:
-        """Greedy tokens (B, N); with ``stop_at_eos=False`` every row runs all steps."""
-        out = self.generate(input_ids, attention_mask, max_new_tokens, eos_id=None if stop_at_eos else -1)
-        return out.tokens
-
     # ------------------------------------------------------------------- text
     def generate_text(
-        self, texts: Any, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
-    ) -> list[str]:
+        self, texts: Any, max_new_tokens: int | None = None, *, stop: Sequence[str] = (), truncate: bool = False,
+        **options: Any,
+    ) -> list[str]:  # fmt: skip
         """Tokenize ``texts`` (one string or a list), generate, and decode the answers (needs the
-        export's tokenizer). ``max_new_tokens`` defaults to twice the longest input plus 8; a text
+        export's tokenizer): each up to its end token, or up to (not including) the first of the
+        ``stop`` strings. ``max_new_tokens`` defaults to twice the longest input plus 8; a text
         longer than the model takes is an error unless ``truncate``."""
-        return [answer for answer, _ in self.generate_answers(texts, max_new_tokens, truncate=truncate, **options)]
+        return [answer for answer, _ in self.generate_answers(texts, max_new_tokens, stop=stop, truncate=truncate,
+                                                               **options)]  # fmt: skip
 
     def generate_answers(
-        self, texts: Any, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
-    ) -> list[tuple[str, np.ndarray]]:
-        """As :meth:`generate_text`, with each answer's tokens (up to, not including, EOS)."""
+        self, texts: Any, max_new_tokens: int | None = None, *, stop: Sequence[str] = (), truncate: bool = False,
+        **options: Any,
+    ) -> list[tuple[str, np.ndarray]]:  # fmt: skip
+        """As :meth:`generate_text`, with each answer's tokens (up to, not including, its end token;
+        up to the one that completed a stop string)."""
         ids, mask = self._text_source(texts, truncate)
         steps = max_new_tokens or self._default_steps(ids.shape[1])
-        out = self.generate(ids, mask, steps, **options)
-        assert self.tokenizer is not None
-        rows = [_until_eos(row, self.config.eos_id) for row in out.tokens]
-        return [(self.tokenizer.decode(row), row) for row in rows]
+        return self._answers(self._detokenizer(), ids, mask, steps, stop, options)
 
     def stream_text(
-        self, text_in: str, max_new_tokens: int | None = None, *, truncate: bool = False, **options: Any
-    ) -> Iterator[str]:
+        self, text_in: str, max_new_tokens: int | None = None, *, stop: Sequence[str] = (), truncate: bool = False,
+        **options: Any,
+    ) -> Iterator[str]:  # fmt: skip
         """Generation for one text that yields the answer's text as it grows (any strategy; see
         :meth:`stream`): each piece is what the tokens so far add to the decoded answer (a sub-word
-        piece may add nothing until its word is complete), so the pieces join to
-        :meth:`generate_text`'s answer."""
+        piece may add nothing until its word is complete; one that could begin a stop string
+        waits), so the pieces join to :meth:`generate_text`'s answer."""
         ids, mask = self._text_source([text_in], truncate)
         steps = max_new_tokens or self._default_steps(ids.shape[1])
-        assert self.tokenizer is not None
-        tokens: list[int] = []
-        shown = ""
-        for step in self.stream(ids, mask, steps, **options):
-            token = int(step[0])
-            if token == self.config.eos_id:
-                break
-            tokens.append(token)
-            decoded = self.tokenizer.decode(tokens)
-            if decoded.startswith(shown) and len(decoded) > len(shown):
-                yield decoded[len(shown) :]
-                shown = decoded
+        yield from self._pieces(self._detokenizer(), ids, mask, steps, stop, options)
+
+    def _detokenizer(self) -> Any:
+        assert self.tokenizer is not None  # _text_source refused an export without one
+        return self.tokenizer
 
     def _default_steps(self, width: int) -> int:
         """New tokens when none are asked for: twice the longest source plus 8, within max_len."""
@@ -189,11 +147,3 @@ class Seq2SeqRuntime(SourceEncoding):
             ids[i, : len(e)] = e
             mask[i, : len(e)] = 1
         return ids, mask
-
-
-
-
-def _until_eos(row: np.ndarray, eos_id: int) -> np.ndarray:
-    """A generated row up to (not including) its first EOS."""
-    ends = np.flatnonzero(row == eos_id)
-    return row[: ends[0]] if ends.size else row

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.causal_runtime import CausalState, cut_at_stop, held_back
+from edgeattn.runtime.causal_runtime import CausalState
 from edgeattn.runtime.generate import filter_logits, log_softmax
+from edgeattn.runtime.text_generation import AnswerText
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,17 @@ class Generation:
     #: the grammar the answer keeps to (:class:`edgeattn.runtime.constrained.Constraint`), if any
     constraint: Any = None
     cancelled: threading.Event = field(default_factory=threading.Event)
-    tokens: list[int] = field(default_factory=list)
-    shown: str = ""
+    #: the answer so far: its tokens, and the text shown of it
+    answer: AnswerText | None = None
     done: bool = False
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The answer's tokens so far."""
+        return [] if self.answer is None else self.answer.tokens
 
 
 class Batcher:
@@ -205,28 +211,21 @@ class Batcher:
             return
         if g.constraint is not None:
             g.constraint.consume(token)
-        g.tokens.append(token)
-        text = self.tokenizer.decode(g.tokens)
-        cut = cut_at_stop(text, g.stop)
+        if g.answer is None:
+            g.answer = AnswerText(self.tokenizer, g.stop)
         # the answer is whole at its length limit, or when its grammar allows nothing more
         complete = g.constraint is not None and g.constraint.finished
-        whole = complete or len(g.tokens) >= g.max_tokens
-        shown = cut if cut is not None else text if whole else text[: len(text) - held_back(text, g.stop)]
-        piece = ""
-        if shown.startswith(g.shown) and len(shown) > len(g.shown):
-            piece, g.shown = shown[len(g.shown) :], shown
+        whole = complete or len(g.tokens) + 1 >= g.max_tokens
+        piece = g.answer.add(token, whole)
         g.emit(Piece(piece, token, float(logp[token]), top))
-        if cut is not None or whole:
-            self._finish(g, "stop" if cut is not None or complete else "length")
+        if g.answer.stopped or whole:
+            self._finish(g, "stop" if g.answer.stopped or complete else "length")
 
     def _finish(self, g: Generation, reason: str, error: str | None = None) -> None:
         if g.done:
             return
         g.done = True
         self.ended[reason] += 1
-        tail = ""
-        if reason == "stop" and g.tokens:  # a stop token: what was held back in case a stop string began
-            text = self.tokenizer.decode(g.tokens)
-            if cut_at_stop(text, g.stop) is None and text.startswith(g.shown):
-                tail, g.shown = text[len(g.shown) :], text
+        # a stop token: what was held back in case a stop string began
+        tail = g.answer.finish() if reason == "stop" and g.answer is not None else ""
         g.emit(Finished(reason, len(g.ids), len(g.tokens), error, tail))

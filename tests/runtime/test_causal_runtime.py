@@ -18,6 +18,7 @@ from edgeattn.exporters.reference import eager_generate  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.causal_runtime import CausalRuntime, CausalState  # noqa: E402
+from edgeattn.runtime.text_generation import until_stop  # noqa: E402
 
 ATOL = 1e-4
 pytestmark = pytest.mark.quick
@@ -209,7 +210,7 @@ def test_text_answers_are_the_tokens_decoded_and_stop_where_asked(text_model):
     assert (mask[:, -1] == 1).all() and (mask[0, 0] == 0)  # padded on the left
     tokens = model.generate(ids, mask, 20).tokens
     answers = model.generate_text(prompts, 20)
-    assert answers == [model.tokenizer.decode(model._until_stop(row)) for row in tokens]
+    assert answers == [model.tokenizer.decode(until_stop(row, model.stop_ids)) for row in tokens]
     assert "".join(model.stream_text(prompts[1], 20)) == answers[1]
     words = answers[1].split()
     if len(words) >= 2:  # a stop string ends the answer before it, streamed or not
@@ -227,7 +228,7 @@ def test_chat_renders_like_transformers_and_answers_the_rendered_prompt(text_mod
     assert rendered == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = np.array([tokenizer(rendered, add_special_tokens=False)["input_ids"]])
     want = model.generate(ids, None, 24).tokens[0]
-    assert model.chat(messages, 24) == model.tokenizer.decode(model._until_stop(want))
+    assert model.chat(messages, 24) == model.tokenizer.decode(until_stop(want, model.stop_ids))
     assert "".join(model.stream_chat(messages, 24)) == model.chat(messages, 24)
 
 
