@@ -191,6 +191,15 @@ def test_text_in_and_out_and_streaming(exported):
     assert answers == tokenizer.batch_decode(want, skip_special_tokens=True)
     pieces = list(rt.stream_text(texts[0], max_new_tokens=10))
     assert "".join(pieces) == answers[0] and len(pieces) > 1
+    # stop strings end an answer before them, whole and streamed (the decoding core both families share)
+    longest = max(answers, key=len)
+    stop = longest[len(longest) // 2 :][:2]
+    assert len(stop) == 2
+    row = answers.index(longest)
+    cut = rt.generate_text(texts, max_new_tokens=10, stop=[stop])
+    assert cut[row] == longest[: longest.index(stop)]
+    assert all(c == (a[: a.index(stop)] if stop in a else a) for c, a in zip(cut, answers, strict=True))
+    assert "".join(rt.stream_text(texts[row], max_new_tokens=10, stop=[stop])) == cut[row]
 
 
 def test_cli_runs_a_t5_export(exported, tmp_path):

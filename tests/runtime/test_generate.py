@@ -183,3 +183,25 @@ def test_the_shortcuts_agree_with_the_plain_computations():
     for k in (1, 5, 40, 500, 600):
         want = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         np.testing.assert_array_equal(top_indices(scores, k), want)
+
+
+class _Chars:
+    """A tokenizer whose tokens are characters' code points."""
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def test_an_answer_shows_its_text_piece_by_piece_and_holds_back_a_stop_strings_start():
+    from edgeattn.runtime.text_generation import AnswerText
+
+    answer = AnswerText(_Chars(), ["END", "\n\n"])
+    assert [answer.add(ord(c)) for c in "abEN"] == ["a", "b", "", ""]  # "EN" could begin "END"
+    assert answer.add(ord("D")) == "" and answer.stopped and answer.text == "ab" and answer.finish() == ""
+    assert answer.tokens == [ord(c) for c in "abEND"]
+    held = AnswerText(_Chars(), ["END"])
+    pieces = [held.add(ord(c)) for c in "xE"]
+    assert pieces == ["x", ""] and not held.stopped
+    assert held.finish() == "E" and held.text == "xE"  # the answer ended without the stop string
+    whole = AnswerText(_Chars(), ["END"])
+    assert whole.add(ord("E"), whole=True) == "E"  # the last token: nothing is held back
