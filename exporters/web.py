@@ -49,11 +49,12 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.target_lint import webgpu_gaps
+from edgeattn.runtime.cross_decoding import cross_contract
+from edgeattn.runtime.encoder_runtime import ENCODER
 from edgeattn.runtime.families import ENCODER_FAMILY, FAMILIES, family_of, resolve
 from edgeattn.runtime.layout import external_data_file, partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
 from edgeattn.runtime.precisions import FP32, get_precision
-from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.text import label_names
 from edgeattn.tables import table_lines
 
@@ -485,7 +486,7 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
 def describe_causal(manifest: Manifest, folder: Path) -> dict[str, Any]:
     """A language model's bundle: its sizes and special ids, stop ids, cache feed names, prefill
     chunk and chat template."""
-    from edgeattn.runtime.causal_runtime import CausalRuntime
+    from edgeattn.runtime.causal_runtime import CausalRuntime, causal_contract
 
     config = manifest.config
     c = config.causal
@@ -495,7 +496,7 @@ def describe_causal(manifest: Manifest, folder: Path) -> dict[str, Any]:
                       "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_layers": c.n_layers,
                       "n_kv_heads": c.n_kv_heads, "dim": c.dim},
             "stop_ids": list(manifest.stop_ids or [config.eos_id]),
-            "cache": {"inputs": cache_names(SLOT_CACHE, c.n_layers), "outputs": cache_names(SLOT_UPDATED, c.n_layers)},
+            "contract": causal_contract(c.n_layers),
             "prefill_chunk": CausalRuntime.prefill_chunk,
             "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
 
@@ -509,7 +510,7 @@ def describe_seq2seq(manifest: Manifest, folder: Path) -> dict[str, Any]:
                       "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_heads": config.n_heads,
                       "head_dim": config.head_dim, "n_decoder_layers": layers, "head": None},
             "stop_ids": [config.eos_id],
-            "cache": {"inputs": cache_names(SLOT_CACHE, layers), "outputs": cache_names(SLOT_UPDATED, layers)},
+            "contract": cross_contract(ENCODER, {"ids": "input_ids", "mask": "attention_mask"}, layers),
             "closing_special_tokens": _closing_specials(folder / "tokenizer.json")}  # fmt: skip
 
 

@@ -26,13 +26,23 @@ from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError
 from edgeattn.runtime.generate import GenerationConfig, prompt_seen, stream_tokens
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import ExportedModel, InputError, input_dtype
-from edgeattn.runtime.slot_cache import SlotCache
+from edgeattn.runtime.slot_cache import LOGITS, SlotCache, cache_contract
 from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, cache_names
 from edgeattn.runtime.text_generation import TokenGeneration, answer_pieces
 from edgeattn.runtime.tokenizer import TextTokenizer
 
 #: the family's one graph (see the family record in edgeattn.runtime.families)
 CAUSAL_DECODER = "causal_decoder"
+
+
+
+def causal_contract(n_layers: int) -> dict[str, Any]:
+    """The graph and feed names of decoding as a bundle carries them to the JS module (which types
+    none of them): what :class:`CausalState` feeds the ``causal_decoder`` graph."""
+    return {"decoder": {"graph": CAUSAL_DECODER, "ids": "input_ids", "mask": "attention_mask",
+                        "positions": POSITION_IDS, "position": POSITION, "logits_at": LOGITS_AT, "logits": LOGITS,
+                        "cache": cache_contract(n_layers)}}  # fmt: skip
+
 
 #: New tokens when none are asked for: a completion's, a chat answer's
 DEFAULT_NEW_TOKENS, DEFAULT_CHAT_TOKENS = 64, 256

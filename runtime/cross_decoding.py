@@ -12,11 +12,25 @@ import numpy as np
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.model import InputError
-from edgeattn.runtime.slot_cache import SlotCache, ort_value
+from edgeattn.runtime.slot_cache import LOGITS, SlotCache, cache_contract, ort_value
 from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names
 
 #: the graphs decoding runs besides the encoder (see the family records in edgeattn.runtime.families)
 CROSS_KV, DECODER, DECODER_FIXED = "cross_kv", "decoder", "decoder_fixed"
+#: the encoder's output, the cross projections' input, and the decoder's mask of the source's positions
+ENCODER_OUTPUT, CROSS_INPUT, SOURCE_MASK = "last_hidden_state", "encoder_hidden_states", "encoder_attention_mask"
+
+
+def cross_contract(encoder_graph: str, encoder_inputs: dict[str, str], n_layers: int) -> dict[str, Any]:
+    """The graphs and feed names of an encoder-decoder's decoding, as a bundle carries them to the
+    JS module (which types none of them): the encoder (its inputs by role), the cross projections,
+    and the ``decoder_fixed`` graph with its cache written in place."""
+    return {
+        "encoder": {"graph": encoder_graph, "inputs": encoder_inputs, "output": ENCODER_OUTPUT},
+        "cross": {"graph": CROSS_KV, "input": CROSS_INPUT},
+        "decoder": {"graph": DECODER_FIXED, "ids": "input_ids", "mask": SOURCE_MASK, "position": POSITION,
+                    "logits": LOGITS, "cache": cache_contract(n_layers)},
+    }
 
 
 def empty_cache(config: Any, rows: int) -> dict[str, np.ndarray]:
@@ -45,7 +59,7 @@ class OnnxStepper:
             mask = np.repeat(mask, repeat, axis=0)
             cross = {k: np.repeat(v, repeat, axis=0) for k, v in cross.items()}
         self.rows = mask.shape[0]
-        self.fixed: dict[str, Any] = {"encoder_attention_mask": mask, **cross}
+        self.fixed: dict[str, Any] = {SOURCE_MASK: mask, **cross}
         if self.bound:
             self.fixed = {k: self._to_device(v) for k, v in self.fixed.items()}
         self._start_cache()
@@ -69,18 +83,18 @@ class OnnxStepper:
             outs = self.session.run(self.spec.output_names, feeds)
             res = dict(zip(self.spec.output_names, outs, strict=True))
             self.past = {p: res["present" + p[4:]] for p in self.past}
-            return res["logits"][:, -1]
+            return res[LOGITS][:, -1]
         binding = self.session.io_binding()
         binding.bind_ortvalue_input("input_ids", self._to_device(ids))
         for name, value in {**self.fixed, **self.past}.items():
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits", "cpu")
+        binding.bind_output(LOGITS, "cpu")
         for p in self.past:
             binding.bind_output("present" + p[4:], self.model.device, 0)
         self.session.run_with_iobinding(binding)
         outs = dict(zip(self.spec.output_names, binding.get_outputs(), strict=True))
         self.past = {p: outs["present" + p[4:]] for p in self.past}
-        return outs["logits"].numpy()[:, -1]
+        return outs[LOGITS].numpy()[:, -1]
 
     def reorder(self, index: np.ndarray) -> None:
         if np.array_equal(index, np.arange(self.rows)):

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
+from edgeattn.runtime.cross_decoding import (
+    CROSS_INPUT,
+    CROSS_KV,
+    DECODER_FIXED,
+    ENCODER_OUTPUT,
+    OnnxStepper,
+    SlotStepper,
+    empty_cache,
+)
 from edgeattn.runtime.encoder_runtime import ENCODER, SourceEncoding
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.model import InputError, batch_texts
@@ -73,8 +81,8 @@ class Seq2SeqRuntime(TokenGeneration, SourceEncoding):
                                                                                        np.ndarray]:  # fmt: skip
         """A checked source's cross-attention keys and values (the encoder and cross_kv graphs, once)
         and the mask of its positions the decoder attends to."""
-        hidden = self.run(ENCODER, {"input_ids": input_ids, "attention_mask": attention_mask})["last_hidden_state"]
-        return self.run(CROSS_KV, {"encoder_hidden_states": hidden}), attention_mask
+        hidden = self.run(ENCODER, {"input_ids": input_ids, "attention_mask": attention_mask})[ENCODER_OUTPUT]
+        return self.run(CROSS_KV, {CROSS_INPUT: hidden}), attention_mask
 
     def stepper(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1, capacity: int | None = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED
+from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 
 #: the output every in-place decoder graph gives besides its updated caches
 LOGITS = "logits"
@@ -24,6 +24,12 @@ LOGITS = "logits"
 def updated_name(cache: str) -> str:
     """The output a cache input is written back through: ``cache_key_0`` -> ``updated_key_0``."""
     return SLOT_UPDATED + cache[len(SLOT_CACHE) :]
+
+
+def cache_contract(n_layers: int) -> dict[str, list[str]]:
+    """A graph's in-place cache as a bundle tells the JS module: the cache inputs and, in the same
+    order, the outputs they are written back through."""
+    return {"inputs": cache_names(SLOT_CACHE, n_layers), "outputs": cache_names(SLOT_UPDATED, n_layers)}
 
 
 def ort_value(array: np.ndarray, device: str) -> Any:

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER_FIXED
+from edgeattn.runtime.cross_decoding import cross_contract
 from edgeattn.runtime.manifest import Manifest, sha256_file
 from edgeattn.runtime.precisions import get_precision
-from edgeattn.runtime.specs import SLOT_CACHE, SLOT_UPDATED, cache_names
 from edgeattn.runtime.whisper.decoding import WhisperDecoding
 from edgeattn.runtime.whisper.log_mel import LogMel
 from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, FEATURES
@@ -53,10 +52,7 @@ def describe_speech(manifest: Manifest, folder: Path) -> dict[str, Any]:
                             "sha256": sha256_file(folder / MEL_FILTERS)},
             "model": {"max_len": config.max_len, "vocab_size": config.vocab_size, "n_heads": config.n_heads,
                       "head_dim": config.head_dim, "n_decoder_layers": layers},
-            "cache": {"inputs": cache_names(SLOT_CACHE, layers), "outputs": cache_names(SLOT_UPDATED, layers)},
-            "contract": {"encoder_graph": AUDIO_ENCODER, "features": FEATURES, "encoder_output": "last_hidden_state",
-                         "cross_graph": CROSS_KV, "cross_input": "encoder_hidden_states",
-                         "decoder_graph": DECODER_FIXED}}  # fmt: skip
+            "contract": cross_contract(AUDIO_ENCODER, {"features": FEATURES}, layers)}  # fmt: skip
 
 
 def check_clips(window_seconds: float, rate: int) -> dict[str, np.ndarray]:

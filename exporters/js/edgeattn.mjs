@@ -543,7 +543,134 @@ function heldBack(text, stop) {
 }
 
 /**
- * A batch of prompts over the `causal_decoder` graph: one cache buffer of `capacity` slots per layer,
+ * One answer's text as its tokens arrive (the stop token not among them), as the Python runtime's
+ * AnswerText: add(token) gives what the token adds to the text shown so far, holding back an end
+ * that could begin a stop string; once a stop string appears the answer is cut before it (stopped).
+ * The pieces and finish()'s tail join to text.
+ */
+export class AnswerText {
+  constructor(decode, stop = []) {
+    this.decode = decode;
+    this.stop = stop.filter(Boolean);
+    this.tokens = [];
+    this.shown = "";
+    this.cut = null;
+  }
+
+  get stopped() { return this.cut !== null; }
+
+  get text() { return this.cut ?? this.decode(this.tokens); }
+
+  add(token, whole = false) {
+    this.tokens.push(token);
+    const text = this.decode(this.tokens);
+    this.cut = cutAtStop(text, this.stop);
+    if (this.cut !== null) return this.show(this.cut);
+    return this.show(whole ? text : text.slice(0, text.length - heldBack(text, this.stop)));
+  }
+
+  finish() { return this.stopped ? "" : this.show(this.decode(this.tokens)); }
+
+  show(shown) {
+    if (!shown.startsWith(this.shown) || shown.length <= this.shown.length) return "";
+    const piece = shown.slice(this.shown.length);
+    this.shown = shown;
+    return piece;
+  }
+}
+
+/** Each row's answer {text, tokens} from `steps` (each step's tokens, one a row): up to a stop id or a stop string. */
+async function collectAnswers(model, steps, rows, stop) {
+  const answers = Array.from({ length: rows }, () => new AnswerText((t) => model.decode(t), stop));
+  const ended = answers.map(() => false);
+  for await (const tokens of steps) {
+    tokens.forEach((t, i) => {
+      if (ended[i]) return;
+      if (model.stopIds.includes(t)) ended[i] = true;
+      else ended[i] = (answers[i].add(t), answers[i].stopped);
+    });
+    if (ended.every(Boolean)) break;
+  }
+  return answers.map((a) => ({ text: a.text, tokens: a.tokens }));
+}
+
+/** One row's answer as it grows from `steps`: each piece what a token adds to its text (see AnswerText). */
+async function* answerPieces(model, steps, stop) {
+  const answer = new AnswerText((t) => model.decode(t), stop);
+  for await (const [token] of steps) {
+    if (model.stopIds.includes(token)) break;
+    const piece = answer.add(token);
+    if (piece) yield piece;
+    if (answer.stopped) return;
+  }
+  const tail = answer.finish();
+  if (tail) yield tail;
+}
+
+/**
+ * A decoder graph's cache written in place, named by the bundle's contract (`names`: its inputs and,
+ * in order, the outputs they are written back through): a tensor of zeros of `shape` per input;
+ * after each run, take(out) makes the updated outputs the next run's inputs.
+ */
+export class SlotCache {
+  constructor(ort, names, shape) {
+    this.names = names;
+    const size = shape.reduce((a, b) => a * b, 1);
+    this.tensors = Object.fromEntries(names.inputs.map((name) => [name, new ort.Tensor(
+      "float32", new Float32Array(size), shape)]));
+  }
+
+  take(out) {
+    this.names.inputs.forEach((name, k) => { this.tensors[name] = out[this.names.outputs[k]]; });
+  }
+}
+
+/** Each row's logits (rows x vocab) at position `at` of a (rows x t x vocab) logits tensor. */
+function rowLogits(logits, at) {
+  const [rows, t, vocab] = logits.dims;
+  return Array.from({ length: rows }, (_, i) => logits.data.slice((i * t + at) * vocab, (i * t + at + 1) * vocab));
+}
+
+/**
+ * An encoder-decoder's source (seq2seq's text, a speech model's window): the encoder and the cross
+ * projections run once on `encoderFeeds` (keyed by the contract's input roles); `mask` (rows x
+ * positions, a tensor) marks the positions the decoder attends to (null: all of them).
+ */
+export async function crossSource(model, encoderFeeds, mask = null) {
+  const c = model.bundle.contract;
+  const feeds = Object.fromEntries(Object.entries(encoderFeeds).map(([role, v]) => [c.encoder.inputs[role], v]));
+  const hidden = (await model.sessions[c.encoder.graph].run(feeds))[c.encoder.output];
+  const cross = await model.sessions[c.cross.graph].run({ [c.cross.input]: hidden });
+  const [rows, positions] = hidden.dims;
+  return { cross, rows, mask: mask ?? new model.ort.Tensor("int64", new BigInt64Array(rows * positions).fill(1n),
+    [rows, positions]) };
+}
+
+/**
+ * A decoder over a crossSource with a cache of `capacity` slots written in place: step(ids) feeds
+ * each row's new tokens (rows x t) and gives each row's logits after its last one.
+ */
+export function crossDecoder(model, source, capacity) {
+  const { Tensor } = model.ort;
+  const d = model.bundle.contract.decoder;
+  const { n_heads: heads, head_dim: dim } = model.bundle.model;
+  const cache = new SlotCache(model.ort, d.cache, [source.rows, heads, capacity, dim]);
+  let position = 0;
+  return async (ids) => {
+    const t = ids[0].length;
+    if (position + t > capacity) throw new Error(`edgeattn: ${position + t} tokens exceed a cache of ${capacity}`);
+    const out = await model.sessions[d.graph].run({
+      [d.ids]: new Tensor("int64", BigInt64Array.from(ids.flat(), BigInt), [source.rows, t]), [d.mask]: source.mask,
+      [d.position]: new Tensor("int64", BigInt64Array.of(BigInt(position)), [1]), ...source.cross,
+      ...cache.tensors });
+    cache.take(out);
+    position += t;
+    return rowLogits(out[d.logits], t - 1);
+  };
+}
+
+/**
+ * A batch of prompts over the decoder-only graph: one cache buffer of `capacity` slots per layer,
  * the graph writing each call's keys and values at slots position .. position + t - 1; the attention
  * mask marks the slots that hold real tokens, so a row padded on the left answers as it would alone.
  */
@@ -556,8 +683,7 @@ class CausalState {
     this.position = 0;
     this.nextPosition = new Array(rows).fill(0);
     this.slots = new BigInt64Array(rows * capacity);
-    this.cache = Object.fromEntries(model.bundle.cache.inputs.map((name) => [name, new model.ort.Tensor(
-      "float32", new Float32Array(rows * heads * capacity * dim), [rows, heads, capacity, dim])]));
+    this.cache = new SlotCache(model.ort, model.bundle.contract.decoder.cache, [rows, heads, capacity, dim]);
   }
 
   /** Run `ids` (rows x t, `mask` marking padding) after what the cache holds: each row's next-token logits. */
@@ -578,6 +704,7 @@ class CausalState {
 
   async run(ids, mask) {
     const { Tensor } = this.model.ort;
+    const d = this.model.bundle.contract.decoder;
     const { rows, capacity } = this;
     const t = ids[0].length;
     const start = this.position;
@@ -595,18 +722,15 @@ class CausalState {
         if (mask[i][j]) last[i] = BigInt(j);
       }
     }
-    const feeds = { input_ids: new Tensor("int64", flat, [rows, t]),
-                    attention_mask: new Tensor("int64", this.slots.slice(), [rows, capacity]),
-                    position_ids: new Tensor("int64", positions, [rows, t]),
-                    position: new Tensor("int64", BigInt64Array.of(BigInt(start)), [1]),
-                    logits_at: new Tensor("int64", last, [rows, 1]), ...this.cache };
-    const out = await this.model.session.run(feeds);
-    // the updated caches are the next call's caches (the graph wrote this call's keys and values)
-    this.model.bundle.cache.inputs.forEach((name, k) => { this.cache[name] = out[this.model.bundle.cache.outputs[k]]; });
+    const out = await this.model.session.run({
+      [d.ids]: new Tensor("int64", flat, [rows, t]), [d.mask]: new Tensor("int64", this.slots.slice(), [rows, capacity]),
+      [d.positions]: new Tensor("int64", positions, [rows, t]),
+      [d.position]: new Tensor("int64", BigInt64Array.of(BigInt(start)), [1]),
+      [d.logits_at]: new Tensor("int64", last, [rows, 1]), ...this.cache.tensors });
+    this.cache.take(out); // the graph wrote this call's keys and values
     this.position += t;
     mask.forEach((m, i) => { this.nextPosition[i] += m.reduce((a, v) => a + v, 0); });
-    const vocab = out.logits.dims[2];
-    return Array.from({ length: rows }, (_, i) => out.logits.data.slice(i * vocab, (i + 1) * vocab));
+    return rowLogits(out[d.logits], 0);
   }
 }
 
@@ -694,22 +818,7 @@ export class CausalModel extends BundleModel {
   async generate(prompts, { stop = [], truncate = false, ...options } = {}) {
     const cfg = this.settings({ maxNewTokens: this.defaultSteps(prompts), ...options });
     const { ids, mask } = await this.encodePrompts(prompts, { room: cfg.maxNewTokens, truncate });
-    const rows = ids.map(() => []);
-    const answers = ids.map(() => null);
-    const decode = (tokens) => this.decode(tokens);
-    for await (const tokens of this.steps(ids, mask, cfg)) {
-      tokens.forEach((t, i) => {
-        if (answers[i] !== null) return;
-        if (this.stopIds.includes(t)) {
-          answers[i] = decode(rows[i]);
-          return;
-        }
-        rows[i].push(t);
-        if (stop.length) answers[i] = cutAtStop(decode(rows[i]), stop);
-      });
-      if (answers.every((a) => a !== null)) break;
-    }
-    return rows.map((r, i) => ({ text: answers[i] ?? decode(r), tokens: r }));
+    return collectAnswers(this, this.steps(ids, mask, cfg), ids.length, stop);
   }
 
   /** The continuation of each prompt as text (see generate). */
@@ -729,26 +838,7 @@ export class CausalModel extends BundleModel {
   async *stream(prompt, { stop = [], truncate = false, ...options } = {}) {
     const cfg = this.settings({ maxNewTokens: this.defaultSteps([prompt]), ...options });
     const { ids, mask } = await this.encodePrompts([prompt], { room: cfg.maxNewTokens, truncate });
-    const tokens = [];
-    let shown = "";
-    const decode = () => this.decode(tokens);
-    for await (const [token] of this.steps(ids, mask, cfg)) {
-      if (this.stopIds.includes(token)) break;
-      tokens.push(token);
-      const text = decode();
-      const cut = cutAtStop(text, stop);
-      if (cut !== null) {
-        if (cut.length > shown.length) yield cut.slice(shown.length);
-        return;
-      }
-      const safe = text.length - heldBack(text, stop);
-      if (text.startsWith(shown) && safe > shown.length) {
-        yield text.slice(shown.length, safe);
-        shown = text.slice(0, safe);
-      }
-    }
-    const text = decode();
-    if (text.startsWith(shown) && text.length > shown.length) yield text.slice(shown.length);
+    yield* answerPieces(this, this.steps(ids, mask, cfg), stop);
   }
 }
 
@@ -779,43 +869,25 @@ export class Seq2SeqModel extends EncoderModel {
   async *steps(tokens, options = {}) {
     const cfg = this.settings(options);
     const { Tensor } = this.ort;
-    const { n_heads: heads, head_dim: dim, bos_id: bos, max_len: maxLen } = this.bundle.model;
+    const { bos_id: bos, max_len: maxLen } = this.bundle.model;
     if (cfg.maxNewTokens > maxLen) throw new Error(`edgeattn: maxNewTokens ${cfg.maxNewTokens} exceeds max_len ${maxLen}`);
-    const rows = tokens.batch;
-    const mask = new Tensor("int64", tokens.mask, [rows, tokens.width]);
-    const hidden = (await this.sessions.encoder.run({ input_ids: new Tensor("int64", tokens.ids, [rows, tokens.width]),
-                                                      attention_mask: mask })).last_hidden_state;
-    const cross = await this.sessions.cross_kv.run({ encoder_hidden_states: hidden });
-    const capacity = cfg.maxNewTokens;
-    const cache = Object.fromEntries(this.bundle.cache.inputs.map((name) => [name, new Tensor(
-      "float32", new Float32Array(rows * heads * capacity * dim), [rows, heads, capacity, dim])]));
-    let position = 0;
-    const step = async (ids) => {
-      const out = await this.sessions.decoder_fixed.run({
-        input_ids: new Tensor("int64", BigInt64Array.from(ids, BigInt), [rows, 1]), encoder_attention_mask: mask,
-        position: new Tensor("int64", BigInt64Array.of(BigInt(position)), [1]), ...cross, ...cache });
-      this.bundle.cache.inputs.forEach((name, k) => { cache[name] = out[this.bundle.cache.outputs[k]]; });
-      position += 1;
-      const vocab = out.logits.dims[2];
-      return Array.from({ length: rows }, (_, i) => out.logits.data.slice(i * vocab, (i + 1) * vocab));
-    };
-    this.promptLogits = await step(new Array(rows).fill(bos));
-    yield* search(this, cfg, this.promptLogits, cfg.repetitionPenalty === 1 ? null : tokens.kept.map(() => []), step);
+    const dims = [tokens.batch, tokens.width];
+    const mask = new Tensor("int64", tokens.mask, dims);
+    const source = await crossSource(this, { ids: new Tensor("int64", tokens.ids, dims), mask }, mask);
+    const step = crossDecoder(this, source, cfg.maxNewTokens);
+    this.promptLogits = await step(Array.from({ length: tokens.batch }, () => [bos]));
+    yield* search(this, cfg, this.promptLogits, cfg.repetitionPenalty === 1 ? null : tokens.kept.map(() => []),
+      (next) => step(next.map((t) => [t])));
   }
 
-  /** Each text's answer as {text, tokens} (up to the end-of-sequence token); options as CausalModel.generate's. */
-  async generate(texts, { truncate = false, ...options } = {}) {
+  /**
+   * Each text's answer as {text, tokens}: up to the end-of-sequence token, or up to (not including) the
+   * first of the `stop` strings; options as CausalModel.generate's.
+   */
+  async generate(texts, { stop = [], truncate = false, ...options } = {}) {
     const { tokens } = await this.encodePrompts(texts, { truncate });
     const cfg = this.settings({ maxNewTokens: this.defaultSteps(tokens.width), ...options });
-    const rows = Array.from({ length: tokens.batch }, () => []);
-    const done = rows.map(() => false);
-    for await (const step of this.steps(tokens, cfg)) {
-      step.forEach((t, i) => {
-        if (done[i] || this.stopIds.includes(t)) done[i] = true;
-        else rows[i].push(t);
-      });
-    }
-    return rows.map((r) => ({ text: this.decode(r), tokens: r }));
+    return collectAnswers(this, this.steps(tokens, cfg), tokens.batch, stop);
   }
 
   async generateText(texts, options) {
@@ -823,20 +895,10 @@ export class Seq2SeqModel extends EncoderModel {
   }
 
   /** One text's answer as it grows: each piece what the tokens so far add to the decoded answer. */
-  async *stream(text, { truncate = false, ...options } = {}) {
+  async *stream(text, { stop = [], truncate = false, ...options } = {}) {
     const { tokens } = await this.encodePrompts([text], { truncate });
     const cfg = this.settings({ maxNewTokens: this.defaultSteps(tokens.width), ...options });
-    const answer = [];
-    let shown = "";
-    for await (const [token] of this.steps(tokens, cfg)) {
-      if (this.stopIds.includes(token)) break;
-      answer.push(token);
-      const decoded = this.decode(answer);
-      if (decoded.startsWith(shown) && decoded.length > shown.length) {
-        yield decoded.slice(shown.length);
-        shown = decoded;
-      }
-    }
+    yield* answerPieces(this, this.steps(tokens, cfg), stop);
   }
 }
 

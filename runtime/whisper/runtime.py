@@ -18,7 +18,17 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER, DECODER_FIXED, OnnxStepper, SlotStepper, empty_cache
+from edgeattn.runtime.cross_decoding import (
+    CROSS_INPUT,
+    CROSS_KV,
+    DECODER,
+    DECODER_FIXED,
+    ENCODER_OUTPUT,
+    SOURCE_MASK,
+    OnnxStepper,
+    SlotStepper,
+    empty_cache,
+)
 from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
@@ -161,9 +171,9 @@ class WhisperRuntime(ExportedModel):
                                                                                            np.ndarray]:  # fmt: skip
         """Windows' features (B, n_mels, frames) as every decoder layer's cross-attention keys and
         values, and the mask of the audio positions (all attended to)."""
-        hidden = self.run(AUDIO_ENCODER, {FEATURES: features})["last_hidden_state"]
+        hidden = self.run(AUDIO_ENCODER, {FEATURES: features})[ENCODER_OUTPUT]
         positions = np.ones(hidden.shape[:2], dtype=np.int64)
-        return self.run(CROSS_KV, {"encoder_hidden_states": hidden}), positions
+        return self.run(CROSS_KV, {CROSS_INPUT: hidden}), positions
 
     def stepper(self, features: np.ndarray, capacity: int, repeat: int = 1) -> OnnxStepper:
         """A decoding state over windows' features, each row ``repeat`` times (beams): the encoder
@@ -498,7 +508,7 @@ class WhisperRuntime(ExportedModel):
         assert speech is not None
         cross, mask = source
         fed = np.array([prompt + generated[:-1]], dtype=np.int64)
-        feeds = {"input_ids": fed, "encoder_attention_mask": mask, **cross, **empty_cache(self.config, 1)}
+        feeds = {"input_ids": fed, SOURCE_MASK: mask, **cross, **empty_cache(self.config, 1)}
         weights = self.run(DECODER, feeds)[ALIGNMENT][0, :, len(prompt) :]  # (heads, generated - 1, positions)
         return token_times(weights, positions, speech.median_filter_width)
 

@@ -9,7 +9,7 @@
 //   const model = await load("./bundle/", ort);
 //   const { text, segments } = await model.transcribe(samples, { timestamps: true });  // 16 kHz mono
 //   for await (const segment of model.segments(samples)) console.log(segment.start, segment.text);
-import { BundleModel } from "./edgeattn.mjs";
+import { BundleModel, crossDecoder, crossSource } from "./edgeattn.mjs";
 
 /** Seconds a timestamp token stands for, and the feature frames an audio position covers. */
 const TIME_PRECISION = 0.02;
@@ -251,40 +251,18 @@ export class SpeechModel extends BundleModel {
     return scores;
   }
 
-  /** One window's features (n_mels x frames, zero-padded) as the decoder's cross keys/values. */
+  /** One window's features (n_mels x frames, zero-padded) as the decoder's cross keys/values (see crossSource). */
   async source(window) {
-    const { Tensor } = this.ort;
-    const nMels = this.features.n_mels;
-    const input = this.bundle.contract;
-    const hidden = (await this.sessions[input.encoder_graph].run({
-      [input.features]: new Tensor("float32", window, [1, nMels, this.windowFrames]) }))[input.encoder_output];
-    const cross = await this.sessions[input.cross_graph].run({ [input.cross_input]: hidden });
-    const positions = hidden.dims[1];
-    return { cross, mask: new Tensor("int64", new BigInt64Array(positions).fill(1n), [1, positions]) };
+    const features = new this.ort.Tensor("float32", window, [1, this.features.n_mels, this.windowFrames]);
+    return crossSource(this, { features });
   }
 
   /** A decoder over `source` with a cache of `capacity` slots: `step(ids)` feeds tokens, gives the last one's logits. */
   decoder(source, capacity) {
-    const { Tensor } = this.ort;
-    const { n_heads: heads, head_dim: dim } = this.bundle.model;
-    const names = this.bundle.cache;
-    const cache = Object.fromEntries(names.inputs.map((name) => [name, new Tensor(
-      "float32", new Float32Array(heads * capacity * dim), [1, heads, capacity, dim])]));
     // the updated caches are the next step's (fetching them into the inputs' own tensors, in place,
     // answered otherwise on onnxruntime-web's wasm: its tokens parted from the Python runtime's)
-    let position = 0;
-    const step = async (ids) => {
-      if (position + ids.length > capacity) throw new Error(`edgeattn: ${position + ids.length} tokens exceed ${capacity}`);
-      const out = await this.sessions[this.bundle.contract.decoder_graph].run({
-        input_ids: new Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]),
-        encoder_attention_mask: source.mask, position: new Tensor("int64", BigInt64Array.of(BigInt(position)), [1]),
-        ...source.cross, ...cache });
-      names.inputs.forEach((name, k) => { cache[name] = out[names.outputs[k]]; });
-      position += ids.length;
-      const vocab = out.logits.dims[2];
-      return out.logits.data.slice((ids.length - 1) * vocab, ids.length * vocab);
-    };
-    return step;
+    const step = crossDecoder(this, source, capacity);
+    return async (ids) => (await step([ids]))[0];
   }
 
   /** One window's greedy tokens (no prompt, no end token) and its language token. */

@@ -43,3 +43,41 @@ def test_a_seq2seq_bundle_answers_as_the_python_runtime(t5_export, node_modules,
     for c in checks:  # the source ids, first-step logits (within the float32 bar), greedy answers and a stream
         assert c.passed and c.tokens_equal and c.labels_equal and c.agreement == 1.0, c
         assert c.max_abs <= FP32_ABSOLUTE + FP32_RELATIVE * 100, c  # logits far below 100: never the loose end
+
+
+STOP_RUN = """
+import * as ort from "onnxruntime-node";
+import {{ load }} from {module};
+const model = await load({base}, ort, {{ precision: "fp32" }});
+const out = {{ stop: await model.generateText({texts}, {{ maxNewTokens: 10, stop: [{stop}] }}), stream: [] }};
+for await (const piece of model.stream({texts}[{row}], {{ maxNewTokens: 10, stop: [{stop}] }})) out.stream.push(piece);
+console.log(JSON.stringify(out));
+"""
+
+
+def test_a_seq2seq_bundle_stops_at_stop_strings_as_the_python_runtime(t5_export, node_modules, tmp_path):  # noqa: F811
+    """The ES module's answers and streams end before a stop string, as the Python runtime's: the
+    text assembly both language families share, on each side."""
+    import subprocess
+    import tempfile
+
+    from edgeattn.exporters.web import bundle_runtime
+
+    package_web(t5_export, tmp_path / "node", "node")
+    model = bundle_runtime(t5_export, tmp_path / "node", "fp32")
+    texts = CORPUS[:3]
+    answers = model.generate_text(texts, 10)
+    longest = max(answers, key=len)
+    row, stop = answers.index(longest), longest[len(longest) // 2 :][:2]
+    want = model.generate_text(texts, 10, stop=[stop])
+    assert want[row] == longest[: longest.index(stop)]
+    with tempfile.TemporaryDirectory(dir=node_modules.parent) as work:  # where "onnxruntime-node" resolves
+        script = Path(work) / "run.mjs"
+        script.write_text(STOP_RUN.format(module=json.dumps((tmp_path / "node" / "edgeattn.mjs").as_uri()),
+                                          base=json.dumps(str(tmp_path / "node")), texts=json.dumps(texts),
+                                          stop=json.dumps(stop), row=row))  # fmt: skip
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=300, cwd=work)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["stop"] == want
+    assert "".join(got["stream"]) == want[row] == "".join(model.stream_text(texts[row], 10, stop=[stop]))
