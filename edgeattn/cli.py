@@ -1068,16 +1068,16 @@ def bench(
     """Latency of eager PyTorch and every exported precision, side by side (a language model's export:
     prefill and decode of every precision it holds)."""
     from edgeattn.benchmark.run import BenchOptions, run_benchmark
+    from edgeattn.runtime.families import family_of, resolve
     from edgeattn.runtime.manifest import read_manifest
 
-    if export_dir is not None and read_manifest(export_dir).family_name == "causal":
-        from edgeattn.benchmark.causal import bench_causal, write_json
-
-        prompts, rows = tuple(int(s) for s in seqs.split(",")), tuple(int(b) for b in batches.split(","))
-        result = bench_causal(export_dir, prompts, rows, threads=threads, precisions=tuple(_split(precisions) or []))
+    family = family_of(read_manifest(export_dir).config) if export_dir is not None else None
+    if family is not None and family.bencher is not None:  # a family timed its own way
+        lengths, rows = tuple(int(s) for s in seqs.split(",")), tuple(int(b) for b in batches.split(","))
+        result = resolve(family.bencher)(export_dir, lengths, rows, threads, tuple(_split(precisions) or []))
         click.echo(result.table())
         if json_path is not None:
-            write_json(result, json_path)
+            json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
             click.echo(f"wrote {json_path}")
         return
 

@@ -179,7 +179,7 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
         (tmp / "package.json").write_text(json.dumps(npm, indent=2) + "\n")
         described = {**_describe(bundle, manifest, export_dir, tmp), "tagging": tagging}
         (tmp / BUNDLE).write_text(json.dumps(described, indent=2) + "\n")
-        if manifest.family_name == ENCODER_FAMILY.name:  # transformers.js's decoders take past_key_values
+        if family_of(manifest.config).transformers_js:
             _transformers_js_files(manifest, tmp)
         move_into_place(tmp, out_dir)
     except BaseException:

@@ -224,6 +224,10 @@ class Family:
     #: ``"package:file"`` of its own ES module, copied beside ``edgeattn.mjs`` (whose ``load`` opens
     #: the module ``bundle.json`` names), for a family whose JavaScript is not in ``edgeattn.mjs``
     bundle_module: str | None = None
+    #: whether its bundle carries transformers.js's files too (``config.json`` and the graph where
+    #: transformers.js looks for it): its decoders take ``past_key_values``, which edgeattn's
+    #: generating graphs do not
+    transformers_js: bool = False
     #: ``"module:function"`` checking a bundle of it under Node.js against the Python runtime, for a
     #: family whose answers are not text: ``(bundle_dir, export_dir, node_modules, runtime, node,
     #: timeout, inputs) -> [BundleCheck]`` (None: the text families' check in ``exporters.web``)
@@ -246,6 +250,10 @@ class Family:
     served: str | None = None
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
+    #: ``"module:function"`` timing an export of it its own way for ``edgeattn bench``, ``(export_dir,
+    #: seqs, batches, threads, precisions) -> result`` with ``table()`` and ``to_dict()`` (None: the
+    #: engine's grid of shapes)
+    bencher: str | None = None
     #: ``"module:function"`` checking a greedy decode of its export against eager PyTorch,
     #: ``(model, runtime, rng, tokens) -> GreedyResult`` (``edgeattn.exporters.verify``)
     greedy_check: str = "edgeattn.exporters.verify:verify_greedy"
@@ -338,6 +346,7 @@ ENCODER_FAMILY = Family(
     summary="an encoder alone (BERT family): hidden states, pooled embeddings, sequence or token labels",
     bundle_graphs=("encoder",),
     bundle_describer=f"{_WEB}:describe_encoder",
+    transformers_js=True,
 )
 
 
@@ -414,6 +423,7 @@ CAUSAL_FAMILY = Family(
             "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88, "loop_free": 0.90}},
     bundle_graphs=("causal_decoder",),
     bundle_describer=f"{_WEB}:describe_causal",
+    bencher="edgeattn.benchmark.causal:bench_export",
 )  # fmt: skip
 
 from edgeattn.runtime.whisper.family import SPEECH_FAMILY  # noqa: E402  (its record builds on the roles above)

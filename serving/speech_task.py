@@ -72,7 +72,7 @@ class TranscribeTask:
         options.setdefault("language", None)
         if options.get("language") == "":
             options["language"] = None
-        heard = model.transcribe_batch(files, **options)  # the short ones decoded together
+        heard = model.transcribe_batch(files, **options)  # their windows decoded together
         segments = [json.dumps([_segment(s) for s in h.segments], ensure_ascii=False) for h in heard]
         return {"text": strings([h.text.strip() for h in heard]), "segments": strings(segments),
                 "language": strings([h.language or "" for h in heard])}  # fmt: skip

@@ -101,5 +101,12 @@ def _time(model: Any, ids: np.ndarray, new_tokens: int) -> tuple[float, float]:
     return prefill, (new_tokens - 1) / (time.perf_counter() - start)
 
 
+def bench_export(export_dir: str | Path, seqs: tuple[int, ...], batches: tuple[int, ...], threads: int,
+                 precisions: tuple[str, ...]) -> CausalBench:  # fmt: skip
+    """``edgeattn bench`` of a decoder-only export (the family record's ``bencher``): ``seqs`` are
+    the prompts' lengths."""
+    return bench_causal(export_dir, seqs, batches, threads=threads, precisions=precisions)
+
+
 def write_json(result: CausalBench, path: str | Path) -> None:
     Path(path).write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -8,8 +8,9 @@ algorithm). Torch-free: numpy, onnxruntime, and ``soundfile`` / ``soxr`` to read
 
 from __future__ import annotations
 
+import itertools
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -145,6 +146,75 @@ def split_segments(tokens: list[int], timestamp_begin: int, offset: float, frame
     return segments, (tokens[previous - 2] - timestamp_begin) * INPUT_STRIDE
 
 
+class Heard:
+    """One audio heard window after window: its features, where the next window starts (``seek``,
+    in feature frames), the language (given, or detected from the first window), the segments
+    heard so far and whether the next window is decoded after their text. A clip no longer than a
+    window is one window padded to full length."""
+
+    def __init__(self, model: WhisperRuntime, samples: np.ndarray, language: str | None, timestamps: bool,
+                 words: bool, context: Context) -> None:  # fmt: skip
+        mel = model.log_mel
+        self.model, self.words, self.context, self.language = model, words, context, language
+        long_form = samples.size > mel.window_samples
+        self.features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
+        # word times: the first word has a row (the first timestamp's)
+        self.stamped = timestamps or long_form or words
+        self.duration = samples.size / mel.rate
+        self.total = self.features.shape[1] if long_form else mel.window_frames
+        #: the frames holding audio (transformers' mask)
+        self.heard = self.total if long_form else -(-samples.size // mel.hop)
+        #: the language the first window was heard in (detected, or None on an English-only model)
+        self.first_language: str | None = None
+        self.windows = 0
+        #: each segment's tokens heard so far (a first-segment prompt counts as one)
+        self.said: list[list[int]] = [context.ids[1:]] if context.ids and context.kind == "first-segment" else []
+        #: whether the next window is decoded after them (not after one sampled at 0.5 or above)
+        self.conditioned = context.condition
+        self.seek = 0
+        self.segments: list[Segment] = []
+
+    @property
+    def done(self) -> bool:
+        return self.seek >= self.total
+
+    def window(self) -> tuple[np.ndarray, int | None, list[int]]:
+        """The next window's features (n_mels, window frames; zeros after the audio), the audio
+        positions it holds (for word times) and the tokens its start sequence follows."""
+        window = self.model.log_mel.window_frames
+        frames = min(window, self.total - self.seek)
+        piece = np.zeros((self.features.shape[0], window), dtype=np.float32)
+        piece[:, :frames] = self.features[:, self.seek : self.seek + frames]
+        positions = (self.heard - self.seek) // INPUT_STRIDE if self.words else None
+        return piece, positions, self.model._prefix(self.context, self.said, self.conditioned)
+
+    def take(self, found: Window) -> list[Segment]:
+        """The segments of the window just searched; moves on past them."""
+        frames = min(self.model.log_mel.window_frames, self.total - self.seek)
+        self.conditioned = self.context.condition and found.temperature < 0.5
+        if not self.windows:
+            self.first_language = found.language
+        self.windows += 1
+        self.language = self.language or found.language  # detected once, from the first window (as transformers)
+        if found.silent:  # no speech: on to the next window
+            self.seek += frames
+            segments = []
+        else:
+            segments, advance = self.model._window_segments(found, self.seek, frames, self.stamped, self.duration,
+                                                            self.language)  # fmt: skip
+            self.said.extend(list(segment.tokens) for segment in segments)
+            self.segments.extend(segments)
+            self.seek += max(advance, 1)
+        if self.done:
+            self.features = self.features[:, :0]  # heard: its features are not kept
+        return segments
+
+    def transcript(self) -> Transcript:
+        eos = self.model.decoding.eos
+        text = self.model._text([t for s in self.segments for t in s.tokens if t < eos])
+        return Transcript(text, self.segments, self.first_language, self.duration)
+
+
 class WhisperRuntime(ExportedModel):
     """A speech export (Whisper): :meth:`transcribe` audio files or samples."""
 
@@ -233,8 +303,9 @@ class WhisperRuntime(ExportedModel):
         options = search_options(search)
         self._check_words(word_timestamps)
         context = self._context(prompt, condition_on_prev_tokens, prompt_condition_type)
-        yield from self._windows(self.samples(audio, rate), language, task, timestamps, max_new_tokens, {}, options,
-                                 word_timestamps, context)  # fmt: skip
+        heard = Heard(self, self.samples(audio, rate), language, timestamps, word_timestamps, context)
+        for _, segments in self._hear([heard], task, max_new_tokens, options):
+            yield from segments
 
     def transcribe(self, audio: Any, *, language: str | None = None, task: str = "transcribe",
                    timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
@@ -260,53 +331,63 @@ class WhisperRuntime(ExportedModel):
         options = search_options(search)
         self._check_words(word_timestamps)
         context = self._context(prompt, condition_on_prev_tokens, prompt_condition_type)
-        samples = self.samples(audio, rate)
-        found: dict[str, Any] = {}
-        segments = list(self._windows(samples, language, task, timestamps, max_new_tokens, found, options,
-                                      word_timestamps, context))  # fmt: skip
-        eos = self.decoding.eos
-        text = self._text([t for s in segments for t in s.tokens if t < eos])
-        return Transcript(text, segments, found.get("language"), samples.size / self.log_mel.rate)
+        heard = Heard(self, self.samples(audio, rate), language, timestamps, word_timestamps, context)
+        for _ in self._hear([heard], task, max_new_tokens, options):
+            pass
+        return heard.transcript()
 
     def transcribe_batch(self, audios: Sequence[Any], *, language: str | None = None, task: str = "transcribe",
                          timestamps: bool = False, max_new_tokens: int | None = None, rate: int | None = None,
-                         word_timestamps: bool = False, prompt: str | None = None, batch_size: int = 8,
-                         **search: Any) -> list[Transcript]:  # fmt: skip
-        """:meth:`transcribe` of several audios (paths, bytes or samples): those no longer than a
-        window decoded together, ``batch_size`` at a time (their features, encoder, cross
-        keys/values and decoder steps batched; the language detected per audio where none is
-        given; the rows the fallback retries retried together), longer ones one after another.
-        The same transcripts as one at a time."""
+                         word_timestamps: bool = False, prompt: str | None = None,
+                         condition_on_prev_tokens: bool = False, prompt_condition_type: str = "first-segment",
+                         batch_size: int = 8, **search: Any) -> list[Transcript]:  # fmt: skip
+        """:meth:`transcribe` of several audios (paths, bytes or samples), ``batch_size`` heard at a
+        time and window by window: each round decodes the next window of every audio in hand
+        together (their features, encoder, cross keys/values and decoder steps batched; rows whose
+        language or earlier text differ in separate batches; the rows the fallback retries retried
+        together), a finished audio's place taken by the next. Each audio seeks on its own windows'
+        timestamps, so greedy transcripts are those of one audio at a time."""
         if batch_size < 1:
             raise InputError(f"batch_size is at least 1, not {batch_size}")
         options = search_options(search)
         self._check_words(word_timestamps)
-        context = self._context(prompt, False, "first-segment")
-        mel = self.log_mel
-        samples = [self.samples(a, rate) for a in audios]
-        found: list[Transcript | None] = [None] * len(samples)
-        short = [i for i, x in enumerate(samples) if x.size <= mel.window_samples]
-        for i, x in enumerate(samples):
-            if i not in short:
-                found[i] = self.transcribe(x, language=language, task=task, timestamps=timestamps,
-                                           max_new_tokens=max_new_tokens, word_timestamps=word_timestamps,
-                                           prompt=prompt, **search)  # fmt: skip
-        stamped = timestamps or word_timestamps
+        context = self._context(prompt, condition_on_prev_tokens, prompt_condition_type)
+        samples = [self.samples(a, rate) for a in audios]  # every file read (and refused) before any is heard
+        made: list[Heard] = []
+
+        def admitted() -> Iterator[Heard]:  # features computed as each audio joins the batch
+            for x in samples:
+                made.append(Heard(self, x, language, timestamps, word_timestamps, context))
+                yield made[-1]
+
+        for _ in self._hear(admitted(), task, max_new_tokens, options, batch_size):
+            pass
+        return [heard.transcript() for heard in made]
+
+    def _hear(self, audios: Iterable[Heard], task: str, max_new_tokens: int | None, options: SearchOptions,
+              batch_size: int = 1) -> Iterator[tuple[Heard, list[Segment]]]:  # fmt: skip
+        """Hear ``audios`` to the end, ``batch_size`` at a time in rounds of one window each (those
+        that share a language, start sequence and timestamp mode searched together); yields each
+        window's audio and segments as they are found."""
         rng = np.random.default_rng(options.seed)
-        for first in range(0, len(short), batch_size):
-            rows = short[first : first + batch_size]
-            features = np.stack([mel(samples[i], pad_to_window=True) for i in rows])
-            positions = [-(-samples[i].size // mel.hop) // INPUT_STRIDE for i in rows] if word_timestamps else None
-            windows = self._search_windows(features, language, task, stamped, max_new_tokens, options, rng, positions,
-                                           context.ids)  # fmt: skip
-            for i, window in zip(rows, windows, strict=True):
-                duration = samples[i].size / mel.rate
-                said = language or window.language
-                segments = [] if window.silent else self._window_segments(window, 0, mel.window_frames, stamped,
-                                                                          duration, said)[0]  # fmt: skip
-                text = self._text([t for s in segments for t in s.tokens if t < self.decoding.eos])
-                found[i] = Transcript(text, segments, window.language, duration)
-        return [t for t in found if t is not None]
+        waiting, hearing = iter(audios), []
+        while True:
+            hearing += itertools.islice(waiting, batch_size - len(hearing))
+            if not hearing:
+                return
+            batches: dict[tuple[Any, ...], list[tuple[Heard, np.ndarray, int | None]]] = {}
+            for heard in hearing:
+                piece, positions, prefix = heard.window()
+                key = (heard.language, tuple(prefix), heard.stamped, heard.words)
+                batches.setdefault(key, []).append((heard, piece, positions))
+            for (language, prefix, stamped, words), rows in batches.items():
+                features = np.stack([piece for _, piece, _ in rows])
+                positions = [int(p) for _, _, p in rows] if words else None  # type: ignore[arg-type]
+                found = self._search_windows(features, language, task, stamped, max_new_tokens, options, rng,
+                                             positions, list(prefix))  # fmt: skip
+                for (heard, _, _), window in zip(rows, found, strict=True):
+                    yield heard, heard.take(window)
+            hearing = [heard for heard in hearing if not heard.done]
 
     def _text(self, tokens: list[int]) -> str:
         if self.tokenizer is None:
@@ -363,44 +444,6 @@ class WhisperRuntime(ExportedModel):
             tokens = [t for part in heard for t in (part[:-1] if len(part) > 2 and part[-2] >= begin else part)]
             return [*before, *tokens[-self._context_tokens :]]
         return list(context.ids)
-
-    def _windows(self, samples: np.ndarray, language: str | None, task: str, timestamps: bool,
-                 max_new_tokens: int | None, found: dict[str, Any], options: SearchOptions, words: bool = False,
-                 context: Context | None = None) -> Iterator[Segment]:  # fmt: skip
-        mel = self.log_mel
-        long_form = samples.size > mel.window_samples
-        features = mel(samples, pad_to_window=not long_form)  # (n_mels, frames)
-        window = mel.window_frames
-        stamped = timestamps or long_form or words  # word times: the first word has a row (the first timestamp's)
-        duration = samples.size / mel.rate
-        total = features.shape[1] if long_form else window  # a short clip is one padded window
-        heard = total if long_form else -(-samples.size // mel.hop)  # the frames holding audio (transformers' mask)
-        rng = np.random.default_rng(options.seed)
-        context = context or Context()
-        # the segments heard so far (a first-segment prompt counts as one), and whether the next
-        # window is decoded after them (not after a window sampled at 0.5 or above)
-        heard_so_far = [context.ids[1:]] if context.ids and context.kind == "first-segment" else []
-        conditioned = context.condition
-        seek = 0
-        while seek < total:
-            frames = min(window, total - seek)
-            piece = np.zeros((1, features.shape[0], window), dtype=np.float32)
-            piece[0, :, :frames] = features[:, seek : seek + frames]
-            positions = (heard - seek) // INPUT_STRIDE if words else None
-            prefix = self._prefix(context, heard_so_far, conditioned)
-            found_here = self._search_windows(piece, language, task, stamped, max_new_tokens, options, rng,
-                                              None if positions is None else [positions], prefix)[0]  # fmt: skip
-            conditioned = context.condition and found_here.temperature < 0.5
-            found.setdefault("language", found_here.language)
-            language = language or found_here.language  # detected once, from the first window (as transformers)
-            if found_here.silent:  # no speech: on to the next window
-                seek += frames
-                continue
-            segments, advance = self._window_segments(found_here, seek, frames, stamped, duration, language)
-            for segment in segments:
-                heard_so_far.append(list(segment.tokens))
-                yield segment
-            seek += max(advance, 1)
 
     def _window_segments(self, found: Window, seek: int, frames: int, stamped: bool, duration: float,
                          language: str | None) -> tuple[list[Segment], int]:  # fmt: skip

@@ -5,6 +5,8 @@ reproducible and equals eager PyTorch's; text, stop strings, streaming, chat and
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -290,3 +292,21 @@ def test_the_command_line_runs_and_chats(text_model, tmp_path):
     assert talk.exit_code == 0, talk.output
     assert talk.output.splitlines() == [model.chat([{"role": "user", "content": "hello"}], 8),
                                         model.chat([{"role": "user", "content": "the sea"}], 8)]  # fmt: skip
+
+
+def test_bench_times_a_language_model_export_its_own_way(text_model, tmp_path):
+    """``edgeattn bench EXPORT`` asks the family record how to time a language model's export
+    (prefill and decoding per prompt length and batch), writes its table and JSON."""
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    _, _, model = text_model
+    out = tmp_path / "bench.json"
+    done = CliRunner().invoke(cli, ["bench", str(model.export_dir), "--seq", "6", "--batch", "1,2", "--threads", "1",
+                                    "--json", str(out)])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "decode tok/s" in done.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["precision"], r["prompt"], r["batch"]) for r in rows] == [("fp32", 6, 1), ("fp32", 6, 2)]
+    assert all(r["decode_tok_s"] > 0 and r["prefill_s"] > 0 for r in rows)

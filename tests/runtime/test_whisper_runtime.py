@@ -537,15 +537,29 @@ def test_a_real_triton_server_transcribes_as_the_runtime(exported, tmp_path):
 
 @pytest.mark.parametrize("options", [
     {"language": "fr", "timestamps": True}, {"language": None}, {"language": "de", "num_beams": 3},
-    {"language": "fr", "word_timestamps": True, "prompt": "w5 w17"}])  # fmt: skip
-def test_a_batch_of_clips_is_heard_as_each_alone_and_as_transformers_batch(exported, options):
-    """Clips of several lengths (and one over a window, decoded alone) transcribed together give
-    each clip's transcript alone; batched greedy equals transformers' batched ``generate``."""
+    {"language": "fr", "word_timestamps": True, "prompt": "w5 w17"},
+    {"language": "fr", "prompt": "w5 w17", "condition_on_prev_tokens": True}])  # fmt: skip
+def test_a_batch_of_clips_is_heard_as_each_alone_and_as_transformers_batch(exported, options, monkeypatch):
+    """Clips of several lengths (two over a window: heard window by window beside the others, each
+    seeking on its own) transcribed together give each clip's transcript alone; batched greedy
+    equals transformers' batched ``generate``."""
     folder, export, _ = exported
-    clips = [audio(seconds, seed=60 + i) for i, seconds in enumerate((1.5, 0.6, 1.9, 5.3, 1.1))]
+    clips = [audio(seconds, seed=60 + i) for i, seconds in enumerate((1.5, 5.3, 0.6, 1.9, 4.2, 1.1))]
     model = load(export)
+    searched = model._search_windows
+    rows: list[int] = []
+
+    def counted(features, *args, **kwargs):
+        rows.append(features.shape[0])
+        return searched(features, *args, **kwargs)
+
+    monkeypatch.setattr(model, "_search_windows", counted)
     together = model.transcribe_batch(clips, max_new_tokens=30, batch_size=3, **options)
+    batched = list(rows)
     alone = [model.transcribe(c, max_new_tokens=30, **options) for c in clips]
+    # every window heard once, never more than batch_size at a time, and windows searched together
+    # (a clip that decodes timestamps apart from one that does not)
+    assert sum(batched) == len(rows) - len(batched) and max(batched) <= 3 and len(batched) < sum(batched)
     assert [t.as_dict() for t in together] == [t.as_dict() for t in alone]
     if set(options) == {"language"}:  # greedy, no timestamps: transformers' batch of the short clips
         short = [c for c in clips if c.size <= WINDOW_SECONDS * RATE]
