@@ -447,7 +447,7 @@ export class EncoderModel extends BundleModel {
 }
 
 /** A small seeded generator of uniform numbers in [0, 1) (mulberry32): sampling that repeats with a seed. */
-function uniform(seed) {
+export function uniform(seed) {
   let a = (seed ?? Math.floor(Math.random() * 2 ** 32)) >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;
@@ -459,7 +459,7 @@ function uniform(seed) {
 }
 
 /** Each row's next token: the largest logit (greedy), or one drawn from the filtered distribution. */
-function choose(row, { strategy, temperature, topK, topP }, random) {
+export function choose(row, { strategy, temperature, topK, topP }, random) {
   if (strategy === "greedy") {
     let best = 0;
     for (let k = 1; k < row.length; k++) if (row[k] > row[best]) best = k;
@@ -623,6 +623,26 @@ export class SlotCache {
   take(out) {
     this.names.inputs.forEach((name, k) => { this.tensors[name] = out[this.names.outputs[k]]; });
   }
+
+  /** Row i becomes what row index[i] held (beam search's reordering). */
+  reorder(ort, index) {
+    for (const [name, tensor] of Object.entries(this.tensors)) this.tensors[name] = gatherRows(ort, tensor, index);
+  }
+}
+
+/** The rows `index` of a tensor (rows first), as a new tensor. */
+function gatherRows(ort, tensor, index) {
+  const size = tensor.data.length / tensor.dims[0];
+  const data = new tensor.data.constructor(index.length * size);
+  index.forEach((row, i) => data.set(tensor.data.subarray(row * size, (row + 1) * size), i * size));
+  return new ort.Tensor(tensor.type, data, [index.length, ...tensor.dims.slice(1)]);
+}
+
+/** A crossSource whose one row is repeated `n` times (the beams of one window). */
+export function repeatSource(model, source, n) {
+  const index = Array.from({ length: n * source.rows }, (_, i) => Math.floor(i / n));
+  const cross = Object.fromEntries(Object.entries(source.cross).map(([k, v]) => [k, gatherRows(model.ort, v, index)]));
+  return { cross, rows: index.length, mask: gatherRows(model.ort, source.mask, index) };
 }
 
 /** Each row's logits (rows x vocab) at position `at` of a (rows x t x vocab) logits tensor. */
@@ -648,7 +668,8 @@ export async function crossSource(model, encoderFeeds, mask = null) {
 
 /**
  * A decoder over a crossSource with a cache of `capacity` slots written in place: step(ids) feeds
- * each row's new tokens (rows x t) and gives each row's logits after its last one.
+ * each row's new tokens (rows x t) and gives each row's logits after its last one;
+ * step.reorder(index) reorders the rows' caches (beam search).
  */
 export function crossDecoder(model, source, capacity) {
   const { Tensor } = model.ort;
@@ -656,7 +677,7 @@ export function crossDecoder(model, source, capacity) {
   const { n_heads: heads, head_dim: dim } = model.bundle.model;
   const cache = new SlotCache(model.ort, d.cache, [source.rows, heads, capacity, dim]);
   let position = 0;
-  return async (ids) => {
+  const step = async (ids) => {
     const t = ids[0].length;
     if (position + t > capacity) throw new Error(`edgeattn: ${position + t} tokens exceed a cache of ${capacity}`);
     const out = await model.sessions[d.graph].run({
@@ -667,6 +688,8 @@ export function crossDecoder(model, source, capacity) {
     position += t;
     return rowLogits(out[d.logits], t - 1);
   };
+  step.reorder = (index) => cache.reorder(model.ort, index);
+  return step;
 }
 
 /**

@@ -1,5 +1,6 @@
 // edgeattn's speech bundle (Whisper) for the browser and Node.js: mono samples at the model's rate
-// in, the transcript and its segments' times out, as edgeattn's Python runtime hears them greedily.
+// in, the transcript and its segments' times out, as edgeattn's Python runtime hears them (greedy,
+// beams, the temperature fallback, prompts and conditioning on the text heard).
 // The log-mel features are computed here (the bundle's mel filters, a mixed-radix FFT), the audio
 // encoder and cross projections run once a window, then the decoder a token a step over a cache of
 // fixed capacity it writes into, under Whisper's rules (suppressed tokens, timestamp pairs, the
@@ -9,7 +10,7 @@
 //   const model = await load("./bundle/", ort);
 //   const { text, segments } = await model.transcribe(samples, { timestamps: true });  // 16 kHz mono
 //   for await (const segment of model.segments(samples)) console.log(segment.start, segment.text);
-import { BundleModel, crossDecoder, crossSource } from "./edgeattn.mjs";
+import { BundleModel, choose, crossDecoder, crossSource, repeatSource, uniform } from "./edgeattn.mjs";
 
 /** Seconds a timestamp token stands for, and the feature frames an audio position covers. */
 const TIME_PRECISION = 0.02;
@@ -158,6 +159,84 @@ function ms(seconds) {
   return Math.round(seconds * 1000) / 1000;
 }
 
+/** How a window may be prompted after earlier text (transformers' prompt_condition_type). */
+const CONDITION_TYPES = ["first-segment", "all-segments"];
+
+/**
+ * Checked search options, as the Python runtime's SearchOptions: numBeams (lengthPenalty),
+ * temperature (one, or several tried in turn while a window's tokens compress more than
+ * compressionRatioThreshold or average a log-probability under logprobThreshold),
+ * noSpeechThreshold (with logprobThreshold: a silent window is skipped), topK, seed.
+ */
+export function searchOptions({ numBeams = 1, lengthPenalty = 1, temperature = 0, compressionRatioThreshold = null,
+                                logprobThreshold = null, noSpeechThreshold = null, topK = 50, seed } = {}) {
+  const temperatures = Array.isArray(temperature) ? temperature : [temperature];
+  if (!temperatures.length || !temperatures.every((t) => Number.isFinite(t) && t >= 0)) {
+    throw new Error(`edgeattn: temperature is a number or a list of them, 0 or more, not ${JSON.stringify(temperature)}`);
+  }
+  if (!Number.isInteger(numBeams) || numBeams < 1 || numBeams > 16) throw new Error(`edgeattn: numBeams is a whole number from 1 to 16, not ${numBeams}`);
+  if (!Number.isInteger(topK) || topK < 0) throw new Error(`edgeattn: topK is 0 (every token) or more, not ${topK}`);
+  for (const [name, v] of Object.entries({ lengthPenalty, compressionRatioThreshold, logprobThreshold, noSpeechThreshold })) {
+    if (v !== null && !Number.isFinite(v)) throw new Error(`edgeattn: ${name} is a number, not ${v}`);
+  }
+  if (noSpeechThreshold !== null && logprobThreshold === null) {
+    throw new Error("edgeattn: noSpeechThreshold needs logprobThreshold: a window is silence when its no-speech probability is high and its log-probability low");
+  }
+  return { numBeams, lengthPenalty, temperatures, compressionRatioThreshold, logprobThreshold, noSpeechThreshold, topK, seed };
+}
+
+/** Log-probabilities (float64) of a row of scores. */
+function logSoftmax(row) {
+  let top = -Infinity;
+  for (const v of row) if (v > top) top = v;
+  let total = 0;
+  for (const v of row) total += Math.exp(v - top);
+  const norm = top + Math.log(total);
+  return Float64Array.from(row, (v) => v - norm);
+}
+
+/** Scores below the k-th largest at -Infinity (transformers' top-k warper; 0: all kept). */
+function topKOnly(scores, k) {
+  if (!k || k >= scores.length) return scores;
+  const kth = Float64Array.from(scores).sort()[scores.length - k];
+  return scores.map((v) => (v < kth ? -Infinity : v));
+}
+
+/** The `count` best continuations of the beams (beam score + log-probability), best first, equal scores by index. */
+function topCandidates(logp, scores, count) {
+  const best = []; // {beam, token, score, index}, best first
+  const vocab = logp[0].length;
+  logp.forEach((row, beam) => {
+    if (scores[beam] === -Infinity) return;
+    for (let token = 0; token < vocab; token++) {
+      const score = scores[beam] + row[token];
+      if (best.length === count && !(score > best[count - 1].score)) continue;
+      let at = best.length;
+      while (at > 0 && best[at - 1].score < score) at--;
+      best.splice(at, 0, { beam, token, score });
+      if (best.length > count) best.pop();
+    }
+  });
+  return best;
+}
+
+/** Keep the `width` best finished hypotheses, best first (a stable sort: earlier ones first among equals). */
+function addHypothesis(finished, score, tokens, width) {
+  finished.push({ score, tokens });
+  finished.sort((a, b) => b.score - a.score);
+  finished.splice(width);
+}
+
+/** How much zlib shrinks the tokens written as little-endian integers of the vocabulary's width (transformers' measure). */
+export async function tokenCompressionRatio(tokens, vocab) {
+  if (!tokens.length) return 0;
+  const width = Math.floor(Math.log2(vocab) / 8) + 1;
+  const bytes = new Uint8Array(tokens.length * width);
+  tokens.forEach((t, i) => { for (let b = 0; b < width; b++) bytes[i * width + b] = (t >> (8 * b)) & 255; });
+  const stream = new Blob([bytes]).stream().pipeThrough(new CompressionStream("deflate"));
+  return bytes.length / (await new Response(stream).arrayBuffer()).byteLength;
+}
+
 /** The model load() returns for a speech bundle: its settings and mel filters read beside bundle.json. */
 export async function open({ bundle, file, tokenizer, sessions, ort, root, readBytes }) {
   const bytes = await readBytes(new URL(bundle.mel_filters.file, root));
@@ -265,38 +344,158 @@ export class SpeechModel extends BundleModel {
     return async (ids) => (await step([ids]))[0];
   }
 
-  /** One window's greedy tokens (no prompt, no end token) and its language token. */
-  async searchWindow(window, language, task, timestamps, maxNewTokens) {
+  /**
+   * One window searched as `search` says (see searchOptions), after the tokens `prefix` (a prompt,
+   * the text heard before): each temperature in turn until the tokens pass the thresholds (or the
+   * last); its tokens (no start sequence, no end token), language (detected from the start token
+   * alone where none is given), mean log-probability, the temperature kept, the no-speech
+   * probability (with a no-speech threshold) and whether it is silence.
+   */
+  async searchWindow(window, language, task, timestamps, maxNewTokens, prefix = [], search = searchOptions(),
+                     random = uniform(search.seed)) {
     const source = await this.source(window);
-    const detect = this.multilingual && language == null;
-    let spoken = detect ? null : language;
-    if (detect) { // from the scores after the start token alone
-      const first = await this.decoder(source, 1)([this.decoding.start]);
-      const ids = Object.values(this.languages).sort((a, b) => a - b);
-      spoken = ids.reduce((best, id) => (first[id] > first[best] ? id : best), ids[0]);
+    const d = this.decoding;
+    let spoken = language;
+    let noSpeech = null;
+    if ((this.multilingual && language == null) || search.noSpeechThreshold != null) {
+      let first = await this.decoder(source, 1)([d.start]); // the scores after the start token alone
+      if (this.multilingual && language == null) {
+        const ids = Object.values(this.languages).sort((a, b) => a - b);
+        spoken = ids.reduce((best, id) => (first[id] > first[best] ? id : best), ids[0]);
+      }
+      if (search.noSpeechThreshold != null) {
+        if (this.noTimestamps === null) throw new Error("edgeattn: this model has no no-speech token: it takes no noSpeechThreshold");
+        if (prefix.length) first = await this.decoder(source, prefix.length + 1)([...prefix, d.start]);
+        noSpeech = Math.exp(logSoftmax(first)[this.noTimestamps - 1]);
+      }
     }
-    const prompt = this.prompt(spoken, task, timestamps);
-    const limit = Math.min(this.bundle.model.max_len, this.decoding.max_length) - prompt.length;
+    const base = [...prefix, ...this.prompt(spoken, task, timestamps)];
+    const limit = Math.min(this.bundle.model.max_len, d.max_length) - base.length;
     const steps = maxNewTokens ?? limit;
     if (!(steps >= 1) || steps > limit) {
       throw new Error(`edgeattn: a window holds at most ${this.bundle.model.max_len} tokens: a prompt of ` +
-        `${prompt.length} leaves ${limit} new ones, not ${steps}`);
+        `${base.length} leaves ${limit} new ones, not ${steps}`);
     }
-    const step = this.decoder(source, prompt.length + steps);
-    const sequence = [...prompt];
-    let logits = await step(prompt);
+    let found;
+    for (const [attempt, temperature] of search.temperatures.entries()) {
+      found = temperature === 0 && search.numBeams > 1
+        ? await this.beams(source, base, steps, timestamps, search)
+        : await this.sample(source, base, steps, timestamps, temperature, search.topK, random);
+      found.temperature = temperature;
+      if (attempt === search.temperatures.length - 1 || !(await this.failed(found.tokens, found.logprob, search))) break;
+    }
+    const silent = search.noSpeechThreshold != null && noSpeech !== null && found.logprob < search.logprobThreshold &&
+      noSpeech > search.noSpeechThreshold;
+    const tokens = found.tokens.at(-1) === this.eos ? found.tokens.slice(0, -1) : found.tokens;
+    const name = Object.entries(this.languages).find(([, id]) => id === base[prefix.length + 1]);
+    return { tokens, language: this.multilingual && name ? name[0].slice(2, -2) : null, logprob: found.logprob,
+             temperature: found.temperature, noSpeech, silent };
+  }
+
+  /**
+   * Greedy (temperature 0) or sampled tokens after `base` (the end token kept), sampled from the
+   * `topK` likeliest at `temperature`, and their mean log-probability under the rules' scores at
+   * temperature 1 (the end token counted), as the Python runtime measures a window.
+   */
+  async sample(source, base, steps, timestamps, temperature, topK, random) {
+    const step = this.decoder(source, base.length + steps);
+    const sequence = [...base];
+    let logits = await step(base);
+    let sum = 0;
     for (let k = 0; k < steps; k++) {
-      const scores = this.rules(sequence, logits, prompt.length, timestamps); // logits: this step's own copy
-      let best = 0;
-      for (let v = 1; v < scores.length; v++) if (scores[v] > scores[best]) best = v;
-      sequence.push(best);
-      if (best === this.eos || k + 1 === steps) break;
-      logits = await step([best]);
+      let scores = this.rules(sequence, logits, base.length, timestamps); // logits: this step's own copy
+      let token = 0;
+      if (temperature === 0) {
+        for (let v = 1; v < scores.length; v++) if (scores[v] > scores[token]) token = v;
+      } else {
+        token = choose(scores, { strategy: "sample", temperature, topK, topP: 1 }, random);
+        scores = topKOnly(scores, topK);
+      }
+      sum += logSoftmax(scores)[token];
+      sequence.push(token);
+      if (token === this.eos || k + 1 === steps) break;
+      logits = await step([token]);
     }
-    const tokens = sequence.slice(prompt.length);
-    if (tokens.at(-1) === this.eos) tokens.pop();
-    const name = Object.entries(this.languages).find(([, id]) => id === prompt[1]);
-    return { tokens, language: this.multilingual && name ? name[0].slice(2, -2) : null };
+    const tokens = sequence.slice(base.length);
+    return { tokens, logprob: sum / Math.max(1, tokens.length) };
+  }
+
+  /**
+   * Beam search of `search.numBeams` beams after `base`, as the Python runtime's (its shared core's
+   * beam_steps for one row): the best hypothesis (its end token kept) and its length-normalised score.
+   */
+  async beams(source, base, steps, timestamps, search) {
+    const n = search.numBeams;
+    const lp = search.lengthPenalty;
+    const step = crossDecoder(this, repeatSource(this, source, n), base.length + steps);
+    let scores = Array.from({ length: n }, (_, j) => (j ? -Infinity : 0)); // the first step expands beam 0 alone
+    let seqs = Array.from({ length: n }, () => []);
+    const finished = [];
+    let logits = await step(Array.from({ length: n }, () => base));
+    let done = false;
+    for (let t = 0; t < steps; t++) {
+      const logp = logits.map((row, j) => this.rules([...base, ...seqs[j]], logSoftmax(row), base.length, timestamps));
+      const order = topCandidates(logp, scores, 2 * n);
+      const next = [];
+      for (const [rank, { beam, token, score }] of order.entries()) {
+        if (token === this.eos) {
+          if (rank < n) addHypothesis(finished, score / (seqs[beam].length + 1) ** lp, [...seqs[beam], token], n);
+          continue;
+        }
+        next.push({ beam, token, score });
+        if (next.length === n) break;
+      }
+      done = finished.length === n &&
+        Math.max(...next.map((c) => c.score)) / (t + 1) ** lp <= Math.min(...finished.map((h) => h.score));
+      step.reorder(next.map((c) => c.beam));
+      seqs = next.map((c) => [...seqs[c.beam], c.token]);
+      scores = next.map((c) => c.score);
+      if (done || t + 1 === steps) break;
+      logits = await step(next.map((c) => [c.token]));
+    }
+    if (!done) { // out of steps: the live beams compete with what finished
+      seqs.forEach((seq, j) => addHypothesis(finished, scores[j] / Math.max(1, seq.length) ** lp, seq, n));
+    }
+    const best = finished.reduce((a, h) => (h.score > a.score ? h : a)); // the first of equal scores
+    return { tokens: best.tokens, logprob: best.score };
+  }
+
+  /** Whether a window's tokens (its end token included) call for the next temperature. */
+  async failed(tokens, logprob, search) {
+    if (search.compressionRatioThreshold != null &&
+        await tokenCompressionRatio(tokens, this.bundle.model.vocab_size) > search.compressionRatioThreshold) return true;
+    return search.logprobThreshold != null && logprob < search.logprobThreshold;
+  }
+
+  /** The prompt's tokens after <|startofprev|> (empty for none) and how windows are conditioned, checked. */
+  context(prompt, condition, kind) {
+    if (!CONDITION_TYPES.includes(kind)) throw new Error(`edgeattn: promptConditionType is one of ${CONDITION_TYPES.join(", ")}, not ${kind}`);
+    if (kind === "all-segments" && !condition) {
+      throw new Error("edgeattn: promptConditionType all-segments conditions each window on the text heard so far: set conditionOnPrevTokens too");
+    }
+    const prevSot = this.decoding.prev_sot;
+    if ((condition || prompt?.trim()) && prevSot == null) {
+      throw new Error("edgeattn: this model's generation config names no <|startofprev|> token to start a prompt or the text heard with");
+    }
+    let ids = [];
+    if (prompt?.trim()) {
+      ids = this.tokenizer.encode(" " + prompt.trim(), { add_special_tokens: false }).ids.map(Number);
+      if (ids.some((t) => t >= this.eos)) throw new Error("edgeattn: a prompt is plain text: it holds no special tokens (<|...|>)");
+      ids = [prevSot, ...ids.slice(-this.contextTokens)];
+    }
+    return { ids, condition, kind };
+  }
+
+  /** The most earlier tokens a window is decoded after (half its sequence, as transformers). */
+  get contextTokens() { return Math.floor(this.bundle.model.max_len / 2) - 1; }
+
+  /** What a window's start sequence follows: the prompt, or the text heard so far (see the Python runtime's _prefix). */
+  prefix(context, said, conditioned) {
+    if (!conditioned || !said.length) return [...context.ids];
+    const begin = this.timestampBegin ?? this.bundle.model.vocab_size;
+    const before = context.ids.length && context.kind === "all-segments" ? context.ids : [this.decoding.prev_sot];
+    const tokens = said.flatMap((part) => (part.length > 2 && part.at(-2) >= begin ? part.slice(0, -1) : part));
+    return [...before, ...tokens.slice(-this.contextTokens)];
   }
 
   /** The text of tokens (those from the end token on left out). */
@@ -305,15 +504,24 @@ export class SpeechModel extends BundleModel {
   }
 
   /**
-   * The transcript's segments as each window is decoded: {start, end, text, tokens}. Options:
-   * language (a code; detected from the first window when not given, on a multilingual model),
-   * task ("transcribe", or "translate" into English), timestamps (segments split at the model's
-   * timestamp tokens; always for audio longer than a window), maxNewTokens (a window's).
+   * The transcript's segments as each window is decoded: {start, end, text, tokens, avgLogprob,
+   * temperature, noSpeechProb}. Options: language (a code; detected from the first window when not
+   * given, on a multilingual model), task ("transcribe", or "translate" into English), timestamps
+   * (segments split at the model's timestamp tokens; always for audio longer than a window),
+   * maxNewTokens (a window's), prompt (text the windows are decoded after: earlier words, names,
+   * spelling), conditionOnPrevTokens (each window after the text heard before it; the prompt then
+   * the first window's, or every window's with promptConditionType "all-segments"), and the search
+   * options of searchOptions (numBeams, temperature fallback, thresholds, topK, seed).
    */
-  async *segments(samples, { language = null, task = "transcribe", timestamps = true, maxNewTokens, onLanguage } = {}) {
+  async *segments(samples, { language = null, task = "transcribe", timestamps = true, maxNewTokens, onLanguage,
+                             prompt = null, conditionOnPrevTokens = false, promptConditionType = "first-segment",
+                             ...search } = {}) {
     if (!(samples instanceof Float32Array || Array.isArray(samples))) {
       throw new Error(`edgeattn: give mono samples at ${this.rate} Hz (a Float32Array); decode files with decodeWav or an AudioContext`);
     }
+    const options = searchOptions(search);
+    const random = uniform(options.seed);
+    const context = this.context(prompt, conditionOnPrevTokens, promptConditionType);
     const longForm = samples.length > this.windowSamples;
     const { data, frames: count } = this.logMel(samples, !longForm);
     const nMels = this.features.n_mels;
@@ -322,19 +530,36 @@ export class SpeechModel extends BundleModel {
     const duration = samples.length / this.rate;
     const total = longForm ? count : window;
     const frameSeconds = this.features.hop / this.rate;
+    // the segments heard so far (a first-segment prompt counts as one), and whether the next window
+    // is decoded after them (not after a window sampled at 0.5 or above)
+    const said = context.ids.length && context.kind === "first-segment" ? [context.ids.slice(1)] : [];
+    let conditioned = context.condition;
     let seek = 0;
+    let first = true;
     while (seek < total) {
       const frames = Math.min(window, total - seek);
       const piece = new Float32Array(nMels * window);
       for (let m = 0; m < nMels; m++) piece.set(data.subarray(m * count + seek, m * count + seek + frames), m * window);
-      const found = await this.searchWindow(piece, language, task, stamped, maxNewTokens);
-      if (onLanguage && language == null) onLanguage(found.language);
+      const found = await this.searchWindow(piece, language, task, stamped, maxNewTokens,
+        this.prefix(context, said, conditioned), options, random);
+      conditioned = context.condition && found.temperature < 0.5;
+      if (onLanguage && first) onLanguage(found.language);
+      first = false;
       language ??= found.language; // detected once, from the first window
+      if (found.silent) { // no speech: on to the next window
+        seek += frames;
+        continue;
+      }
       const offset = seek * frameSeconds;
       const { segments, advance } = stamped
         ? splitSegments(found.tokens, this.timestampBegin, offset, frames, frameSeconds)
         : { segments: [{ start: offset, end: duration, tokens: found.tokens }], advance: frames };
-      for (const s of segments) yield { start: ms(s.start), end: ms(s.end), text: this.text(s.tokens), tokens: s.tokens };
+      for (const s of segments) {
+        said.push(s.tokens);
+        yield { start: ms(s.start), end: ms(s.end), text: this.text(s.tokens), tokens: s.tokens,
+                avgLogprob: Math.round(found.logprob * 1e6) / 1e6, temperature: found.temperature,
+                noSpeechProb: found.noSpeech };
+      }
       seek += Math.max(advance, 1);
     }
   }

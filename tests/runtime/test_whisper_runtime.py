@@ -626,6 +626,93 @@ def test_a_speech_bundle_hears_in_node_and_wasm_as_the_python_runtime(exported, 
     assert (tmp_path / "mobile" / "settings.json").read_bytes() == (export / "settings.json").read_bytes()
 
 
+#: the speech module's search options under Node.js, each beside the Python runtime's (over the
+#: bundle's own graphs): a prompt, conditioning on the text heard, beams, the temperature fallback
+#: (a threshold never met: greedy; one always failed: the last temperature, sampled, seeded) and silence
+SEARCH_RUN = """
+import * as ort from "onnxruntime-node";
+import {{ load }} from {module};
+import {{ tokenCompressionRatio }} from {speech};
+import {{ readFile }} from "node:fs/promises";
+const model = await load({base}, ort, {{ precision: "fp32" }});
+const read = async (path) => new Float32Array((await readFile(path)).buffer.slice(0));
+const [short, long] = [await read({short}), await read({long})];
+const heard = async (samples, options) => {{
+  const out = [];
+  for await (const s of model.segments(samples, options)) out.push(s);
+  return out;
+}};
+const cases = {cases};
+const out = {{ cases: [] }};
+for (const [which, options] of cases) out.cases.push(await heard(which === "long" ? long : short, options));
+out.again = await heard(long, cases[{sampled}][1]);
+out.ratios = await Promise.all({token_lists}.map((t) => tokenCompressionRatio(t, model.bundle.model.vocab_size)));
+try {{ await heard(short, {{ temperature: -1 }}); }} catch (e) {{ out.bad = e.message; }}
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.slow
+def test_the_speech_module_searches_as_the_python_runtime(exported, node_modules, tmp_path):  # noqa: F811
+    """The ES module's prompts, conditioning on the text heard, beam search, temperature fallback and
+    no-speech skipping give the Python runtime's segments (sampling: seeded, at the temperature the
+    fallback ends on), and its token compression ratio (zlib's deflate) is Python's."""
+    import subprocess
+    import tempfile
+
+    from edgeattn.exporters.web import bundle_runtime, package_web
+    from edgeattn.runtime.whisper.decoding import token_compression_ratio
+
+    _, export, _ = exported
+    package_web(export, tmp_path / "node", "node")
+    model = bundle_runtime(export, tmp_path / "node", "fp32")
+    short, long = audio(1.7, seed=80), audio(5.3, seed=81)
+    cases = [  # (clip, JavaScript options, Python options)
+        ("short", {"language": "fr", "prompt": "w5 w17"}, {"language": "fr", "prompt": "w5 w17"}),
+        ("long", {"language": "fr", "prompt": "w5 w17", "conditionOnPrevTokens": True,
+                  "promptConditionType": "all-segments", "maxNewTokens": 4},
+         {"language": "fr", "prompt": "w5 w17", "condition_on_prev_tokens": True,
+          "prompt_condition_type": "all-segments", "max_new_tokens": 4}),
+        ("long", {"language": "de", "numBeams": 3, "maxNewTokens": 5}, {"language": "de", "num_beams": 3,
+                                                                         "max_new_tokens": 5}),
+        ("short", {"numBeams": 2, "lengthPenalty": 0.5}, {"num_beams": 2, "length_penalty": 0.5}),
+        ("long", {"temperature": [0, 0.6], "compressionRatioThreshold": 1000, "logprobThreshold": -1000},
+         {"temperature": (0, 0.6), "compression_ratio_threshold": 1000, "logprob_threshold": -1000}),
+        ("short", {"noSpeechThreshold": 0, "logprobThreshold": 0}, {"no_speech_threshold": 0, "logprob_threshold": 0}),
+        ("long", {"language": "fr", "temperature": [0, 0.6], "compressionRatioThreshold": 0, "seed": 4}, None),
+    ]  # fmt: skip
+    sampled = len(cases) - 1
+    token_lists = [[5, 7, 5, 7, 5, 7, 5, 7], list(range(40)), [1] * 60]
+    with tempfile.TemporaryDirectory(dir=node_modules.parent) as work:  # where "onnxruntime-node" resolves
+        paths = {}
+        for name, clip in (("short", short), ("long", long)):
+            paths[name] = Path(work) / f"{name}.f32"
+            paths[name].write_bytes(clip.astype("<f4").tobytes())
+        script = Path(work) / "run.mjs"
+        script.write_text(SEARCH_RUN.format(
+            module=json.dumps((tmp_path / "node" / "edgeattn.mjs").as_uri()),
+            speech=json.dumps((tmp_path / "node" / "speech.mjs").as_uri()), base=json.dumps(str(tmp_path / "node")),
+            short=json.dumps(str(paths["short"])), long=json.dumps(str(paths["long"])),
+            cases=json.dumps([(clip, js) for clip, js, _ in cases]), sampled=sampled,
+            token_lists=json.dumps(token_lists)))  # fmt: skip
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=300, cwd=work)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for (clip, _, options), theirs in zip(cases, got["cases"], strict=True):
+        if options is None:
+            continue
+        want = list(model.segments(long if clip == "long" else short, timestamps=True, **options))
+        assert [(s["start"], s["end"], s["text"], s["tokens"], s["temperature"]) for s in theirs] == [
+            (s.start, s.end, s.text, list(s.tokens), s.temperature) for s in want], (clip, options)  # fmt: skip
+        assert all(abs(s["avgLogprob"] - w.avg_logprob) <= 1e-4 for s, w in zip(theirs, want, strict=True))
+    assert got["cases"][-2] == [] and len(got["cases"][2]) >= 1  # all silence; beams heard something
+    fell_back = got["cases"][sampled]
+    assert fell_back and all(s["temperature"] == 0.6 for s in fell_back)  # every window failed at 0
+    assert got["again"] == fell_back  # a seed repeats
+    assert got["ratios"] == pytest.approx([token_compression_ratio(t, model.config.vocab_size) for t in token_lists])
+    assert "temperature is a number or a list of them" in got["bad"]
+
+
 def test_no_window_state_outlives_its_window(exported):
     """Each window's decoder state (its cross keys and values) is freed when the window is done,
     not when Python's cycle collector next runs: long audio's memory does not grow window by window."""
