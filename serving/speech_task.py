@@ -81,7 +81,8 @@ class TranscribeTask:
 def _segment(segment: Any) -> dict[str, Any]:
     found = {"start": segment.start, "end": segment.end, "text": segment.text, "tokens": list(segment.tokens)}
     if segment.words is not None:
-        found["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in segment.words]
+        found["words"] = [{"word": w.word, "start": w.start, "end": w.end, "probability": w.probability}
+                          for w in segment.words]  # fmt: skip
     return found
 
 

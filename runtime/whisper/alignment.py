@@ -30,11 +30,13 @@ UNSPACED = {"zh", "ja", "th", "lo", "my", "yue"}
 @dataclass(frozen=True)
 class Word:
     """A word of the transcript (with its leading space, as the tokenizer writes it) from
-    ``start`` to ``end`` seconds."""
+    ``start`` to ``end`` seconds, and how sure the model was of it: the mean probability of its
+    tokens among the text tokens, each where it was generated (OpenAI's and faster-whisper's)."""
 
     word: str
     start: float
     end: float
+    probability: float | None = None
 
 
 def median_filter(x: np.ndarray, width: int) -> np.ndarray:
@@ -102,11 +104,12 @@ def token_times(weights: np.ndarray, positions: int, filter_width: int) -> np.nd
 
 
 def group_words(tokens: list[int], times: np.ndarray, tokenizer: Any, eos: int, language: str | None = None,
-                offset: float = 0.0) -> list[Word]:  # fmt: skip
+                offset: float = 0.0, probs: np.ndarray | None = None) -> list[Word]:  # fmt: skip
     """The words of a run of tokens with their times (``times`` one longer than ``tokens``: the
     next token's time ends the last word), timestamp and special tokens left out. A word starts
     at its first token's time and ends at the time of the token after its last; punctuation joins
-    its neighbour as transformers' tokenizer joins it."""
+    its neighbour as transformers' tokenizer joins it; with ``probs`` (each token's probability)
+    its probability is its tokens' mean."""
     pieces: list[tuple[str, list[int]]] = []  # (text, indices into tokens)
     for text, indices in _characters(tokens, tokenizer, eos):
         if language in UNSPACED or not pieces or text.startswith(" ") or text.strip() in string.punctuation:
@@ -115,8 +118,20 @@ def group_words(tokens: list[int], times: np.ndarray, tokenizer: Any, eos: int, 
             word, before = pieces[-1]
             pieces[-1] = (word + text, before + indices)
     pieces = _merge_punctuation(pieces)
-    return [Word(text, round(offset + float(times[idx[0]]), 3), round(offset + float(times[idx[-1] + 1]), 3))
-            for text, idx in pieces]  # fmt: skip
+    return [Word(text, round(offset + float(times[idx[0]]), 3), round(offset + float(times[idx[-1] + 1]), 3),
+                 None if probs is None else round(float(np.mean(probs[idx])), 6)) for text, idx in pieces]  # fmt: skip
+
+
+def text_token_probabilities(logits: np.ndarray, tokens: list[int], eos: int) -> np.ndarray:
+    """Each token's probability among the text tokens (below ``eos``) under the logits (tokens,
+    vocab) it was generated from; NaN for a timestamp or special token."""
+    text = logits[:, :eos].astype(np.float64)
+    text = np.exp(text - text.max(-1, keepdims=True))
+    probs = np.full(len(tokens), np.nan)
+    for k, token in enumerate(tokens):
+        if token < eos:
+            probs[k] = text[k, token] / text[k].sum()
+    return probs
 
 
 def _characters(tokens: list[int], tokenizer: Any, eos: int) -> list[tuple[str, list[int]]]:

@@ -43,7 +43,8 @@ def render_segments(segments: Iterable[Any], form: str, timestamps: bool = True)
         else:
             line = {"start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens)}
             if words is not None:
-                line["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+                line["words"] = [{"word": w.word, "start": w.start, "end": w.end, "probability": w.probability}
+                                 for w in words]  # fmt: skip
             yield json.dumps(line, ensure_ascii=False) + "\n"
 
 

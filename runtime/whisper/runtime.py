@@ -34,7 +34,8 @@ from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
 from edgeattn.runtime.model import ExportedModel, InputError
-from edgeattn.runtime.whisper.alignment import Word, group_words, token_times
+from edgeattn.runtime.slot_cache import LOGITS
+from edgeattn.runtime.whisper.alignment import Word, group_words, text_token_probabilities, token_times
 from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search
 from edgeattn.runtime.whisper.log_mel import LogMel
 from edgeattn.runtime.whisper.specs import ALIGNMENT, AUDIO_ENCODER, FEATURES
@@ -83,6 +84,8 @@ class Window:
     no_speech: float | None = None
     silent: bool = False
     times: np.ndarray | None = None
+    #: each token's probability among the text tokens (with ``times``; NaN for a timestamp)
+    probs: np.ndarray | None = None
 
 
 #: how a prompt conditions long-form audio (transformers' ``prompt_condition_type``)
@@ -466,7 +469,8 @@ class WhisperRuntime(ExportedModel):
             said = stamps = None
             if found.times is not None:
                 times = found.times[at : at + len(part) + 1]
-                said = tuple(group_words(part, times, self.tokenizer, decoding.eos, language, offset))
+                probs = None if found.probs is None else found.probs[at : at + len(part)]
+                said = tuple(group_words(part, times, self.tokenizer, decoding.eos, language, offset, probs))
                 stamps = tuple(round(offset + float(t), 3) for t in times[:-1])
             at += len(part)
             segments.append(Segment(round(float(start), 3), round(float(end), 3), text, tuple(part), seek,
@@ -531,29 +535,33 @@ class WhisperRuntime(ExportedModel):
         windows = []
         for i, (sequence, logprob, temperature) in enumerate(chosen):
             silent = options.silent(logprob, no_speech[i])
-            times = None
+            times = probs = None
             if positions is not None and not silent:
-                times = self._token_times(_rows(source, [i]), prompts[i], sequence, positions[i])
+                times, probs = self._token_times(_rows(source, [i]), prompts[i], sequence, positions[i])
             if sequence and sequence[-1] == decoding.eos:
                 sequence = sequence[:-1]  # its start is the last token's end
             elif times is not None:  # no end token: the last token ends where it starts (no row says more)
                 times = np.concatenate([times, times[-1:]])
             spoken = names.get(prompts[i][len(prefix) + 1]) if decoding.multilingual else None
-            windows.append(Window(sequence, spoken, logprob, temperature, no_speech[i], silent, times))
+            windows.append(Window(sequence, spoken, logprob, temperature, no_speech[i], silent, times, probs))
         return windows
 
     def _token_times(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompt: list[int],
-                     generated: list[int], positions: int) -> np.ndarray:  # fmt: skip
-        """When each generated token starts in the window (seconds): the prompt and every generated
-        token but the last fed to the decoder at once, the alignment heads' weights over the
-        generated tokens' rows aligned (:func:`~edgeattn.runtime.whisper.alignment.token_times`)."""
+                     generated: list[int], positions: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """When each generated token starts in the window (seconds), and its probability among the
+        text tokens: the prompt and every generated token but the last fed to the decoder at once,
+        the alignment heads' weights over the generated tokens' rows aligned
+        (:func:`~edgeattn.runtime.whisper.alignment.token_times`), the logits of the rows that
+        generated them read."""
         speech = self.config.speech
         assert speech is not None
         cross, mask = source
         fed = np.array([prompt + generated[:-1]], dtype=np.int64)
         feeds = {"input_ids": fed, SOURCE_MASK: mask, **cross, **empty_cache(self.config, 1)}
-        weights = self.run(DECODER, feeds)[ALIGNMENT][0, :, len(prompt) :]  # (heads, generated - 1, positions)
-        return token_times(weights, positions, speech.median_filter_width)
+        out = self.run(DECODER, feeds)
+        weights = out[ALIGNMENT][0, :, len(prompt) :]  # (heads, generated - 1, positions)
+        probs = text_token_probabilities(out[LOGITS][0, len(prompt) - 1 :], generated, self.decoding.eos)
+        return token_times(weights, positions, speech.median_filter_width), probs
 
     def _beams(self, source: tuple[dict[str, np.ndarray], np.ndarray], prompts: list[list[int]],
                rules: WhisperRules, new: int, options: SearchOptions) -> list[tuple[list[int], float]]:  # fmt: skip

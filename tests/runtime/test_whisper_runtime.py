@@ -386,6 +386,33 @@ def test_word_times_follow_transformers_token_timestamps(exported, seconds, lang
             assert word.start == starts[text[0]] and word.end >= word.start
 
 
+def test_word_probabilities_are_transformers_text_token_probabilities(exported):
+    """A word's probability is the mean of its tokens' probabilities among the text tokens, each
+    under the logits it was generated from: transformers' logits over the same window, teacher-forced."""
+    folder, export, _ = exported
+    samples = audio(1.5, seed=15)
+    model = load(export)
+    heard = model.transcribe(samples, language="fr", max_new_tokens=30, word_timestamps=True)
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    reference = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    features = extractor(samples, sampling_rate=RATE, return_tensors="pt").input_features
+    prompt = model.decoding.prompt("fr", "transcribe", timestamps=True)
+    generated = [t for s in heard.segments for t in s.tokens]
+    with torch.no_grad():
+        logits = reference(features, decoder_input_ids=torch.tensor([prompt + generated])).logits[0].double()
+    eos = GENERATION["eos_token_id"]
+    probs = torch.softmax(logits[len(prompt) - 1 :, :eos], dim=-1)
+    at, checked = 0, 0
+    for segment in heard.segments:
+        text = [at + i for i, t in enumerate(segment.tokens) if t < eos]
+        at += len(segment.tokens)
+        for word in segment.words or ():  # the test tokenizer writes no spaces: one word a segment
+            want = float(np.mean([probs[k, generated[k]].item() for k in text]))
+            assert word.probability == pytest.approx(want, abs=1e-5)
+            checked += 1
+    assert checked and all(0 < w.probability <= 1 for s in heard.segments for w in s.words or ())
+
+
 def test_run_prints_word_times_and_an_export_without_alignment_heads_says_so(exported, tmp_path):
     from dataclasses import replace
 
@@ -404,7 +431,8 @@ def test_run_prints_word_times_and_an_export_without_alignment_heads_says_so(exp
     printed = CliRunner().invoke(cli, ["run", str(export), str(path), "--language", "fr", "--word-timestamps",
                                        "--format", "json"])  # fmt: skip
     said = json.loads(printed.output)["segments"]
-    assert [w for s in said for w in s["words"]] == [{"word": w.word, "start": w.start, "end": w.end} for w in words]
+    assert [w for s in said for w in s["words"]] == [{"word": w.word, "start": w.start, "end": w.end,
+                                                     "probability": w.probability} for w in words]
     assert model.transcribe(path, language="fr").segments[0].words is None
     decoder = model.specs["decoder"]
     model.specs["decoder"] = replace(decoder, outputs=tuple(o for o in decoder.outputs if o.name != ALIGNMENT))
