@@ -63,11 +63,11 @@ def test_fixed_cache_is_written_in_place_on_the_device(exported):
     rt = load(out, providers=["CUDAExecutionProvider"])
     ids = np.ones((2, 5), dtype=np.int64)
     stepper = rt.stepper(*rt.check_source(ids), capacity=4)
-    before = {name: value.data_ptr() for name, value in stepper.slots.items()}
+    before = {name: value.data_ptr() for name, value in stepper.cache.values.items()}
     stepper.step(np.full(2, CFG.bos_id, dtype=np.int64))
     stepper.reorder(np.array([1, 0]))
     stepper.step(np.full(2, 5, dtype=np.int64))
-    for name, value in stepper.slots.items():
+    for name, value in stepper.cache.values.items():
         assert value.device_name().lower() == "cuda" and value.data_ptr() == before[name]
         written = value.numpy()
         assert np.abs(written[:, :, :2]).sum() > 0 and not written[:, :, 2:].any()

@@ -52,17 +52,17 @@ def test_cache_stays_on_the_device_and_is_written_in_place(export):
     ids, mask = _prompts()
     state = gpu.state(ids, mask, capacity=16)
     assert not state.on_host and state.host == {}
-    value = next(iter(state.buffers.values()))
+    value = next(iter(state.cache.values.values()))
     assert value.device_name().lower() == "cuda"
     before = value.numpy()[:, :, ids.shape[1]].copy()  # the slot the first step writes
     state.step(np.zeros(3, np.int64))  # the prompt's logits
     state.step(np.full(3, 7, np.int64))  # one token fed, into the slot after the prompt
-    after = next(iter(state.buffers.values())).numpy()
+    after = next(iter(state.cache.values.values())).numpy()
     assert not np.array_equal(after[:, :, ids.shape[1]], before)  # written into the bound buffer
     filled = state.position
     state.reserve(32)  # grows: the filled slots copied on the device
     assert state.capacity >= filled + 32
-    np.testing.assert_array_equal(next(iter(state.buffers.values())).numpy()[:, :, :filled], after[:, :, :filled])
+    np.testing.assert_array_equal(next(iter(state.cache.values.values())).numpy()[:, :, :filled], after[:, :, :filled])
 
 
 def test_fp16_on_cuda_follows_float32(export):
