@@ -586,8 +586,12 @@ async function collectAnswers(model, steps, rows, stop) {
   for await (const tokens of steps) {
     tokens.forEach((t, i) => {
       if (ended[i]) return;
-      if (model.stopIds.includes(t)) ended[i] = true;
-      else ended[i] = (answers[i].add(t), answers[i].stopped);
+      if (model.stopIds.includes(t)) {
+        ended[i] = true;
+        return;
+      }
+      answers[i].add(t);
+      ended[i] = answers[i].stopped;
     });
     if (ended.every(Boolean)) break;
   }

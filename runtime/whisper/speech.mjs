@@ -161,6 +161,8 @@ function ms(seconds) {
 
 /** How a window may be prompted after earlier text (transformers' prompt_condition_type). */
 const CONDITION_TYPES = ["first-segment", "all-segments"];
+/** The widest beam search (the Python runtime's MAX_BEAMS). */
+const MAX_BEAMS = 64;
 
 /**
  * Checked search options, as the Python runtime's SearchOptions: numBeams (lengthPenalty),
@@ -174,7 +176,9 @@ export function searchOptions({ numBeams = 1, lengthPenalty = 1, temperature = 0
   if (!temperatures.length || !temperatures.every((t) => Number.isFinite(t) && t >= 0)) {
     throw new Error(`edgeattn: temperature is a number or a list of them, 0 or more, not ${JSON.stringify(temperature)}`);
   }
-  if (!Number.isInteger(numBeams) || numBeams < 1 || numBeams > 16) throw new Error(`edgeattn: numBeams is a whole number from 1 to 16, not ${numBeams}`);
+  if (!Number.isInteger(numBeams) || numBeams < 1 || numBeams > MAX_BEAMS) {
+    throw new Error(`edgeattn: numBeams is a whole number from 1 to ${MAX_BEAMS}, not ${numBeams}`);
+  }
   if (!Number.isInteger(topK) || topK < 0) throw new Error(`edgeattn: topK is 0 (every token) or more, not ${topK}`);
   for (const [name, v] of Object.entries({ lengthPenalty, compressionRatioThreshold, logprobThreshold, noSpeechThreshold })) {
     if (v !== null && !Number.isFinite(v)) throw new Error(`edgeattn: ${name} is a number, not ${v}`);
