@@ -193,3 +193,54 @@ def test_the_node_bundle_hears_espeak_speech_as_the_python_runtime(export, clips
     assert [c.runtime for c in checks] == ["onnxruntime-node", "onnxruntime-web"]
     for c in checks:
         assert c.passed and c.labels_equal and c.agreement == 1.0 and c.max_abs <= 1e-4, c
+
+
+#: the ES module's beam search on a sentence and its conditioning on the text heard over long-form
+REAL_SEARCH = """
+import * as ort from "onnxruntime-node";
+import {{ load }} from {module};
+import {{ readFile }} from "node:fs/promises";
+const model = await load({base}, ort, {{ precision: "fp32" }});
+const read = async (path) => new Float32Array((await readFile(path)).buffer.slice(0));
+const out = [];
+for (const [path, options] of {cases}) {{
+  const segments = [];
+  for await (const s of model.segments(await read(path), options)) segments.push(s);
+  out.push(segments);
+}}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_the_node_bundle_searches_beams_and_conditions_as_the_python_runtime(export, clips, node_modules,  # noqa: F811
+                                                                              tmp_path):  # fmt: skip
+    """On the real model, the ES module's 3 beams (a sentence) and conditioning on the text heard
+    (43 s, long-form) give the Python runtime's segments over the bundle's own graphs."""
+    import json
+    import tempfile
+
+    from edgeattn.exporters.web import bundle_runtime, package_web
+
+    out, _ = export
+    package_web(out, tmp_path / "node", "node")
+    model = bundle_runtime(out, tmp_path / "node", "fp32")
+    cases = [(SENTENCES[1], {"numBeams": 3}, {"num_beams": 3}),
+             ("long", {"conditionOnPrevTokens": True}, {"condition_on_prev_tokens": True})]  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=node_modules.parent) as work:  # where "onnxruntime-node" resolves
+        paths = []
+        for k, (name, _, _) in enumerate(cases):
+            paths.append(Path(work) / f"clip{k}.f32")
+            paths[-1].write_bytes(clips[name].astype("<f4").tobytes())
+        script = Path(work) / "run.mjs"
+        script.write_text(REAL_SEARCH.format(module=json.dumps((tmp_path / "node" / "edgeattn.mjs").as_uri()),
+                                             base=json.dumps(str(tmp_path / "node")),
+                                             cases=json.dumps([(str(p), js) for p, (_, js, _) in zip(paths, cases,
+                                                                                                    strict=True)])))
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=600, cwd=work)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for (name, _, options), theirs in zip(cases, got, strict=True):
+        want = list(model.segments(clips[name], **options))
+        assert [(s["start"], s["end"], s["text"], s["tokens"]) for s in theirs] == [
+            (s.start, s.end, s.text, list(s.tokens)) for s in want], name  # fmt: skip
+    assert len({s["start"] for s in got[1]}) > 3  # long-form: several segments, each window after the last's text
