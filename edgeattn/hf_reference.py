@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,10 +79,13 @@ class ReferenceCheck:
 
 
 def _major(version: str) -> int:
-    try:
-        return int(version.split(".")[0])
-    except ValueError:
-        return 0
+    return _release(version)[0]
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string; (0, 0) where it does not start with a number."""
+    parts = re.match(r"(\d+)(?:\.(\d+))?", version)
+    return (int(parts[1]), int(parts[2] or 0)) if parts else (0, 0)
 
 
 def sample_ids(hf: Imported, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,7 +121,8 @@ def check_against_transformers(hf: Imported) -> ReferenceCheck | None:
                     transformers.__version__, _major(written))  # fmt: skip
         return None
     importer = IMPORTERS[hf.architecture]
-    dtype_key = "dtype" if _major(transformers.__version__) >= 5 else "torch_dtype"
+    # transformers 4.56 renamed torch_dtype dtype (the old name warns that it is deprecated)
+    dtype_key = "dtype" if _release(transformers.__version__) >= (4, 56) else "torch_dtype"
     reference = getattr(transformers, hf.architecture).from_pretrained(str(hf.folder), **{dtype_key: torch.float32})
     reference.eval()
     ids, mask = sample_ids(hf)
