@@ -2,7 +2,9 @@
 
 Dispatched on ``architectures[0]`` through one table, :data:`IMPORTERS` (architecture -> the
 family it becomes, its weight layout, the task its head implies, and its loader, which maps the
-config and every tensor). Encoders here; T5-family encoder-decoders through :mod:`edgeattn.hf_t5`.
+config and every tensor), gathered from the family records: each family's ``importers`` names
+the function that lists its architectures (the encoders' here; T5's in :mod:`edgeattn.hf_t5`,
+the language models' in :mod:`edgeattn.hf_causal`, Whisper's in :mod:`edgeattn.whisper.hf`).
 
 BERT, RoBERTa (and the checkpoints that share its layout: XLM-RoBERTa, CamemBERT) and DistilBERT,
 bare or with a sequence- or token-classification head, become an edgeattn :class:`EncoderModel`:
@@ -29,25 +31,22 @@ from typing import Any
 
 import torch
 
-from edgeattn import hf_causal, hf_t5
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.hf_reference import ReferenceOutputs
-from edgeattn.model import EncoderModel, Seq2SeqTransformer, TransformerModel, build_model
+from edgeattn.model import EncoderModel, TransformerModel, build_model
 from edgeattn.runtime.chat import ChatTemplate
-from edgeattn.runtime.families import all_tasks
+from edgeattn.runtime.families import FAMILIES, all_tasks, resolve
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer
 from edgeattn.weights import load_state
-from edgeattn.whisper import hf as hf_whisper
 
 log = logging.getLogger(__name__)
 
-#: model_type -> the layout its weights use
+#: an encoder's model_type -> the layout its weights use
 LAYOUTS = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta",
-           "distilbert": "distilbert", "t5": "t5", "mt5": "t5", "gpt2": "gpt2", "llama": "llama", "qwen2": "qwen2",
-           "qwen3": "qwen3", "phi3": "phi3", "whisper": "whisper"}  # fmt: skip
+           "distilbert": "distilbert"}  # fmt: skip
 #: architecture suffix -> task
 HEADS = {"Model": "encode", "ForSequenceClassification": "classify", "ForTokenClassification": "tag"}
 #: what an encoder-decoder is for: text in, text out
@@ -72,24 +71,22 @@ class Importer:
     load: Callable[[Path, dict[str, Any], Importer, str], HFModel]
     #: the outputs edgeattn's model and transformers' give for the same ids (``edgeattn.hf_reference``)
     reference: ReferenceOutputs
+    #: the ``model_type`` values of config.json it accepts
+    model_types: tuple[str, ...]
 
-    @property
-    def model_types(self) -> list[str]:
-        return [t for t, layout in LAYOUTS.items() if layout == self.layout]
+
+def encoder_importers() -> list[Importer]:
+    """The encoder family's architectures: BERT, RoBERTa (XLM-RoBERTa, CamemBERT) and DistilBERT,
+    bare or with a sequence- or token-classification head."""
+    return [Importer(f"{prefix}{suffix}", "encoder", layout, task, _import_encoder, encoder_reference,
+                     tuple(t for t, of in LAYOUTS.items() if of == layout))
+            for prefix, layout in _PREFIX.items() for suffix, task in HEADS.items()]  # fmt: skip
 
 
 def _importers() -> dict[str, Importer]:
-    table = {f"{prefix}{suffix}": Importer(f"{prefix}{suffix}", "encoder", layout, task, _import_encoder,
-                                           encoder_reference)
-             for prefix, layout in _PREFIX.items() for suffix, task in HEADS.items()}  # fmt: skip
-    for model_type, name in hf_t5.ARCHITECTURES.items():
-        table[name] = Importer(name, "seq2seq", LAYOUTS[model_type], GENERATE, _import_t5, hf_t5.reference_outputs)
-    for name, model_type in hf_causal.ARCHITECTURES.items():
-        table[name] = Importer(name, "causal", LAYOUTS[model_type], hf_causal.TASK, hf_causal.import_causal,
-                               hf_causal.reference_outputs)  # fmt: skip
-    table[hf_whisper.ARCHITECTURE] = Importer(hf_whisper.ARCHITECTURE, "speech", "whisper", hf_whisper.TASK,
-                                              hf_whisper.import_folder, hf_whisper.reference_outputs)
-    return table
+    """Every architecture the families import, from their records."""
+    return {i.architecture: i for family in FAMILIES.values() if family.importers is not None
+            for i in resolve(family.importers)()}  # fmt: skip
 
 
 def encoder_reference(model: EncoderModel, reference: Any, ids: torch.Tensor, mask: torch.Tensor
@@ -327,24 +324,6 @@ def _tokenizer(folder: Path) -> TextTokenizer | None:
     return tokenizer
 
 
-def _import_t5(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
-    """A T5-family checkpoint as a :class:`Seq2SeqTransformer` (see :mod:`edgeattn.hf_t5`)."""
-    architecture = importer.architecture
-    if task not in ("", GENERATE):
-        raise ConfigError(f"{architecture} has no {task} head; its task is {GENERATE}")
-    tensors = read_tensors(folder)
-    tied = bool(hf.get("tie_word_embeddings", True))
-    if not tied and "lm_head.weight" not in tensors:
-        raise CheckpointError(f"{folder}: config.json unties the output layer but the weights have no lm_head.weight")
-    config = hf_t5.map_config(hf, tied, folder / "config.json")
-    model = build_model(config)
-    assert isinstance(model, Seq2SeqTransformer)
-    source = f"{folder}"
-    load_state(model, hf_t5.map_tensors(tensors, config, source), source, model.tied_aliases())
-    log.info("imported %s from %s for generation", architecture, folder)
-    return HFModel(model.eval(), architecture, GENERATE, None, None, folder, _tokenizer(folder))
-
-
 def import_folder(folder: str | Path, task: str | None = None) -> HFModel:
     """The model in a local Hugging Face folder, its weights loaded and checked; ``task``
     (encode, embed, classify, tag for encoders; generate for T5s) overrides what ``config.json``
@@ -388,6 +367,6 @@ def _import_encoder(folder: Path, hf: dict[str, Any], importer: Importer, task: 
     return HFModel(model.eval(), architecture, task, labels, pooling, folder, _tokenizer(folder))
 
 
-#: Every architecture edgeattn imports -> its importer (one line per architecture a family adds).
+#: Every architecture edgeattn imports -> its importer (each family's record names where its own are listed).
 IMPORTERS: dict[str, Importer] = _importers()
 KNOWN_ARCHITECTURES = tuple(IMPORTERS)

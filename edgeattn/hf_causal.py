@@ -300,6 +300,14 @@ def special_ids(hf: dict[str, Any], folder: Path) -> tuple[int, int, int, list[i
     return pad, bos, (stops or [0])[0], stops
 
 
+def importers() -> list[Importer]:
+    """The causal family's architectures (its record's ``importers``)."""
+    from edgeattn.hf import Importer
+
+    return [Importer(name, "causal", model_type, TASK, import_causal, reference_outputs, (model_type,))
+            for name, model_type in ARCHITECTURES.items()]  # fmt: skip
+
+
 def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
     """A decoder-only checkpoint as a :class:`CausalLM` with its tokenizer, chat template and stop ids
     (one of :data:`edgeattn.hf.IMPORTERS`)."""

@@ -15,13 +15,23 @@ its shape asserted.
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from edgeattn.hf import HFModel, Importer
+
+log = logging.getLogger(__name__)
+
+#: what an encoder-decoder is for: text in, text out
+TASK = "generate"
 
 #: model_type -> its ForConditionalGeneration architecture
 ARCHITECTURES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
@@ -151,3 +161,33 @@ def reference_outputs(model: Any, reference: Any, ids: torch.Tensor, mask: torch
     targets = torch.cat([torch.full_like(ids[:, :1], model.config.bos_id), ids[:, :15]], dim=1)
     theirs = reference(input_ids=ids, attention_mask=mask, decoder_input_ids=targets).logits
     return {"logits": (model(ids, targets, mask), theirs)}
+
+
+def importers() -> list[Importer]:
+    """The seq2seq family's architectures (its record's ``importers``)."""
+    from edgeattn.hf import Importer
+
+    return [Importer(name, "seq2seq", "t5", TASK, import_t5, reference_outputs, tuple(ARCHITECTURES))
+            for name in ARCHITECTURES.values()]  # fmt: skip
+
+
+def import_t5(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
+    """A T5-family checkpoint as a :class:`~edgeattn.model.Seq2SeqTransformer`."""
+    from edgeattn.hf import HFModel, _tokenizer, read_tensors
+    from edgeattn.model import Seq2SeqTransformer, build_model
+    from edgeattn.weights import load_state
+
+    architecture = importer.architecture
+    if task not in ("", TASK):
+        raise ConfigError(f"{architecture} has no {task} head; its task is {TASK}")
+    tensors = read_tensors(folder)
+    tied = bool(hf.get("tie_word_embeddings", True))
+    if not tied and "lm_head.weight" not in tensors:
+        raise CheckpointError(f"{folder}: config.json unties the output layer but the weights have no lm_head.weight")
+    config = map_config(hf, tied, folder / "config.json")
+    model = build_model(config)
+    assert isinstance(model, Seq2SeqTransformer)
+    source = f"{folder}"
+    load_state(model, map_tensors(tensors, config, source), source, model.tied_aliases())
+    log.info("imported %s from %s for generation", architecture, folder)
+    return HFModel(model.eval(), architecture, TASK, None, None, folder, _tokenizer(folder))

@@ -250,6 +250,9 @@ class Family:
     served: str | None = None
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
+    #: ``"module:function"`` listing the Hugging Face architectures it imports, ``() ->
+    #: [edgeattn.hf.Importer]`` (gathered into ``edgeattn.hf.IMPORTERS``; None: it imports none)
+    importers: str | None = None
     #: ``"module:function"`` timing an export of it its own way for ``edgeattn bench``, ``(export_dir,
     #: seqs, batches, threads, precisions) -> result`` with ``table()`` and ``to_dict()`` (None: the
     #: engine's grid of shapes)
@@ -346,6 +349,7 @@ ENCODER_FAMILY = Family(
     summary="an encoder alone (BERT family): hidden states, pooled embeddings, sequence or token labels",
     bundle_graphs=("encoder",),
     bundle_describer=f"{_WEB}:describe_encoder",
+    importers="edgeattn.hf:encoder_importers",
     transformers_js=True,
 )
 
@@ -381,6 +385,7 @@ SEQ2SEQ_FAMILY = Family(
     # its decoder over a cache of fixed capacity; fp32 until its reduced precisions are measured there
     bundle_graphs=("encoder", "cross_kv", "decoder_fixed"),
     bundle_describer=f"{_WEB}:describe_seq2seq",
+    importers="edgeattn.hf_t5:importers",
 )  # fmt: skip
 
 CAUSAL_FAMILY = Family(
@@ -423,6 +428,7 @@ CAUSAL_FAMILY = Family(
             "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88, "loop_free": 0.90}},
     bundle_graphs=("causal_decoder",),
     bundle_describer=f"{_WEB}:describe_causal",
+    importers="edgeattn.hf_causal:importers",
     bencher="edgeattn.benchmark.causal:bench_export",
 )  # fmt: skip
 

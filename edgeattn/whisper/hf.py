@@ -183,6 +183,13 @@ def settings_of(folder: Path) -> dict[str, Any]:
     return {"features": features, "decoding": decoding}
 
 
+def importers() -> list[Any]:
+    """The speech family's architecture (its record's ``importers``)."""
+    from edgeattn.hf import Importer
+
+    return [Importer(ARCHITECTURE, "speech", "whisper", TASK, import_folder, reference_outputs, ("whisper",))]
+
+
 def import_folder(folder: Path, hf: dict[str, Any], importer: Any, task: str) -> Any:
     """A Whisper folder as the :class:`~edgeattn.hf.HFModel` an export takes: the model, its
     tokenizer and its features and decoding settings."""

@@ -51,6 +51,7 @@ SPEECH_FAMILY = Family(
     served="edgeattn.serving.speech_task:TRANSCRIBE",
     bundle_graphs=(AUDIO_ENCODER, _cross_kv.name, _decoder_fixed.name),
     bundle_describer=f"{_WHISPER}.bundle:describe_speech",
+    importers=f"{_WHISPER}.hf:importers",
     bundle_module="edgeattn.runtime.whisper:speech.mjs",
     bundle_check=f"{_WHISPER}.bundle:check_speech_bundle",
 )  # fmt: skip
