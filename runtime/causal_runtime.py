@@ -35,7 +35,6 @@ from edgeattn.runtime.tokenizer import TextTokenizer
 CAUSAL_DECODER = "causal_decoder"
 
 
-
 def causal_contract(n_layers: int) -> dict[str, Any]:
     """The graph and feed names of decoding as a bundle carries them to the JS module (which types
     none of them): what :class:`CausalState` feeds the ``causal_decoder`` graph."""
