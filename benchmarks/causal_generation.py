@@ -183,8 +183,8 @@ def prepare(variant: str, folder: Path, work: Path, peers_python: Path | None) -
         out = work / "edgeattn"
         if not (out / "manifest.json").is_file():  # `edgeattn export --from-hf F --precision fp32-opt,int8,int4
             # --allow-degraded`, without the sensitive-node search a degraded int8 would start
-            from edgeattn.exporters.package import export_model
-            from edgeattn.exporters.precisions import PrecisionOptions
+            from edgeattn.exporters.export import export_model
+            from edgeattn.exporters.precision_builds import PrecisionOptions
             from edgeattn.sources import resolve_model
 
             source = resolve_model(from_hf=folder)

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from edgeattn.benchmark.run import BenchOptions, run_benchmark
-from edgeattn.exporters.package import export_model
-from edgeattn.exporters.precisions import PrecisionOptions
+from edgeattn.exporters.export import export_model
+from edgeattn.exporters.precision_builds import PrecisionOptions
 from edgeattn.sources import resolve_model
 
 log = logging.getLogger("hf_checkpoint")

@@ -87,8 +87,8 @@ def _exports(work: Path) -> list[tuple[str, Path]]:
     import causal_folders
 
     from edgeattn.config import get_preset
+    from edgeattn.exporters.export import export_model
     from edgeattn.exporters.mobile import package_mobile
-    from edgeattn.exporters.package import export_model
     from edgeattn.model import build_model
 
     config = replace(get_preset("bert-base"), d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=4, max_len=128)

@@ -22,8 +22,8 @@ from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.report import publish
 from edgeattn.benchmark.results_page import bundle_table
 from edgeattn.config import get_preset
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.mobile import package_mobile
-from edgeattn.exporters.package import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime.layout import graph_file
 from edgeattn.runtime.manifest import check_file, read_manifest

@@ -187,11 +187,11 @@ def genai_variants(work: Path, folder: Path, rows: list[list[int]]) -> dict[str,
 
 
 def edgeattn_variants(export: Path, rows: list[list[int]], methods: dict[str, dict]) -> dict[str, dict]:
-    from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
+    from edgeattn.exporters.precision_builds import PrecisionBuilder, PrecisionOptions
     from edgeattn.exporters.quantize import ConversionJob, quantize_blockwise
     from edgeattn.runtime import load
+    from edgeattn.runtime.exported_model import ExportedModel
     from edgeattn.runtime.manifest import check_file, read_manifest
-    from edgeattn.runtime.model import ExportedModel
     from edgeattn.runtime.precisions import get_precision
     from edgeattn.weights import load_model
 

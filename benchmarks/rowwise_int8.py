@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.config import get_preset
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.rowwise import row_independent
 from edgeattn.model import build_model
 from edgeattn.runtime.manifest import read_manifest

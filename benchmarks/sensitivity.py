@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from edgeattn.config import get_preset
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.gate import heldout_sources
-from edgeattn.exporters.package import export_model
-from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
+from edgeattn.exporters.precision_builds import PrecisionBuilder, PrecisionOptions
 from edgeattn.host import cpu_flags, cpu_model
 from edgeattn.model import build_model
 from edgeattn.runtime.manifest import read_manifest

@@ -31,7 +31,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgeattn-soak-") as scratch:
         export_dir = args.export_dir
         if export_dir is None:
-            from edgeattn.exporters.package import export_model
+            from edgeattn.exporters.export import export_model
             from edgeattn.sources import resolve_model
 
             export_dir = Path(scratch) / "demo"

@@ -31,7 +31,7 @@ import onnx
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.report import publish
 from edgeattn.config import get_preset
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime.session import create_session
 

@@ -99,8 +99,8 @@ def _tokenizer(folder: Path) -> None:
 
 
 def _export(name: str, work: Path) -> Path:
-    from edgeattn.exporters.package import export_model
-    from edgeattn.exporters.precisions import PrecisionOptions
+    from edgeattn.exporters.export import export_model
+    from edgeattn.exporters.precision_builds import PrecisionOptions
     from edgeattn.sources import resolve_model
 
     folder = make_folder(name, work / f"{name}-hf", None)

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from edgeattn.benchmark.report import publish
-from edgeattn.exporters.package import export_model
-from edgeattn.serving.load import bench_serving
+from edgeattn.exporters.export import export_model
+from edgeattn.serving.traffic import bench_serving
 from edgeattn.sources import resolve_model
 
 

@@ -199,7 +199,7 @@ def _precision_options(
     """PrecisionOptions from the command's flags; calibration and held-out files are read (and
     checked) here."""
     from edgeattn.exporters.calibration import read_sequences_file
-    from edgeattn.exporters.precisions import PrecisionOptions
+    from edgeattn.exporters.precision_builds import PrecisionOptions
 
     options = PrecisionOptions(calibration_method=calibration_method, allow_degraded=allow_degraded,
                                tokenizer=tokenizer)  # fmt: skip
@@ -331,7 +331,7 @@ def export(
     allow_degraded: bool,
 ) -> None:
     """Export the model's attention, encoder and decoder graphs to ONNX, verified."""
-    from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model
 
     if preset and config_file:
@@ -419,7 +419,7 @@ def quantize(
     allow_degraded: bool,
 ) -> None:
     """Add reduced-precision graphs to an export, each gated against eager float32."""
-    from edgeattn.exporters.package import quantize_export
+    from edgeattn.exporters.export import quantize_export
     from edgeattn.runtime.manifest import check_file, read_manifest
     from edgeattn.runtime.tokenizer import load_tokenizer
     from edgeattn.sources import heldout_for_task

@@ -28,9 +28,9 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import Seq2SeqTransformer, TransformerModel
+from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import FAMILIES, Family, family_of, resolve
 from edgeattn.runtime.manifest import GateRecord
-from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
 from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names, encoder_feeds
 

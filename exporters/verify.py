@@ -25,9 +25,9 @@ from edgeattn.errors import VerificationError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import padding, sample_inputs
 from edgeattn.model import TransformerModel
+from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import WEIGHTS
-from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, float32_precisions
 from edgeattn.runtime.session import CPU
 from edgeattn.tables import table_lines

@@ -255,7 +255,7 @@ def hold_to_export(export_dir: Path, precision: str, remade: Path, texts: list[s
     (``teacher_top1``: 0.95 for int8, 0.85 for int4), unless the export kept its own graph
     ``degraded`` (``--allow-degraded``): the remade one is then marked degraded too."""
     from edgeattn.runtime import load
-    from edgeattn.runtime.model import ExportedModel
+    from edgeattn.runtime.exported_model import ExportedModel
 
     reference = load(export_dir, providers=["CPUExecutionProvider"])
     gated = load(export_dir, providers=["CPUExecutionProvider"], precision=precision)

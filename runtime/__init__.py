@@ -20,10 +20,10 @@ _EXPORTS = {
     "ManifestError": "manifest",
     "read_manifest": "manifest",
     "UnsafeFileError": "safety",
-    "ExportedModel": "model",
-    "InputError": "model",
-    "check_feeds": "model",
-    "load": "model",
+    "ExportedModel": "exported_model",
+    "InputError": "exported_model",
+    "check_feeds": "exported_model",
+    "load": "exported_model",
     "GRAPH_NAMES": "specs",
     "GraphSpec": "specs",
     "TensorSpec": "specs",
@@ -58,9 +58,9 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError, load_chat_template
+    from edgeattn.runtime.exported_model import ExportedModel, InputError, check_feeds, load
     from edgeattn.runtime.generate import GenerationConfig, GenerationOutput
     from edgeattn.runtime.manifest import Manifest, ManifestError, read_manifest
-    from edgeattn.runtime.model import ExportedModel, InputError, check_feeds, load
     from edgeattn.runtime.safety import UnsafeFileError
     from edgeattn.runtime.specs import GRAPH_NAMES, GraphSpec, TensorSpec, graph_spec
     from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer

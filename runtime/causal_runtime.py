@@ -23,9 +23,9 @@ import numpy as np
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError
+from edgeattn.runtime.exported_model import ExportedModel, InputError, input_dtype
 from edgeattn.runtime.generate import GenerationConfig, prompt_seen, stream_tokens
 from edgeattn.runtime.layout import TOKENIZER
-from edgeattn.runtime.model import ExportedModel, InputError, input_dtype
 from edgeattn.runtime.slot_cache import LOGITS, SlotCache, cache_contract
 from edgeattn.runtime.specs import LOGITS_AT, POSITION, POSITION_IDS, SLOT_CACHE, cache_names
 from edgeattn.runtime.text_generation import TokenGeneration, answer_pieces

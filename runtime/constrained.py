@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.model import InputError
+from edgeattn.runtime.exported_model import InputError
 
 #: how JSON answers are laid out: one space after a comma and a colon, no other whitespace (a
 #: grammar that allows any whitespace lets a weak model spend its tokens on it: a random Llama

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.model import InputError
+from edgeattn.runtime.exported_model import InputError
 from edgeattn.runtime.slot_cache import LOGITS, SlotCache, cache_contract, ort_value
 from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names
 

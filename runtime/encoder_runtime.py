@@ -12,7 +12,7 @@ import numpy as np
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
-from edgeattn.runtime.model import ExportedModel, InputError, _int_matrix, _is_text, batch_texts
+from edgeattn.runtime.exported_model import ExportedModel, InputError, _int_matrix, _is_text, batch_texts
 from edgeattn.runtime.specs import encoder_feeds
 from edgeattn.runtime.tokenizer import TextBatch
 

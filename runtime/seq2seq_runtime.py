@@ -24,8 +24,8 @@ from edgeattn.runtime.cross_decoding import (
     empty_cache,
 )
 from edgeattn.runtime.encoder_runtime import ENCODER, SourceEncoding
+from edgeattn.runtime.exported_model import InputError, batch_texts
 from edgeattn.runtime.layout import TOKENIZER
-from edgeattn.runtime.model import InputError, batch_texts
 from edgeattn.runtime.text_generation import TokenGeneration
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError
 

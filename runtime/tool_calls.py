@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeattn.runtime.constrained import JSON_LAYOUT
-from edgeattn.runtime.model import InputError
+from edgeattn.runtime.exported_model import InputError
 
 #: the most tools one request may describe
 MAX_TOOLS = 128

@@ -7,7 +7,7 @@
 - :mod:`~edgeattn.serving.triton_server`: a real ``tritonserver`` process (nvidia-pytriton's, or
   one on PATH);
 - :mod:`~edgeattn.serving.repository`: an export as a Triton model repository (needs onnx);
-- :mod:`~edgeattn.serving.load`: the load benchmark through a real server.
+- :mod:`~edgeattn.serving.traffic`: the load benchmark through a real server.
 
 This package module imports nothing heavy.
 """

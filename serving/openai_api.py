@@ -21,7 +21,7 @@ import numpy as np
 from aiohttp import web
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.model import InputError
+from edgeattn.runtime.exported_model import InputError
 from edgeattn.runtime.precisions import FP32
 from edgeattn.runtime.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.serving.batching import Batcher, Finished, Generation, Piece

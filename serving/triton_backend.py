@@ -22,9 +22,9 @@ import numpy as np
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
+from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.layout import TRITON_SETTINGS
 from edgeattn.runtime.manifest import EmbeddingPooling
-from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.session import CPU, create_session
 from edgeattn.runtime.tokenizer import load_tokenizer
 from edgeattn.serving.tasks import (

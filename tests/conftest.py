@@ -64,7 +64,7 @@ def shared_export(tmp_path_factory):
     random weights (not verified), made the first time a test session asks for it and then handed
     to every test that asks for the same one. Read it; never change it."""
     from edgeattn.config import get_preset
-    from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.export import export_model
     from edgeattn.model import build_model
 
     made = {}

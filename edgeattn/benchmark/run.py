@@ -92,8 +92,8 @@ def run_benchmark(
     on_cpu = CPU in names
     with tempfile.TemporaryDirectory(prefix="edgeattn-bench-") as scratch:
         if export_dir is None:
-            from edgeattn.exporters.package import export_model
-            from edgeattn.exporters.precisions import PrecisionOptions
+            from edgeattn.exporters.export import export_model
+            from edgeattn.exporters.precision_builds import PrecisionOptions
             from edgeattn.sources import resolve_model
 
             source = resolve_model(preset)

@@ -162,8 +162,8 @@ def prepare(folder: Path, work: Path, variants: tuple[str, ...]) -> tuple[dict[s
             skipped["optimum"] = f"{type(exc).__name__}: {exc}"
     ours = [v for v in variants if v.startswith("edgeattn")]
     if ours:
-        from edgeattn.exporters.package import export_model
-        from edgeattn.exporters.precisions import PrecisionOptions
+        from edgeattn.exporters.export import export_model
+        from edgeattn.exporters.precision_builds import PrecisionOptions
         from edgeattn.runtime.manifest import read_manifest
         from edgeattn.sources import resolve_model
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.runtime.model import ExportedModel
+from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.precisions import FP32
 
 #: (batch, sequence length) of the encode requests, within the model's max_len

@@ -227,7 +227,7 @@ class SearchOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        from edgeattn.runtime.model import MAX_BEAMS
+        from edgeattn.runtime.exported_model import MAX_BEAMS
 
         temps = self.temperatures
         if not temps or not all(isinstance(t, int | float) and not isinstance(t, bool) and np.isfinite(t) and t >= 0

@@ -30,10 +30,10 @@ from edgeattn.runtime.cross_decoding import (
     SlotStepper,
     empty_cache,
 )
+from edgeattn.runtime.exported_model import ExportedModel, InputError
 from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
-from edgeattn.runtime.model import ExportedModel, InputError
 from edgeattn.runtime.slot_cache import LOGITS
 from edgeattn.runtime.whisper.alignment import Word, group_words, text_token_probabilities, token_times
 from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search

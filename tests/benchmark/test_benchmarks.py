@@ -383,7 +383,7 @@ def test_paired_timing_cancels_the_load_order():
 def test_serving_load_counts_failed_requests_apart_from_answered_ones():
     """A request that raises is an error, not throughput: the rate and the latencies are the
     answered requests', and the table shows the errors."""
-    from edgeattn.serving.load import ServingBench, _row, drive
+    from edgeattn.serving.traffic import ServingBench, _row, drive
 
     def call(thread: int, text: str) -> None:
         if text == "too long":

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgeattn.demo import answer, demo_tokenizer, heldout_set, shipped_checkpoint
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.runtime import load
 from edgeattn.sources import resolve_model
 

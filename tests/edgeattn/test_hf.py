@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.hf import KNOWN_ARCHITECTURES, import_folder
 from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.hf import import_folder
 from edgeattn.runtime import load, read_manifest
 from edgeattn.sources import resolve_model
@@ -351,7 +351,7 @@ def test_int8_gate_catches_the_t5_feed_forward_outlier_and_keeps_it_float32(tmp_
     """The encoder graph alone (a random model's greedy tokens are too close to ties for the int8
     generation metric to say anything): without the outlier int8 passes as it is; with it, the gate
     catches the collapse and the sensitive-node search keeps that projection in float32."""
-    from edgeattn.exporters.precisions import PrecisionOptions
+    from edgeattn.exporters.precision_builds import PrecisionOptions
 
     ids, mask = _batch()
     plain = t5_checkpoint("v1.1", std=0.1)

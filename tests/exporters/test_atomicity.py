@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from edgeattn.errors import ExportError
+from edgeattn.exporters.export import export_model, quantize_export, recover_interrupted
 from edgeattn.exporters.lock import writer_lock
-from edgeattn.exporters.package import export_model, quantize_export, recover_interrupted
 from edgeattn.model import build_model
 from edgeattn.runtime import ManifestError, load, read_manifest
 from edgeattn.runtime.layout import previous_name

@@ -13,7 +13,7 @@ from edgeattn.attention import CacheSlots
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError, ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import load
 from edgeattn.runtime.cross_decoding import SlotStepper

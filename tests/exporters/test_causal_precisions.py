@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 import causal_folders  # noqa: E402
 
 from edgeattn.errors import ExportError  # noqa: E402
-from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.safety import graph_bytes  # noqa: E402
@@ -132,6 +132,6 @@ def test_a_large_tied_embedding_reads_the_output_layers_8bit_weights(tmp_path):
 
 def _degraded_ok():
     """Random weights of a 32k vocabulary: flat logits whose top token is noise, kept to measure size."""
-    from edgeattn.exporters.precisions import PrecisionOptions
+    from edgeattn.exporters.precision_builds import PrecisionOptions
 
     return PrecisionOptions(allow_degraded=True)

@@ -10,8 +10,8 @@ import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.exporters.compact import fold_transposes
-from edgeattn.exporters.package import export_model
-from edgeattn.exporters.precisions import PrecisionOptions
+from edgeattn.exporters.export import export_model
+from edgeattn.exporters.precision_builds import PrecisionOptions
 from edgeattn.exporters.quantize import quantizable_nodes
 from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest

@@ -11,10 +11,10 @@ import onnx
 import pytest
 import torch
 
-import edgeattn.exporters.package as package
+import edgeattn.exporters.export as package
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.verify import verify_export
 from edgeattn.model import build_model
 from edgeattn.runtime import ExportedModel, ManifestError, read_manifest

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgeattn.errors import ExportError
 from edgeattn.exporters.fitted_weights import fitted_from_graph
 from edgeattn.exporters.gptq import Hessians, calibration_rows, gptq, nearest
-from edgeattn.exporters.precisions import FIT_TOKENS, PrecisionOptions, fit_sequences
+from edgeattn.exporters.precision_builds import FIT_TOKENS, PrecisionOptions, fit_sequences
 from edgeattn.exporters.quantize import ConversionJob, quantize_blockwise
 
 pytestmark = pytest.mark.quick

@@ -11,8 +11,8 @@ import pytest
 from edgeattn.benchmark.memory import bench_inputs
 from edgeattn.config import get_preset
 from edgeattn.errors import EdgeattnError, ExportError
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.mask_forms import LENGTHS, MASK_INPUTS, lengths_form, lengths_form_bytes
-from edgeattn.exporters.package import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime.padding import key_lengths, right_padded
 from edgeattn.runtime.session import CPU, create_session

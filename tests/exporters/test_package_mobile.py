@@ -15,8 +15,8 @@ from click.testing import CliRunner
 import edgeattn.exporters.mobile as mobile
 from edgeattn.cli import cli
 from edgeattn.errors import ExportError
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.mobile import CONFIG, package_mobile
-from edgeattn.exporters.package import export_model
 from edgeattn.runtime import load
 from edgeattn.runtime.manifest import sha256_file
 from edgeattn.sources import resolve_model

@@ -20,7 +20,7 @@ from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer  # noqa: E402
 
 from edgeattn.cli import cli  # noqa: E402
 from edgeattn.errors import ExportError  # noqa: E402
-from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.web import ORT_PACKAGES, check_and_record, check_bundle, package_web  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.manifest import sha256_file  # noqa: E402

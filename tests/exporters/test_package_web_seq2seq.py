@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from test_hf_t5 import CORPUS, t5_folder  # noqa: E402
 from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
 
-from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.web import FP32_ABSOLUTE, FP32_RELATIVE, check_and_record, default_precision, package_web  # noqa: E402
 from edgeattn.runtime.manifest import read_manifest, sha256_file  # noqa: E402
 from edgeattn.sources import resolve_model  # noqa: E402

@@ -14,10 +14,10 @@ import torch
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters import quantize
+from edgeattn.exporters.export import export_model, quantize_export
 from edgeattn.exporters.fusion import fused_copy
 from edgeattn.exporters.gate import evaluate, heldout_sources
-from edgeattn.exporters.package import export_model, quantize_export
-from edgeattn.exporters.precisions import PrecisionOptions
+from edgeattn.exporters.precision_builds import PrecisionOptions
 from edgeattn.exporters.quantize import ConversionJob, converter
 from edgeattn.exporters.reference import eager_generate
 from edgeattn.host import dynamic_int8_weights, has_vnni
@@ -328,8 +328,8 @@ def test_static_int8_is_calibrated_on_the_users_sequences(tmp_path):
 def test_candidates_are_gated_in_memory_and_written_once(tmp_path, monkeypatch):
     """The gate and the sensitive-node search measure candidate graphs from in-memory sessions: the
     export directory is neither reloaded nor its manifest rewritten until the chosen graphs are in."""
+    from edgeattn.runtime.exported_model import ExportedModel
     from edgeattn.runtime.manifest import Manifest
-    from edgeattn.runtime.model import ExportedModel
 
     cfg = CFG.replace(architecture="encoder", n_decoder_layers=0, norm_first=True)
     model = build_model(cfg, seed=0)
@@ -413,7 +413,7 @@ def test_fused_attention_with_moved_biases_matches_the_model():
 
 def test_an_unknown_static_form_is_refused():
     from edgeattn.errors import ExportError
-    from edgeattn.exporters.precisions import PrecisionOptions
+    from edgeattn.exporters.precision_builds import PrecisionOptions
 
     with pytest.raises(ExportError, match="static form .packed. is not one of auto, fused, plain"):
         PrecisionOptions(static_form="packed")

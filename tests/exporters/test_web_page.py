@@ -215,7 +215,7 @@ def test_the_page_streams_a_seq2seq_models_answers_in_chromium(tmp_path, node_mo
     """A T5 export's bundle: each text's answer streamed into the page, as the Python runtime gives it."""
     from test_hf_t5 import CORPUS, t5_folder
 
-    from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model
 
     source = resolve_model(from_hf=t5_folder(tmp_path / "hf", "v1.1"))

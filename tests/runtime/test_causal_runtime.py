@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 import causal_folders  # noqa: E402
 
 from edgeattn.errors import EdgeattnError  # noqa: E402
-from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.reference import eager_generate  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402

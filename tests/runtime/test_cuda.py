@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edgeattn.config import ModelConfig
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.reference import eager_generate
 from edgeattn.exporters.verify import verify_graphs
 from edgeattn.model import build_model

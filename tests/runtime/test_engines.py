@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from edgeattn.config import get_preset
 from edgeattn.errors import EdgeattnError
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.host import has_bf16
 from edgeattn.model import build_model
 from edgeattn.runtime import engines, load, providers
@@ -119,7 +119,7 @@ def exports(shared_export):
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'OpenVINOExecutionProvider'")  # the stock onnxruntime's
 def test_load_chooses_each_graph_and_logs_why(exports, openvino_here, caplog):
-    with caplog.at_level(logging.INFO, logger="edgeattn.runtime.model"):
+    with caplog.at_level(logging.INFO, logger="edgeattn.runtime.exported_model"):
         model = load(exports["encoder"])
     assert {graph: engine.providers for graph, engine in model.engines.items()} == {
         "attention": (OPENVINO_AUTO, CPU), "encoder": (OPENVINO_AUTO, CPU)}  # fmt: skip
@@ -201,7 +201,7 @@ def test_bf16_graphs_are_the_fp32_graphs_and_load_on_openvino_only(tmp_path, mon
     if engine_unavailable(bf16) is not None:
         with pytest.raises(EdgeattnError, match="the bf16 graphs are .* cannot run here"):
             load(out, precision="bf16")
-    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.model"):
+    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.exported_model"):
         load(out, precision="bf16", providers=[CPU])
     assert "on CPUExecutionProvider they run in float32" in caplog.text
 

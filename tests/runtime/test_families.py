@@ -84,7 +84,7 @@ def test_verification_never_runs_a_traced_size():
 
 @pytest.fixture(scope="module")
 def encoder_export(tmp_path_factory):
-    from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.export import export_model
     from edgeattn.model import build_model
 
     out = tmp_path_factory.mktemp("family") / "enc"

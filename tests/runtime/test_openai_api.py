@@ -36,7 +36,7 @@ def lm_export(tmp_path_factory):
 def embedder(tmp_path_factory):
     from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer
 
-    from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model
 
     root = tmp_path_factory.mktemp("openai-embed")
@@ -54,7 +54,7 @@ def json_lm(tmp_path_factory):
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from edgeattn.exporters.package import export_model
+    from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model
 
     torch.manual_seed(0)  # the same weights whichever test asks first (a module fixture precedes the seed)

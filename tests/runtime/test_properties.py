@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
 from edgeattn.errors import EdgeattnError  # noqa: E402
-from edgeattn.exporters.package import export_model  # noqa: E402
+from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.sources import resolve_model  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from edgeattn.config import get_preset
 from edgeattn.errors import EdgeattnError
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import load
 from edgeattn.runtime.providers import (
@@ -113,7 +113,7 @@ def test_openvino_on_graphs_with_fused_operators_is_warned_about(tmp_path, built
     out = tmp_path / "out"
     export_model(build_model(get_preset("tiny"), seed=0), out, graphs=["encoder"], verify=False, precisions=["int8"])
     built_in_providers(OPENVINO, CPU)
-    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.model"):
+    with caplog.at_level(logging.WARNING, logger="edgeattn.runtime.exported_model"):
         load(out, providers=[OPENVINO])
         assert not caplog.records  # fp32: standard operators
         load(out, providers=[OPENVINO], precision="int8")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeattn.config import ModelConfig
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.exporters.reference import eager_generate
 from edgeattn.model import build_model
 from edgeattn.runtime import InputError, ManifestError, load

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import ExportedModel, InputError
 

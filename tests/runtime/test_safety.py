@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeattn.config import ModelConfig
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.model import build_model
 from edgeattn.runtime import ExportedModel, ManifestError, UnsafeFileError, load, read_manifest
 from edgeattn.runtime.manifest import DataFile, sha256_file

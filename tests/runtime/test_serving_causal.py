@@ -202,7 +202,7 @@ def _stream(grpc, url: str, text: str, chat: bool = False, stop: str | None = No
 
 
 def test_load_requests_carry_settings_of_the_declared_types():
-    from edgeattn.serving.load import request_settings
+    from edgeattn.serving.traffic import request_settings
 
     found = request_settings("complete", {"max_new_tokens": 32, "stop": "\n", "chat": True, "top_p": 0.9})
     assert {k: (v.dtype, v.shape) for k, v in found.items()} == {

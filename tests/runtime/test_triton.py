@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from edgeattn.errors import ConfigError, EdgeattnError
-from edgeattn.exporters.package import export_model
+from edgeattn.exporters.export import export_model
 from edgeattn.runtime import load
 from edgeattn.serving.repository import RepositoryOptions, write_repository
 from edgeattn.serving.tasks import answer, task_inputs, task_outputs

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from edgeattn.cli import cli
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import load
-from edgeattn.runtime.model import InputError
+from edgeattn.runtime.exported_model import InputError
 from edgeattn.runtime.whisper.formats import clock, render
 from edgeattn.runtime.whisper.runtime import Transcript, WhisperRuntime
 

@@ -55,10 +55,10 @@ from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, engine_emulated, engine_unavailable
+from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.layout import WEIGHTS, external_data_file, graph_file, shared_data_file
 from edgeattn.runtime.manifest import DataFile, GraphEntry, Parity, Variant, sha256_file
-from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FUSED_SOURCE, FusedForm, Precision, get_precision, source_name
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import LOGITS_AT, graph_spec, is_in_place_cache

@@ -28,11 +28,12 @@ from edgeattn.exporters.gate import GateResult, HeldOut, heldout_sources
 from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
-from edgeattn.exporters.precisions import PrecisionBuilder, PrecisionOptions
+from edgeattn.exporters.precision_builds import PrecisionBuilder, PrecisionOptions
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.chat import ChatTemplate
+from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import family_of, resolve_graphs
 from edgeattn.runtime.layout import (
     CHAT_TEMPLATE,
@@ -46,7 +47,6 @@ from edgeattn.runtime.layout import (
     previous_prefix,
 )
 from edgeattn.runtime.manifest import EmbeddingPooling, FileEntry, GraphEntry, GreedyParity, Manifest, Parity
-from edgeattn.runtime.model import ExportedModel
 from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import save_weights
