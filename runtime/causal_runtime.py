@@ -85,14 +85,15 @@ class CausalState:
         assert c is not None
         names = cache_names(SLOT_CACHE, c.n_layers)
         dtype = input_dtype(self.session, names[0])  # float16 for an fp16 graph
-        cache = SlotCache.zeros(names, (self.rows, c.n_kv_heads, capacity, c.dim), dtype, "cpu")
+        # zeros, not garbage: unwritten slots are masked, but a NaN there would still reach the sums
+        arrays = {n: np.zeros((self.rows, c.n_kv_heads, capacity, c.dim), dtype) for n in names}
         slots = np.zeros((self.rows, capacity), dtype=np.int64)
         if keep:
             for name, array in self.cache.arrays().items():
-                cache.host[name][:, :, :keep] = array[:, :, :keep]
+                arrays[name][:, :, :keep] = array[:, :, :keep]
             slots[:, :keep] = self.slots[:, :keep]
         self.capacity, self.slots = capacity, slots
-        self.cache = cache if self.on_host else SlotCache(cache.host, self.model.device)
+        self.cache = SlotCache(arrays, self.model.device)
         self.binding = self.session.io_binding()
         self.cache.bind(self.binding)
 

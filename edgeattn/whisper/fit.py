@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,12 @@ log = logging.getLogger(__name__)
 
 #: windows run through the model at once while the inputs' moments are gathered
 FIT_WINDOWS = 2
+
+#: the fits made for a model on one source of data, by (product, its rows, block): the ``decoder``
+#: and ``decoder_fixed`` graphs hold the same products, whose second moments and fits are made once
+_FITTED: weakref.WeakKeyDictionary[nn.Module, tuple[Any, dict[tuple[int, bytes, int], FittedWeight]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def fit_source(reference: Any) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], str] | None:
@@ -74,15 +81,34 @@ def fit_whisper(model: WhisperModel, data: tuple[np.ndarray, np.ndarray, np.ndar
                 block: int, progress: bool = False, source: Path | None = None) -> dict[str, FittedWeight]:  # fmt: skip
     """GPTQ fits of the graph at ``source``'s products that ``bits_of`` gives 4 bits (in blocks it
     fits), on ``data``: held-out windows' features (W, n_mels, frames), their prompts (W, p) and
-    float32's greedy tokens after them (W, n)."""
-    from tqdm import tqdm
-
+    float32's greedy tokens after them (W, n). A product already fitted for the model on the same
+    data (another graph holding it) is not fitted again."""
     wanted = [name for name, bits in bits_of.items() if bits == 4]
     if source is None or not wanted or not fits(block):
         return {}
     products = _products(model, source, wanted)
     if not products:
         return {}
+    held = _FITTED.get(model)
+    if held is None or held[0] is not data:
+        held = _FITTED[model] = (data, {})
+    done = held[1]
+
+    def key(module: nn.Linear, rows: np.ndarray) -> tuple[int, bytes, int]:
+        return id(module), rows.tobytes(), block
+
+    todo = {name: (m, rows) for name, (m, rows) in products.items() if key(m, rows) not in done}
+    if todo:
+        done.update(_fit(model, data, todo, block, progress, key))
+    return {name: done[key(m, rows)] for name, (m, rows) in products.items()}
+
+
+def _fit(model: WhisperModel, data: tuple[np.ndarray, np.ndarray, np.ndarray],
+         products: dict[str, tuple[nn.Linear, np.ndarray]], block: int, progress: bool,
+         key: Any) -> dict[tuple[int, bytes, int], FittedWeight]:  # fmt: skip
+    """The products' GPTQ fits on their inputs' second moments over ``data``, by ``key``."""
+    from tqdm import tqdm
+
     features, prompts, greedy = data
     targets = np.concatenate([prompts, greedy[:, :-1]], axis=1)
     hessians = {m: Hessians(m.in_features) for m, _ in products.values()}
@@ -98,7 +124,8 @@ def fit_whisper(model: WhisperModel, data: tuple[np.ndarray, np.ndarray, np.ndar
         for hook in hooks:
             hook.remove()
     fitted = {}
-    bar = tqdm(products.items(), desc="int4: GPTQ fit", unit="product", leave=False, disable=not progress)
-    for name, (module, rows) in bar:
-        fitted[name] = gptq(module.weight.detach()[torch.from_numpy(rows)], hessians[module].value, 4, block)
+    bar = tqdm(products.values(), desc="int4: GPTQ fit", unit="product", leave=False, disable=not progress)
+    for module, rows in bar:
+        fitted[key(module, rows)] = gptq(module.weight.detach()[torch.from_numpy(rows)], hessians[module].value, 4,
+                                         block)  # fmt: skip
     return fitted

@@ -498,15 +498,16 @@ class WhisperRuntime(ExportedModel):
         rows = source[1].shape[0]
         prompts = [list(base) for _ in range(rows)]
         no_speech: list[float | None] = [None] * rows
-        if detect or options.no_speech_threshold is not None:  # the scores after the start token alone
+        silence = options.no_speech_threshold is not None
+        if detect or (silence and not prefix):  # the scores after the start token alone
             first = self._stepper(source, 1, 1).step(np.full((rows, 1), decoding.start))
             if detect:  # from the start token alone, as transformers
                 for prompt, found in zip(prompts, decoding.detect_language(first), strict=True):
                     prompt[len(prefix) + 1] = int(found)
-            if options.no_speech_threshold is not None:  # after the start token where the window has it
-                if prefix:
-                    first = self._stepper(source, 1, len(prefix) + 1).step(np.array([[*prefix, decoding.start]] * rows))
-                no_speech = [float(p) for p in _softmax(first)[:, decoding.no_speech]]
+        if silence:  # after the start token where the window has it
+            if prefix:
+                first = self._stepper(source, 1, len(prefix) + 1).step(np.array([[*prefix, decoding.start]] * rows))
+            no_speech = [float(p) for p in _softmax(first)[:, decoding.no_speech]]
         rules = WhisperRules(decoding, len(base), timestamps)
         temperatures = options.temperatures
         chosen: list[tuple[list[int], float, float]] = [([], 0.0, 0.0)] * rows

@@ -359,19 +359,20 @@ export class SpeechModel extends BundleModel {
                      random = uniform(search.seed)) {
     const source = await this.source(window);
     const d = this.decoding;
+    const detect = this.multilingual && language == null;
+    const silence = search.noSpeechThreshold != null;
     let spoken = language;
     let noSpeech = null;
-    if ((this.multilingual && language == null) || search.noSpeechThreshold != null) {
-      let first = await this.decoder(source, 1)([d.start]); // the scores after the start token alone
-      if (this.multilingual && language == null) {
-        const ids = Object.values(this.languages).sort((a, b) => a - b);
-        spoken = ids.reduce((best, id) => (first[id] > first[best] ? id : best), ids[0]);
-      }
-      if (search.noSpeechThreshold != null) {
-        if (this.noTimestamps === null) throw new Error("edgeattn: this model has no no-speech token: it takes no noSpeechThreshold");
-        if (prefix.length) first = await this.decoder(source, prefix.length + 1)([...prefix, d.start]);
-        noSpeech = Math.exp(logSoftmax(first)[this.noTimestamps - 1]);
-      }
+    let first = null;
+    if (detect || (silence && !prefix.length)) first = await this.decoder(source, 1)([d.start]); // after the start token alone
+    if (detect) {
+      const ids = Object.values(this.languages).sort((a, b) => a - b);
+      spoken = ids.reduce((best, id) => (first[id] > first[best] ? id : best), ids[0]);
+    }
+    if (silence) { // after the start token where the window has it
+      if (this.noTimestamps === null) throw new Error("edgeattn: this model has no no-speech token: it takes no noSpeechThreshold");
+      if (prefix.length) first = await this.decoder(source, prefix.length + 1)([...prefix, d.start]);
+      noSpeech = Math.exp(logSoftmax(first)[this.noTimestamps - 1]);
     }
     const base = [...prefix, ...this.prompt(spoken, task, timestamps)];
     const limit = Math.min(this.bundle.model.max_len, d.max_length) - base.length;

@@ -321,11 +321,17 @@ def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_pat
     assert not wrong.passed and wrong.metrics["generation"]["tokens_kept"] < 0.5
 
 
-def test_int4_is_fitted_by_gptq_on_the_held_out_speech(exported, tmp_path):
+def test_int4_is_fitted_by_gptq_on_the_held_out_speech(exported, tmp_path, monkeypatch):
     """Every 4-bit product of the decoders is fitted on the held-out windows (its weight found among
-    the model's products by value, the alignment heads' queries as rows of theirs); their output
-    layer, the audio encoder and the cross keys/values stay 8-bit; without held-out audio the levels
-    are rounded to nearest and the record says why."""
+    the model's products by value, the alignment heads' queries as rows of theirs), once for both
+    decoder graphs; their output layer, the audio encoder and the cross keys/values stay 8-bit;
+    without held-out audio the levels are rounded to nearest and the record says why."""
+    from edgeattn.whisper import fit
+
+    fitted_runs: list[int] = []
+    real_fit = fit._fit
+    monkeypatch.setattr(fit, "_fit", lambda model, data, products, *rest: fitted_runs.append(len(products))
+                        or real_fit(model, data, products, *rest))  # fmt: skip
     folder, _, _ = exported
     clips = tmp_path / "heldout"
     clips.mkdir()
@@ -354,6 +360,7 @@ def test_int4_is_fitted_by_gptq_on_the_held_out_speech(exported, tmp_path):
     entry = json.loads((rounded / "manifest.json").read_text())["graphs"]["decoder"]["precisions"]["int4"]
     record = entry["quantization"]
     assert record["method"] == "rtn" and "give --heldout" in record["not_fitted_because"]
+    assert len(fitted_runs) == 1 and fitted_runs[0] > 0  # decoder_fixed's products were decoder's, fitted once
 
 
 @pytest.mark.parametrize("seconds,language,search", [
