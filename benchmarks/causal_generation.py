@@ -357,7 +357,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.models.split(","):
         folder = make_folder(name, work / name / "hf", peers_python)
         config = json.loads((folder / "config.json").read_text())
-        from edgeattn.hf_causal import map_config
+        from edgeattn.families.causal.hf import map_config
 
         result["parameters"][name] = map_config(config, SHAPES[name][0], folder).parameter_count()
         for variant in variants:

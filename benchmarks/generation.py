@@ -12,8 +12,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from edgeattn.benchmark.generation import bench_generation
 from edgeattn.benchmark.report import publish
+from edgeattn.families.seq2seq.generation_bench import bench_generation
 
 
 def main() -> None:

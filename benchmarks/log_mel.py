@@ -1,4 +1,4 @@
-"""Whisper's log-mel features: edgeattn's numpy (``edgeattn.runtime.whisper.log_mel``, no torch) against
+"""Whisper's log-mel features: edgeattn's numpy (``edgeattn.runtime.families.speech.log_mel``, no torch) against
 transformers' ``WhisperFeatureExtractor`` (its torch path, and its numpy path), in one run, on a
 30 s window and 10 minutes of long-form audio; each one's largest difference from transformers'.
 
@@ -36,7 +36,7 @@ def main() -> None:
     from transformers import WhisperFeatureExtractor
 
     from edgeattn.benchmark.machine import machine_info
-    from edgeattn.runtime.whisper.log_mel import LogMel
+    from edgeattn.runtime.families.speech.log_mel import LogMel
 
     rng = np.random.default_rng(0)
     t = np.arange(16_000 * 30) / 16_000

@@ -215,9 +215,9 @@ def edgeattn_variants(export: Path, rows: list[list[int]], methods: dict[str, di
     reference = load_model(check_file(export, manifest.weights), manifest.config)
     import texts
 
-    from edgeattn.exporters.causal_fit import fit_causal
     from edgeattn.exporters.gate import heldout_sources
     from edgeattn.exporters.gptq import calibration_rows
+    from edgeattn.families.causal.fit import fit_causal
     from edgeattn.runtime.tokenizer import TextTokenizer
 
     held = heldout_sources(manifest.config, texts=rows[:2], source="-")

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from edgeattn.benchmark.report import publish
-from edgeattn.benchmark.seq2seq import VARIANTS, bench_seq2seq
+from edgeattn.families.seq2seq.peers import VARIANTS, bench_seq2seq
 
 #: t5-small's sizes (60M parameters, 242 MB of float32 weights)
 T5_SMALL = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,

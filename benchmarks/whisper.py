@@ -152,7 +152,7 @@ def _bytes(path: Path) -> int:
 def _speech(text: str, out: Path) -> Any:
     import numpy as np
 
-    from edgeattn.runtime.audio import read_audio
+    from edgeattn.runtime.families.speech.audio import read_audio
 
     wav = out.with_suffix(".wav")
     subprocess.run(["espeak-ng", "-s", "160", "-w", str(wav), text], check=True, timeout=600)
@@ -229,7 +229,7 @@ def main() -> None:
     from build_whisper_tiny_en import build, package_model
 
     from edgeattn.benchmark.machine import machine_info
-    from edgeattn.runtime.whisper.wer import word_error_rate
+    from edgeattn.runtime.families.speech.wer import word_error_rate
 
     if importlib.util.find_spec("faster_whisper") is None or shutil.which("espeak-ng") is None:
         raise SystemExit("needs faster-whisper (pip install faster-whisper) and espeak-ng (apt-get install espeak-ng)")

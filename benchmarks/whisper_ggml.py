@@ -76,7 +76,7 @@ def q8_0(data: np.ndarray) -> bytes:
 def convert(folder: Path, out: Path, quantize: bool = False) -> Path:
     from safetensors.numpy import load_file
 
-    from edgeattn.runtime.whisper.log_mel import LogMel
+    from edgeattn.runtime.families.speech.log_mel import LogMel
 
     config = json.loads((folder / "config.json").read_text())
     tokenizer = json.loads((folder / "tokenizer.json").read_text())

@@ -958,7 +958,7 @@ def _speech_search(strategy: str, beams: int, temperature: float, top_k: int, se
 def _run_speech(model: Any, paths: list[str], language: str | None, task: str, timestamps: bool, form: str,
                 stream: bool, max_new_tokens: int | None, search: dict[str, Any]) -> None:  # fmt: skip
     """Transcribe each audio file: the whole transcript, or (``stream``) each segment as it is decoded."""
-    from edgeattn.runtime.whisper.formats import render, render_segments
+    from edgeattn.runtime.families.speech.formats import render, render_segments
 
     options = {"language": language, "task": task, "max_new_tokens": max_new_tokens, **search}
     for path in paths:

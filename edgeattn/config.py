@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from edgeattn.causal_config import CausalLMConfig
 from edgeattn.errors import ConfigError
-from edgeattn.whisper.config import SpeechConfig
+from edgeattn.families.causal.config import CausalLMConfig
+from edgeattn.families.speech.config import SpeechConfig
 
 Architecture = Literal["encoder-decoder", "encoder", "decoder-only", "speech-to-text"]
 PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
@@ -57,12 +57,12 @@ class ModelConfig:
     ``gelu_tanh`` is GELU's tanh approximation.
 
     ``decoder-only`` (GPT-2, the Llama family) keeps its own knobs in the ``causal`` section
-    (:class:`~edgeattn.causal_config.CausalLMConfig`); the fields every model has (sizes, layer
+    (:class:`~edgeattn.families.causal.config.CausalLMConfig`); the fields every model has (sizes, layer
     count as ``n_decoder_layers``, special token ids) mirror it, the others are not used.
     Build one with :meth:`decoder_only`.
 
     ``speech-to-text`` (Whisper) is an encoder-decoder over log-mel features; its ``speech``
-    section (:class:`~edgeattn.whisper.config.SpeechConfig`) holds the mel bins and audio positions.
+    section (:class:`~edgeattn.families.speech.config.SpeechConfig`) holds the mel bins and audio positions.
     """
 
     architecture: Architecture = "encoder-decoder"

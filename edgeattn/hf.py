@@ -3,8 +3,8 @@
 Dispatched on ``architectures[0]`` through one table, :data:`IMPORTERS` (architecture -> the
 family it becomes, its weight layout, the task its head implies, and its loader, which maps the
 config and every tensor), gathered from the family records: each family's ``importers`` names
-the function that lists its architectures (the encoders' here; T5's in :mod:`edgeattn.hf_t5`,
-the language models' in :mod:`edgeattn.hf_causal`, Whisper's in :mod:`edgeattn.whisper.hf`).
+the function that lists its architectures (the encoders' here; T5's in :mod:`edgeattn.families.seq2seq.hf`,
+the language models' in :mod:`edgeattn.families.causal.hf`, Whisper's in :mod:`edgeattn.families.speech.hf`).
 
 BERT, RoBERTa (and the checkpoints that share its layout: XLM-RoBERTa, CamemBERT) and DistilBERT,
 bare or with a sequence- or token-classification head, become an edgeattn :class:`EncoderModel`:
@@ -35,8 +35,8 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.hf_reference import ReferenceOutputs
 from edgeattn.model import EncoderModel, TransformerModel, build_model
-from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.families import FAMILIES, all_tasks, resolve
+from edgeattn.runtime.families.causal.chat import ChatTemplate
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer

@@ -2,8 +2,8 @@
 
 :func:`rope_frequencies` gives the inverse frequency of each pair of rotating dimensions and the
 factor the cosines and sines are multiplied by (``attention_factor``: 1 but for YaRN and LongRoPE),
-for a :class:`~edgeattn.causal_config.CausalLMConfig`'s ``rope_type`` (see
-:data:`~edgeattn.causal_config.ROPE_TYPES`). The formulas follow transformers'
+for a :class:`~edgeattn.families.causal.config.CausalLMConfig`'s ``rope_type`` (see
+:data:`~edgeattn.families.causal.config.ROPE_TYPES`). The formulas follow transformers'
 ``modeling_rope_utils``: ``default``, ``linear`` (frequencies / factor), ``llama3`` (Llama 3.1's
 smoothed band), ``yarn`` (NTK-by-parts with its ramp and attention factor) and ``longrope``
 (Phi-3's per-frequency short factors, the short window only).
@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from edgeattn.causal_config import CausalLMConfig
+from edgeattn.families.causal.config import CausalLMConfig
 
 
 def rope_frequencies(config: CausalLMConfig) -> tuple[Tensor, float]:

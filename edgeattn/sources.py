@@ -11,7 +11,7 @@ from typing import Any
 from edgeattn.config import ModelConfig, get_preset
 from edgeattn.errors import ConfigError
 from edgeattn.model import TransformerModel, build_model
-from edgeattn.runtime.chat import ChatTemplate
+from edgeattn.runtime.families.causal.chat import ChatTemplate
 from edgeattn.runtime.manifest import EmbeddingPooling
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import load_model, read_config

@@ -131,7 +131,7 @@ def decoder_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarra
 def causal_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
                        rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
     """The prompts themselves, every token's logits, into an empty cache as wide as they are."""
-    from edgeattn.runtime.causal_runtime import forced_feeds
+    from edgeattn.runtime.families.causal.runtime import forced_feeds
 
     return forced_feeds(model.config, ids, mask)
 

@@ -32,9 +32,9 @@ from edgeattn.exporters.precision_builds import PrecisionBuilder, PrecisionOptio
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
-from edgeattn.runtime.chat import ChatTemplate
 from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import family_of, resolve_graphs
+from edgeattn.runtime.families.causal.chat import ChatTemplate
 from edgeattn.runtime.layout import (
     CHAT_TEMPLATE,
     CHECKPOINT_CONFIG,

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgeattn.causal_lm import CausalLM
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
+from edgeattn.families.causal.model import CausalLM
 from edgeattn.model import Seq2SeqTransformer, TransformerModel
 from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import FAMILIES, Family, family_of, resolve

@@ -17,7 +17,7 @@ Measured on the real SmolLM2-135M-Instruct (2026-12-03, block 64, the output lay
 ONNX Runtime's own GPTQ (``GPTQWeightOnlyQuantConfig``) runs the whole graph once per product
 input over the calibration set (121 passes for this model) and fits from float32 inputs only;
 this one walks the PyTorch model layer by layer, each layer fitted on what the quantised layers
-before it give (:mod:`edgeattn.exporters.causal_fit`).
+before it give (:mod:`edgeattn.families.causal.fit`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from edgeattn.attention import CacheSlots, KeyValue
-from edgeattn.causal_lm import CausalLM, positions_of
 from edgeattn.errors import EdgeattnError
+from edgeattn.families.causal.model import CausalLM, positions_of
 from edgeattn.model import Seq2SeqTransformer, TransformerModel
 from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate, prompt_seen
@@ -49,7 +49,7 @@ class EagerStepper:
 class CausalEagerStepper:
     """The :class:`~edgeattn.runtime.generate.Stepper` of an eager decoder-only model: the prompt
     runs at construction into a cache of prompt + ``capacity`` slots, the first step answers from it
-    (as :class:`edgeattn.runtime.causal_runtime.CausalState` does)."""
+    (as :class:`edgeattn.runtime.families.causal.runtime.CausalState` does)."""
 
     def __init__(self, model: CausalLM, ids: np.ndarray, mask: np.ndarray, repeat: int = 1,
                  capacity: int = 64) -> None:  # fmt: skip

@@ -50,8 +50,8 @@ from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.target_lint import webgpu_gaps
 from edgeattn.runtime.cross_decoding import cross_contract
-from edgeattn.runtime.encoder_runtime import ENCODER
 from edgeattn.runtime.families import ENCODER_FAMILY, FAMILIES, family_of, resolve
+from edgeattn.runtime.families.encoder.runtime import ENCODER
 from edgeattn.runtime.layout import external_data_file, partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
 from edgeattn.runtime.precisions import FP32, get_precision
@@ -486,7 +486,7 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
 def describe_causal(manifest: Manifest, folder: Path) -> dict[str, Any]:
     """A language model's bundle: its sizes and special ids, stop ids, cache feed names, prefill
     chunk and chat template."""
-    from edgeattn.runtime.causal_runtime import CausalRuntime, causal_contract
+    from edgeattn.runtime.families.causal.runtime import CausalRuntime, causal_contract
 
     config = manifest.config
     c = config.causal

@@ -57,8 +57,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError, load_chat_template
     from edgeattn.runtime.exported_model import ExportedModel, InputError, check_feeds, load
+    from edgeattn.runtime.families.causal.chat import ChatTemplate, ChatTemplateError, load_chat_template
     from edgeattn.runtime.generate import GenerationConfig, GenerationOutput
     from edgeattn.runtime.manifest import Manifest, ManifestError, read_manifest
     from edgeattn.runtime.safety import UnsafeFileError

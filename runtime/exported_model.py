@@ -1,8 +1,8 @@
 """An export directory loaded into ONNX Runtime sessions: the core every family's runtime is built on.
 
 :func:`load` returns the runtime of the export's family (:mod:`edgeattn.runtime.families`): an
-:class:`~edgeattn.runtime.encoder_runtime.EncoderRuntime` (encode, classify, tag, embed) or a
-:class:`~edgeattn.runtime.seq2seq_runtime.Seq2SeqRuntime` (generate, stream, and their text
+:class:`~edgeattn.runtime.families.encoder.runtime.EncoderRuntime` (encode, classify, tag, embed) or a
+:class:`~edgeattn.runtime.families.seq2seq.runtime.Seq2SeqRuntime` (generate, stream, and their text
 forms). This core checks the files, chooses each graph's engine, creates sessions lazily, reads
 each graph's spec from the manifest, and checks every feed against it. Reads only what the export
 wrote (manifest, ONNX files, tokenizer); needs numpy and onnxruntime alone. Sessions are shared

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.causal_runtime import CausalState
+from edgeattn.runtime.families.causal.runtime import CausalState
 from edgeattn.runtime.generate import filter_logits, log_softmax
 from edgeattn.runtime.text_generation import AnswerText
 

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.exported_model import InputError
+from edgeattn.runtime.families.causal.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.runtime.precisions import FP32
-from edgeattn.runtime.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
 
 log = logging.getLogger(__name__)
@@ -349,7 +349,7 @@ class OpenAIApi:
     async def _audio(self, request: web.Request, task: str) -> web.Response:
         """A multipart upload (``file``, ``model``, ``language``, ``response_format``, ...)
         transcribed or translated into English."""
-        from edgeattn.runtime.whisper.formats import render
+        from edgeattn.runtime.families.speech.formats import render
 
         form = await self._form(request)
         served = self._model(form, "transcribe")

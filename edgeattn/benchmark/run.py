@@ -166,7 +166,7 @@ def run_benchmark(
                            output="last_hidden_state")  # fmt: skip
         generation = None
         if options.generation and get_family(manifest.family_name).generates_with(manifest.graphs):
-            from edgeattn.benchmark.generation import bench_generation
+            from edgeattn.families.seq2seq.generation_bench import bench_generation
 
             positions = tuple(p for p in (16, 64, 256) if p < config.max_len)
             generation = bench_generation(export_dir, positions, threads=options.threads, repeats=options.repeats,

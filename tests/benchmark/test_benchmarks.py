@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from edgeattn.benchmark.generation import bench_generation
 from edgeattn.benchmark.report import write_json
 from edgeattn.config import get_preset
+from edgeattn.families.seq2seq.generation_bench import bench_generation
 
 
 @pytest.fixture(scope="module")

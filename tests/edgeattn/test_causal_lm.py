@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from edgeattn.causal_lm import CausalLMConfig, rotate
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.hf_causal import import_causal_folder
+from edgeattn.families.causal.hf import import_causal_folder
+from edgeattn.families.causal.model import CausalLMConfig, rotate
 
 transformers = pytest.importorskip("transformers")
 import causal_folders  # noqa: E402

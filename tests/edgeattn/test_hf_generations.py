@@ -128,7 +128,7 @@ def test_both_layouts_agreeing_and_the_old_one_alone_read_the_same(tmp_path):
 def test_the_export_check_stops_a_folder_edgeattn_misreads(tmp_path, monkeypatch):
     """A folder read with the wrong rotary base (the bug of reading only 4.x's top-level key) is
     refused by the check against transformers, naming the largest difference; read right, it passes."""
-    from edgeattn import hf_causal
+    from edgeattn.families.causal import hf as hf_causal
     from edgeattn.hf_reference import check_against_transformers, require_transformers_agreement
 
     folder = tmp_path / "llama"

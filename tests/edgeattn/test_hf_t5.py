@@ -382,7 +382,7 @@ def test_seq2seq_benchmark_runs_each_variant_in_its_own_process(exported, tmp_pa
     """The generation benchmark's engine on a small folder: transformers and edgeattn side by side,
     the same greedy tokens, and the table and JSON (the full run is benchmarks/t5_generation.py)."""
     from edgeattn.benchmark.report import write_json
-    from edgeattn.benchmark.seq2seq import bench_seq2seq
+    from edgeattn.families.seq2seq.peers import bench_seq2seq
 
     _, ref, _, _ = exported
     ref.save_pretrained(tmp_path / "hf")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.whisper.hf import import_whisper, map_config
+from edgeattn.families.speech.hf import import_whisper, map_config
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.quick

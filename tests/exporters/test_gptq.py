@@ -114,10 +114,10 @@ def test_a_fit_is_written_where_its_bits_and_blocks_match(tmp_path, features):
 
 
 def test_the_language_model_walk_fits_its_4bit_products_and_leaves_the_model_as_it_came():
-    from edgeattn.causal_config import CausalLMConfig
-    from edgeattn.causal_lm import CausalLM
-    from edgeattn.exporters.causal_fit import fit_causal
-    from edgeattn.exporters.causal_graph import layer_products, product_weight
+    from edgeattn.families.causal.config import CausalLMConfig
+    from edgeattn.families.causal.fit import fit_causal
+    from edgeattn.families.causal.graph_builder import layer_products, product_weight
+    from edgeattn.families.causal.model import CausalLM
 
     torch.manual_seed(0)
     model = CausalLM(CausalLMConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,

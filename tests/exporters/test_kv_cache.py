@@ -17,8 +17,8 @@ from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.kv_cache import measure_scales, quantize_cache, rope_partners, why_not_supported  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
-from edgeattn.runtime.causal_runtime import forced_feeds  # noqa: E402
 from edgeattn.runtime.exported_model import ExportedModel  # noqa: E402
+from edgeattn.runtime.families.causal.runtime import forced_feeds  # noqa: E402
 
 pytestmark = pytest.mark.skipif(why_not_supported() is not None, reason=str(why_not_supported()))
 

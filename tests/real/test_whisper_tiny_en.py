@@ -59,7 +59,7 @@ def folder() -> Path:
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, np.ndarray]:
     """Each sentence spoken, and all of them in a row (over 30 s: long-form), 16 kHz mono."""
-    from edgeattn.runtime.audio import read_audio
+    from edgeattn.runtime.families.speech.audio import read_audio
 
     if shutil.which("espeak-ng") is None:
         _need("espeak-ng", "apt-get install espeak-ng (.ci/run does)")
@@ -105,7 +105,7 @@ def test_export_verifies_on_real_weights(export):
 @pytest.mark.parametrize("timestamps", [False, True])
 def test_transcripts_equal_transformers(folder, export, clips, timestamps):
     from edgeattn.runtime import load
-    from edgeattn.runtime.whisper.wer import word_error_rate
+    from edgeattn.runtime.families.speech.wer import word_error_rate
 
     model = load(export[0])
     heard = []
@@ -121,7 +121,7 @@ def test_transcripts_equal_transformers(folder, export, clips, timestamps):
 
 def test_long_form_equals_transformers_and_is_heard(folder, export, clips):
     from edgeattn.runtime import load
-    from edgeattn.runtime.whisper.wer import word_error_rate
+    from edgeattn.runtime.families.speech.wer import word_error_rate
 
     ours = load(export[0]).transcribe(clips["long"])
     theirs = _theirs(folder, clips["long"], True)
@@ -133,7 +133,7 @@ def test_long_form_equals_transformers_and_is_heard(folder, export, clips):
 def test_beam_search_equals_transformers_long_form(folder, export, clips):
     """Five beams a window, window after window (43 s): transformers' segments, and the sentences heard."""
     from edgeattn.runtime import load
-    from edgeattn.runtime.whisper.wer import word_error_rate
+    from edgeattn.runtime.families.speech.wer import word_error_rate
 
     ours = load(export[0]).transcribe(clips["long"], num_beams=5)
     theirs = _theirs(folder, clips["long"], True, num_beams=5)

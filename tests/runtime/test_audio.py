@@ -14,8 +14,8 @@ pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
 import soundfile  # noqa: E402
 
-from edgeattn.runtime.audio import AudioError, as_mono, read_audio  # noqa: E402
-from edgeattn.runtime.whisper.log_mel import LogMel, mel_filter_bank  # noqa: E402
+from edgeattn.runtime.families.speech.audio import AudioError, as_mono, read_audio  # noqa: E402
+from edgeattn.runtime.families.speech.log_mel import LogMel, mel_filter_bank  # noqa: E402
 
 pytestmark = pytest.mark.quick
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
@@ -116,7 +116,7 @@ def test_audio_that_is_not_sound_is_one_clear_error(tmp_path):
 def test_audio_and_features_need_no_torch():
     from torch_free import run_without_torch
 
-    run_without_torch("import numpy as np\nfrom edgeattn.runtime.audio import as_mono\n"
-                      "from edgeattn.runtime.whisper.log_mel import LogMel\n"
+    run_without_torch("import numpy as np\nfrom edgeattn.runtime.families.speech.audio import as_mono\n"
+                      "from edgeattn.runtime.families.speech.log_mel import LogMel\n"
                       "f = LogMel()(as_mono(np.ones((44100, 2), np.float32) * 0.1, 44100))\n"
                       "assert f.shape == (80, 3000)\n")  # fmt: skip

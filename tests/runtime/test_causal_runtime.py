@@ -19,7 +19,7 @@ from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.reference import eager_generate  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
-from edgeattn.runtime.causal_runtime import CausalRuntime, CausalState  # noqa: E402
+from edgeattn.runtime.families.causal.runtime import CausalRuntime, CausalState  # noqa: E402
 from edgeattn.runtime.text_generation import until_stop  # noqa: E402
 
 ATOL = 1e-4
@@ -115,7 +115,7 @@ def test_merged_states_decode_each_row_as_alone(exported):
     """Rows of different states (prompts of 13, 8 and 1 tokens, one of them two steps ahead) merged
     into one batch, then stepped together: each row's logits equal its own state's, and the batch's
     room ends at max_len."""
-    from edgeattn.runtime.causal_runtime import CausalState
+    from edgeattn.runtime.families.causal.runtime import CausalState
 
     _, _, model = exported
     ids, mask = _prompts("right")

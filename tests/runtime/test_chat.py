@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgeattn.runtime.chat import ChatTemplateError, load_chat_template
+from edgeattn.runtime.families.causal.chat import ChatTemplateError, load_chat_template
 
 pytestmark = pytest.mark.quick
 transformers = pytest.importorskip("transformers")

@@ -38,7 +38,7 @@ def test_a_graph_name_means_one_graph_in_every_family():
     """Roles of one name are one graph: the same spec and module, or (the speech decoder, which
     also returns its alignment heads' weights) the same inputs and outputs with outputs after
     them, from a subclass of the module."""
-    from edgeattn.whisper.config import SpeechConfig
+    from edgeattn.families.speech.config import SpeechConfig
 
     speech = SEQ2SEQ.replace(architecture="speech-to-text", speech=SpeechConfig(alignment_heads=((0, 1),)))
     seen = {}
@@ -69,9 +69,9 @@ def test_the_family_of_a_config_decides_its_graphs():
 
 
 def test_verification_never_runs_a_traced_size():
-    from edgeattn.causal_config import CausalLMConfig
+    from edgeattn.families.causal.config import CausalLMConfig
+    from edgeattn.families.speech.config import SpeechConfig
     from edgeattn.runtime.specs import EXPORT_SIZES
-    from edgeattn.whisper.config import SpeechConfig
 
     configs = {"encoder": ENCODER.replace(max_len=64), "seq2seq": SEQ2SEQ.replace(max_len=64),
                "causal": ModelConfig.decoder_only(CausalLMConfig(max_len=64)),
@@ -94,7 +94,7 @@ def encoder_export(tmp_path_factory):
 
 def test_the_manifest_records_the_family_and_load_returns_its_runtime(encoder_export):
     from edgeattn.runtime import load
-    from edgeattn.runtime.encoder_runtime import EncoderRuntime
+    from edgeattn.runtime.families.encoder.runtime import EncoderRuntime
 
     assert json.loads((encoder_export / "manifest.json").read_text())["family"] == "encoder"
     model = load(encoder_export)

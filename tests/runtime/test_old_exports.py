@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from edgeattn.runtime import load
-from edgeattn.runtime.encoder_runtime import EncoderRuntime
+from edgeattn.runtime.families.encoder.runtime import EncoderRuntime
+from edgeattn.runtime.families.seq2seq.runtime import Seq2SeqRuntime
 from edgeattn.runtime.manifest import read_manifest
-from edgeattn.runtime.seq2seq_runtime import Seq2SeqRuntime
 
 pytestmark = pytest.mark.quick
 

@@ -96,7 +96,7 @@ Write each call as <tool_call>
 
 @pytest.fixture(scope="module")
 def server(lm_export, embedder, json_lm):
-    from edgeattn.runtime.chat import ChatTemplate
+    from edgeattn.runtime.families.causal.chat import ChatTemplate
     from edgeattn.serving.batching import Batcher
     from edgeattn.serving.openai_api import Served
 
@@ -402,7 +402,7 @@ def test_tool_calls_parse_and_validate(client, model):
 def test_a_conversation_goes_on_after_its_tool_results(client, json_lm):
     """An assistant's earlier calls and the tools' results render in both formats (the calls'
     JSON-string arguments handed to a template as objects) and the next answer keeps to the grammar."""
-    from edgeattn.runtime.tool_calls import tool_use
+    from edgeattn.runtime.families.causal.tool_calls import tool_use
 
     pytest.importorskip("llguidance")
     conversation = [*_chat("weather in Paris?"),
@@ -427,7 +427,7 @@ def test_a_conversation_goes_on_after_its_tool_results(client, json_lm):
 
 
 def test_tool_answers_parse_in_both_formats():
-    from edgeattn.runtime.tool_calls import tool_use
+    from edgeattn.runtime.families.causal.tool_calls import tool_use
 
     generic, hermes = tool_use(causal_folders.CHATML, TOOLS), tool_use(HERMES, TOOLS)
     assert (generic.format, hermes.format) == ("generic", "hermes")

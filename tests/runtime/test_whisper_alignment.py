@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeattn.runtime.whisper.alignment import dynamic_time_warping, group_words, median_filter, token_times
+from edgeattn.runtime.families.speech.alignment import dynamic_time_warping, group_words, median_filter, token_times
 
 torch = pytest.importorskip("torch")
 whisper_generation = pytest.importorskip("transformers.models.whisper.generation_whisper")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgeattn.runtime.whisper.decoding import WhisperDecoding, WhisperRules, WhisperSettingsError, greedy
+from edgeattn.runtime.families.speech.decoding import WhisperDecoding, WhisperRules, WhisperSettingsError, greedy
 
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
@@ -45,7 +45,7 @@ def folder(tmp_path_factory):
 
 
 def _ours(folder, features, language, task, timestamps, new_tokens):
-    from edgeattn.whisper.hf import import_whisper
+    from edgeattn.families.speech.hf import import_whisper
 
     model, decoding = import_whisper(folder), WhisperDecoding.from_folder(folder)
     with torch.no_grad():

@@ -20,8 +20,8 @@ from edgeattn.cli import cli
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import load
 from edgeattn.runtime.exported_model import InputError
-from edgeattn.runtime.whisper.formats import clock, render
-from edgeattn.runtime.whisper.runtime import Transcript, WhisperRuntime
+from edgeattn.runtime.families.speech.formats import clock, render
+from edgeattn.runtime.families.speech.runtime import Transcript, WhisperRuntime
 
 transformers = pytest.importorskip("transformers")
 soundfile = pytest.importorskip("soundfile")
@@ -152,7 +152,7 @@ def test_silent_windows_are_skipped_as_transformers_skips_them(exported):
 
 
 def test_the_fallback_samples_a_failed_window_at_the_next_temperature(exported):
-    from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperSettingsError, token_compression_ratio
+    from edgeattn.runtime.families.speech.decoding import SearchOptions, WhisperSettingsError, token_compression_ratio
 
     _, export, _ = exported
     model = load(export)
@@ -281,7 +281,7 @@ def test_formats_and_refusals(exported):
 
 def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_path):
     from edgeattn.exporters.gate import HeldOut, evaluate
-    from edgeattn.whisper.hf import import_whisper
+    from edgeattn.families.speech.hf import import_whisper
 
     folder, export, _ = exported
     clips = tmp_path / "heldout"
@@ -326,7 +326,7 @@ def test_int4_is_fitted_by_gptq_on_the_held_out_speech(exported, tmp_path, monke
     the model's products by value, the alignment heads' queries as rows of theirs), once for both
     decoder graphs; their output layer, the audio encoder and the cross keys/values stay 8-bit;
     without held-out audio the levels are rounded to nearest and the record says why."""
-    from edgeattn.whisper import fit
+    from edgeattn.families.speech import fit
 
     fitted_runs: list[int] = []
     real_fit = fit._fit
@@ -423,7 +423,7 @@ def test_word_probabilities_are_transformers_text_token_probabilities(exported):
 def test_run_prints_word_times_and_an_export_without_alignment_heads_says_so(exported, tmp_path):
     from dataclasses import replace
 
-    from edgeattn.runtime.whisper.specs import ALIGNMENT
+    from edgeattn.runtime.families.speech.specs import ALIGNMENT
 
     _, export, _ = exported
     path = tmp_path / "clip.wav"
@@ -696,7 +696,7 @@ def test_the_speech_module_searches_as_the_python_runtime(exported, node_modules
     import tempfile
 
     from edgeattn.exporters.web import bundle_runtime, package_web
-    from edgeattn.runtime.whisper.decoding import token_compression_ratio
+    from edgeattn.runtime.families.speech.decoding import token_compression_ratio
 
     _, export, _ = exported
     package_web(export, tmp_path / "node", "node")

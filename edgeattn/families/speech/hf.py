@@ -22,19 +22,19 @@ import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError, EdgeattnError
+from edgeattn.families.speech.config import SpeechConfig
+from edgeattn.families.speech.model import WhisperModel
+from edgeattn.runtime.families.speech.decoding import GENERATION_CONFIG, WhisperDecoding
+from edgeattn.runtime.families.speech.log_mel import PREPROCESSOR_CONFIG, LogMel
 from edgeattn.runtime.jsonfile import read_json_object
-from edgeattn.runtime.whisper.decoding import GENERATION_CONFIG, WhisperDecoding
-from edgeattn.runtime.whisper.log_mel import PREPROCESSOR_CONFIG, LogMel
 from edgeattn.weights import load_state
-from edgeattn.whisper.config import SpeechConfig
-from edgeattn.whisper.model import WhisperModel
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 #: what a Whisper export does (the speech family's task)
 TASK = "transcribe"
-#: the generation config keys the runtime decodes by (``edgeattn.runtime.whisper.decoding``)
+#: the generation config keys the runtime decodes by (``edgeattn.runtime.families.speech.decoding``)
 DECODING_KEYS = ("decoder_start_token_id", "eos_token_id", "no_timestamps_token_id", "suppress_tokens",
                  "begin_suppress_tokens", "lang_to_id", "task_to_id", "is_multilingual",
                  "max_initial_timestamp_index", "max_length", "alignment_heads", "prev_sot_token_id")

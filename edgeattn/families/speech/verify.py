@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgeattn.whisper.model import WhisperModel
+from edgeattn.families.speech.model import WhisperModel
 
 
 def greedy_check(model: WhisperModel, runtime: Any, rng: np.random.Generator, tokens: int) -> Any:

@@ -252,7 +252,7 @@ def bench_seq2seq(
             for variant, path in paths.items():
                 spec = {"variant": variant, "path": str(path), "batch": batch, "src_len": src_len,
                         "new_tokens": new_tokens, "threads": threads, "runs": runs, "vocab": vocab}  # fmt: skip
-                done = subprocess.run([sys.executable, "-m", "edgeattn.benchmark.seq2seq", json.dumps(spec)],
+                done = subprocess.run([sys.executable, "-m", "edgeattn.families.seq2seq.peers", json.dumps(spec)],
                                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
                 if done.returncode != 0:
                     result.skipped[variant] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"

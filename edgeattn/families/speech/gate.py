@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from edgeattn.exporters.gate import HeldOut, Reference, TeacherForced, _cosine_metrics
+from edgeattn.families.speech.model import WhisperModel
+from edgeattn.runtime.families.speech.specs import FEATURES
+from edgeattn.runtime.families.speech.wer import edit_distance, words
 from edgeattn.runtime.specs import GraphSpec, cache_names
-from edgeattn.runtime.whisper.specs import FEATURES
-from edgeattn.runtime.whisper.wer import edit_distance, words
-from edgeattn.whisper.model import WhisperModel
 
 #: windows of random features the gate measures when no held-out audio is given
 RANDOM_WINDOWS = 6

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgeattn.causal_lm import CausalLM
-from edgeattn.exporters.causal_graph import layer_products, product_weight
 from edgeattn.exporters.fitted_weights import FittedWeight
 from edgeattn.exporters.gptq import Hessians, fits, gptq, nearest
+from edgeattn.families.causal.graph_builder import layer_products, product_weight
+from edgeattn.families.causal.model import CausalLM
 
 log = logging.getLogger(__name__)
 

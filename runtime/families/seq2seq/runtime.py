@@ -23,8 +23,8 @@ from edgeattn.runtime.cross_decoding import (
     SlotStepper,
     empty_cache,
 )
-from edgeattn.runtime.encoder_runtime import ENCODER, SourceEncoding
 from edgeattn.runtime.exported_model import InputError, batch_texts
+from edgeattn.runtime.families.encoder.runtime import ENCODER, SourceEncoding
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.text_generation import TokenGeneration
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError

@@ -1,7 +1,7 @@
 """Decoder-only language models from local Hugging Face folders: GPT-2, Llama (2, 3, 3.1, 3.2,
-SmolLM2), Qwen2, Qwen3 and Phi-3, as a :class:`~edgeattn.causal_lm.CausalLM`.
+SmolLM2), Qwen2, Qwen3 and Phi-3, as a :class:`~edgeattn.families.causal.model.CausalLM`.
 
-``config.json`` is mapped onto a :class:`~edgeattn.causal_lm.CausalLMConfig` and every tensor
+``config.json`` is mapped onto a :class:`~edgeattn.families.causal.model.CausalLMConfig` and every tensor
 lands on exactly one parameter with its shape asserted (``edgeattn.weights.load_state``). Facts
 the mapping encodes: GPT-2 stores its projections as ``Conv1D`` (weights transposed), packs q, k
 and v in ``c_attn``, adds learned positions and uses ``gelu_new``; Llama and Qwen use RMS norm,
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from edgeattn.causal_lm import CausalLM, CausalLMConfig
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.runtime.chat import load_chat_template
+from edgeattn.families.causal.model import CausalLM, CausalLMConfig
+from edgeattn.runtime.families.causal.chat import load_chat_template
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.weights import load_state
 

@@ -345,7 +345,7 @@ ENCODER_FAMILY = Family(
     (ATTENTION, ENCODER),
     tasks={task: ("encoder",) for task in ("encode", "embed", "classify", "tag")},
     model="edgeattn.model:EncoderModel",
-    runtime="edgeattn.runtime.encoder_runtime:EncoderRuntime",
+    runtime="edgeattn.runtime.families.encoder.runtime:EncoderRuntime",
     summary="an encoder alone (BERT family): hidden states, pooled embeddings, sequence or token labels",
     bundle_graphs=("encoder",),
     bundle_describer=f"{_WEB}:describe_encoder",
@@ -378,14 +378,14 @@ SEQ2SEQ_FAMILY = Family(
     ),
     tasks={"generate": ("encoder", "cross_kv", "decoder")},
     model="edgeattn.model:Seq2SeqTransformer",
-    runtime="edgeattn.runtime.seq2seq_runtime:Seq2SeqRuntime",
+    runtime="edgeattn.runtime.families.seq2seq.runtime:Seq2SeqRuntime",
     generation=("encoder", "cross_kv", "decoder"),
     stepper="edgeattn.exporters.reference:EagerStepper",
     summary="an encoder-decoder (T5 family): text in, text out, generated token by token",
     # its decoder over a cache of fixed capacity; fp32 until its reduced precisions are measured there
     bundle_graphs=("encoder", "cross_kv", "decoder_fixed"),
     bundle_describer=f"{_WEB}:describe_seq2seq",
-    importers="edgeattn.hf_t5:importers",
+    importers="edgeattn.families.seq2seq.hf:importers",
 )  # fmt: skip
 
 CAUSAL_FAMILY = Family(
@@ -396,9 +396,9 @@ CAUSAL_FAMILY = Family(
                   f"{_CALIB}:causal_calibration", f"{_GATE}:causal_metrics", lambda c: c.n_decoder_layers,
                   decodes=True, in_place=True, int8_activations=True, int4_block_size=64, int4_head_bits=8,
                   int4_wide_products=("attn.qkv_proj",), int4_method="gptq",
-                  fitter="edgeattn.exporters.causal_fit:fit_causal", int8_form="blockwise",
+                  fitter="edgeattn.families.causal.fit:fit_causal", int8_form="blockwise",
                   external_weights=True, cache_types=("float16", "int8"),
-                  builder="edgeattn.exporters.causal_graph:build_causal_decoder",
+                  builder="edgeattn.families.causal.graph_builder:build_causal_decoder",
                   # benchmarks/results/targets-lm.json (SmolLM2-135M-shaped, 128-token prompt, greedy):
                   # on onnxruntime-node int4 decodes fastest (88 tokens/s against int8's 69 and fp32's
                   # 37) from the fewest bytes (76 MB, 164, 651); in wasm int4 decodes at 2.1 tokens/s
@@ -409,8 +409,8 @@ CAUSAL_FAMILY = Family(
                                "some 12x slower than its int8 (2.1 against 27 tokens/s, SmolLM2-135M-shaped)"}),
     ),
     tasks={"complete": ("causal_decoder",)},
-    model="edgeattn.causal_lm:CausalLM",
-    runtime="edgeattn.runtime.causal_runtime:CausalRuntime",
+    model="edgeattn.families.causal.model:CausalLM",
+    runtime="edgeattn.runtime.families.causal.runtime:CausalRuntime",
     generation=("causal_decoder",),
     stepper="edgeattn.exporters.reference:CausalEagerStepper",
     summary="a decoder-only language model (GPT-2, Llama, Qwen, Phi-3): prompts and chats in, text out",
@@ -428,11 +428,11 @@ CAUSAL_FAMILY = Family(
             "int4": {"exact_match": 0.0, "teacher_top1": 0.75, "perplexity_kept": 0.88, "loop_free": 0.90}},
     bundle_graphs=("causal_decoder",),
     bundle_describer=f"{_WEB}:describe_causal",
-    importers="edgeattn.hf_causal:importers",
-    bencher="edgeattn.benchmark.causal:bench_export",
+    importers="edgeattn.families.causal.hf:importers",
+    bencher="edgeattn.families.causal.bench:bench_export",
 )  # fmt: skip
 
-from edgeattn.runtime.whisper.family import SPEECH_FAMILY  # noqa: E402  (its record builds on the roles above)
+from edgeattn.runtime.families.speech.record import SPEECH_FAMILY  # noqa: E402  (its record builds on the roles above)
 
 #: Every family, by name.
 FAMILIES: dict[str, Family] = {f.name: f for f in (ENCODER_FAMILY, SEQ2SEQ_FAMILY, CAUSAL_FAMILY, SPEECH_FAMILY)}

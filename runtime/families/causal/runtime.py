@@ -8,7 +8,7 @@ updated-cache output, so each call writes its keys and values in place (:class:`
 Greedy, sampling (temperature, top-k, top-p, seed), beam search and a repetition penalty come from
 :mod:`edgeattn.runtime.generate`; generation stops at any of the model's stop ids and, for text,
 at stop strings. :meth:`CausalRuntime.chat` renders a conversation with the export's chat
-template (sandboxed, :mod:`edgeattn.runtime.chat`); a :class:`Conversation` keeps its cache
+template (sandboxed, :mod:`edgeattn.runtime.families.causal.chat`); a :class:`Conversation` keeps its cache
 between turns and feeds only what a turn adds. Torch-free: numpy and onnxruntime (and
 ``tokenizers`` / ``jinja2`` for text).
 """
@@ -22,8 +22,8 @@ import numpy as np
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import EdgeattnError
-from edgeattn.runtime.chat import ChatTemplate, ChatTemplateError
 from edgeattn.runtime.exported_model import ExportedModel, InputError, input_dtype
+from edgeattn.runtime.families.causal.chat import ChatTemplate, ChatTemplateError
 from edgeattn.runtime.generate import GenerationConfig, prompt_seen, stream_tokens
 from edgeattn.runtime.layout import TOKENIZER
 from edgeattn.runtime.slot_cache import LOGITS, SlotCache, cache_contract

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edgeattn.runtime.families import SEQ2SEQ_FAMILY, Family, GraphRole
-from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, audio_encoder_spec, audio_sizes, window_sizes
-from edgeattn.runtime.whisper.specs import speech_decoder_spec as decoder_spec
+from edgeattn.runtime.families.speech.specs import AUDIO_ENCODER, audio_encoder_spec, audio_sizes, window_sizes
+from edgeattn.runtime.families.speech.specs import speech_decoder_spec as decoder_spec
 
-_WHISPER = "edgeattn.whisper"
+_WHISPER = "edgeattn.families.speech"
 _GATE = f"{_WHISPER}.gate"
 _cross_kv, _decoder, _decoder_fixed = (SEQ2SEQ_FAMILY.role(n) for n in ("cross_kv", "decoder", "decoder_fixed"))
 #: int4: the decoders' products fitted by GPTQ on the held-out speech, their output layer (and the table
@@ -33,7 +33,7 @@ SPEECH_FAMILY = Family(
     ),
     tasks={"transcribe": (AUDIO_ENCODER, "cross_kv", "decoder")},
     model=f"{_WHISPER}.model:WhisperModel",
-    runtime="edgeattn.runtime.whisper.runtime:WhisperRuntime",
+    runtime="edgeattn.runtime.families.speech.runtime:WhisperRuntime",
     generation=(AUDIO_ENCODER, "cross_kv", "decoder"),
     summary="speech to text (Whisper): audio in, its transcript or English translation out, with times",
     greedy_check=f"{_WHISPER}.verify:greedy_check",
@@ -48,11 +48,11 @@ SPEECH_FAMILY = Family(
     random_caveat="held-out windows of random log-mel features: they cannot show what speech does (a real "
                   "model's transcripts of it); give --heldout with audio",
     generation_gate=f"{_GATE}:generation_metrics",
-    served="edgeattn.serving.speech_task:TRANSCRIBE",
+    served="edgeattn.runtime.families.speech.served:TRANSCRIBE",
     bundle_graphs=(AUDIO_ENCODER, _cross_kv.name, _decoder_fixed.name),
     bundle_describer=f"{_WHISPER}.bundle:describe_speech",
     importers=f"{_WHISPER}.hf:importers",
-    bundle_module="edgeattn.runtime.whisper:speech.mjs",
+    bundle_module="edgeattn.runtime.families.speech:speech.mjs",
     bundle_check=f"{_WHISPER}.bundle:check_speech_bundle",
 )  # fmt: skip
 

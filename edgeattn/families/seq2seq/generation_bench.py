@@ -22,7 +22,7 @@ from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.timing import Timing, interleaved
 from edgeattn.runtime import load
 from edgeattn.runtime.cross_decoding import CROSS_KV, DECODER, SlotStepper
-from edgeattn.runtime.seq2seq_runtime import Seq2SeqRuntime
+from edgeattn.runtime.families.seq2seq.runtime import Seq2SeqRuntime
 from edgeattn.runtime.session import CPU
 from edgeattn.runtime.specs import SLOT_CACHE
 

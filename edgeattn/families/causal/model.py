@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edgeattn.attention import CacheSlots, KeyValue
-from edgeattn.causal_config import CausalLMConfig, RopeLayout
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
+from edgeattn.families.causal.config import CausalLMConfig, RopeLayout
 from edgeattn.model import TransformerModel
 from edgeattn.rope import rope_frequencies
 

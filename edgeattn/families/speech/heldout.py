@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import ConfigError
-from edgeattn.runtime.audio import read_audio
-from edgeattn.runtime.whisper.decoding import WhisperDecoding
-from edgeattn.runtime.whisper.log_mel import LogMel
+from edgeattn.runtime.families.speech.audio import read_audio
+from edgeattn.runtime.families.speech.decoding import WhisperDecoding
+from edgeattn.runtime.families.speech.log_mel import LogMel
 
 #: what a speech model's --heldout reads as audio
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3")

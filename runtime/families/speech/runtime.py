@@ -31,14 +31,14 @@ from edgeattn.runtime.cross_decoding import (
     empty_cache,
 )
 from edgeattn.runtime.exported_model import ExportedModel, InputError
+from edgeattn.runtime.families.speech.alignment import Word, group_words, text_token_probabilities, token_times
+from edgeattn.runtime.families.speech.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search
+from edgeattn.runtime.families.speech.log_mel import LogMel
+from edgeattn.runtime.families.speech.specs import ALIGNMENT, AUDIO_ENCODER, FEATURES
 from edgeattn.runtime.generate import GenerationConfig, beam_search
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
 from edgeattn.runtime.slot_cache import LOGITS
-from edgeattn.runtime.whisper.alignment import Word, group_words, text_token_probabilities, token_times
-from edgeattn.runtime.whisper.decoding import SearchOptions, WhisperDecoding, WhisperRules, greedy, search
-from edgeattn.runtime.whisper.log_mel import LogMel
-from edgeattn.runtime.whisper.specs import ALIGNMENT, AUDIO_ENCODER, FEATURES
 
 #: seconds a timestamp token counts (``<|0.02|>`` follows ``<|0.00|>``)
 TIME_PRECISION = 0.02
@@ -263,7 +263,7 @@ class WhisperRuntime(ExportedModel):
                eos: int | None = None) -> list[list[int]]:  # fmt: skip
         """Greedy tokens for windows' features (B, n_mels, frames) after ``prompts`` (one length),
         prompt included, each row ending at ``eos`` (kept) or after ``max_new_tokens``; ``rules``
-        edit each step's scores (:class:`~edgeattn.runtime.whisper.decoding.WhisperRules`)."""
+        edit each step's scores (:class:`~edgeattn.runtime.families.speech.decoding.WhisperRules`)."""
         features = self._features(features)
         if len(prompts) != features.shape[0]:
             raise InputError(f"{len(prompts)} prompts for {features.shape[0]} windows")
@@ -289,7 +289,7 @@ class WhisperRuntime(ExportedModel):
     def samples(self, audio: Any, rate: int | None = None) -> np.ndarray:
         """Mono float32 samples at the model's rate from a file path, its bytes, or samples
         (at ``rate``, default the model's)."""
-        from edgeattn.runtime.audio import as_mono, read_audio
+        from edgeattn.runtime.families.speech.audio import as_mono, read_audio
 
         to = self.log_mel.rate
         if isinstance(audio, str | Path | bytes):
@@ -323,9 +323,9 @@ class WhisperRuntime(ExportedModel):
         ``search`` says otherwise: ``num_beams``, ``length_penalty``, ``temperature`` (one, or
         several for the fallback), ``compression_ratio_threshold``, ``logprob_threshold``,
         ``no_speech_threshold``, ``top_k``, ``seed``, as
-        :class:`~edgeattn.runtime.whisper.decoding.SearchOptions` and transformers take them.
+        :class:`~edgeattn.runtime.families.speech.decoding.SearchOptions` and transformers take them.
         ``word_timestamps``: each segment's words with their times, from the alignment heads
-        (:mod:`~edgeattn.runtime.whisper.alignment`), where the export has them; it decodes
+        (:mod:`~edgeattn.runtime.families.speech.alignment`), where the export has them; it decodes
         timestamp tokens too (segments split by them), so that the first word has a row of its own.
         ``prompt``: text the windows are decoded after (earlier words, names, spelling; as
         transformers' ``prompt_ids``: every window's, or with ``condition_on_prev_tokens`` the first
@@ -552,7 +552,7 @@ class WhisperRuntime(ExportedModel):
         """When each generated token starts in the window (seconds), and its probability among the
         text tokens: the prompt and every generated token but the last fed to the decoder at once,
         the alignment heads' weights over the generated tokens' rows aligned
-        (:func:`~edgeattn.runtime.whisper.alignment.token_times`), the logits of the rows that
+        (:func:`~edgeattn.runtime.families.speech.alignment.token_times`), the logits of the rows that
         generated them read."""
         speech = self.config.speech
         assert speech is not None

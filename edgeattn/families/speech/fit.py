@@ -4,7 +4,7 @@ Each 4-bit product of the graph being quantised is fitted by :func:`edgeattn.exp
 on the second moments of its inputs in eager float32 Whisper over the held-out windows: the audio
 encoder's on the windows' features, the cross projections' on the encoder states, the decoder's
 teacher-forced over float32's own greedy tokens (the gate's reference computes all three once).
-Unlike the language models' walk (:mod:`edgeattn.exporters.causal_fit`), every product is fitted
+Unlike the language models' walk (:mod:`edgeattn.families.causal.fit`), every product is fitted
 on float32 inputs, not on what the quantised layers before it give. A graph's weights are
 matched to the model's ``nn.Linear`` products by value (a ``MatMul`` weight is its product's weight
 transposed), so no graph naming is assumed.
@@ -26,7 +26,7 @@ from torch import nn
 
 from edgeattn.exporters.fitted_weights import FittedWeight
 from edgeattn.exporters.gptq import Hessians, fits, gptq
-from edgeattn.whisper.model import WhisperModel
+from edgeattn.families.speech.model import WhisperModel
 
 log = logging.getLogger(__name__)
 

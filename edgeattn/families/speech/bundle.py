@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from edgeattn.runtime.cross_decoding import cross_contract
+from edgeattn.runtime.families.speech.decoding import WhisperDecoding
+from edgeattn.runtime.families.speech.log_mel import LogMel
+from edgeattn.runtime.families.speech.specs import AUDIO_ENCODER, FEATURES
 from edgeattn.runtime.manifest import Manifest, sha256_file
 from edgeattn.runtime.precisions import get_precision
-from edgeattn.runtime.whisper.decoding import WhisperDecoding
-from edgeattn.runtime.whisper.log_mel import LogMel
-from edgeattn.runtime.whisper.specs import AUDIO_ENCODER, FEATURES
 
-#: the family's ES module (``runtime/whisper/speech.mjs``), copied beside ``edgeattn.mjs``
+#: the family's ES module (``runtime/families/speech/speech.mjs``), copied beside ``edgeattn.mjs``
 MODULE = "speech.mjs"
 #: the mel filter bank (n_mels x (n_fft / 2 + 1)), little-endian float32
 MEL_FILTERS = "mel_filters.f32"

@@ -1,0 +1,1 @@
+"""The seq2seq family (encoder-decoders: T5): its PyTorch model, Hugging Face import and benchmarks."""

@@ -1,0 +1,1 @@
+"""The encoder family's torch-free side: its runtime class."""

@@ -1,0 +1,1 @@
+"""The seq2seq family's torch-free side: its runtime class."""
