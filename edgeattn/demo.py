@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from edgeattn.config import get_preset
-from edgeattn.model import Seq2SeqTransformer, build_model
+from edgeattn.families.seq2seq.model import Seq2SeqTransformer
+from edgeattn.model import build_model
 from edgeattn.runtime.tokenizer import WordTokenizer
 
 log = logging.getLogger(__name__)

@@ -6,14 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
-from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.families import family_of, resolve
-from edgeattn.runtime.specs import POSITION, GraphSpec, encoder_feeds
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
 
 
@@ -95,45 +92,6 @@ def calibration_feeds(
         width = int(mask.sum(axis=1).max())
         feeds.append(make(model, spec, ids[:, :width], mask[:, :width], rng, new_tokens))
     return feeds
-
-
-def encoder_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
-                        rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """The source itself."""
-    return encoder_feeds(spec.input_names, ids, mask)
-
-
-def attention_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
-                          rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """Random hidden states as long as the source."""
-    width = ids.shape[1]
-    return sample_inputs(spec, model.config, {"batch": ids.shape[0], "tgt_len": width, "src_len": width}, rng)
-
-
-def cross_kv_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
-                         rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """The eager encoder's hidden states of the source."""
-    with torch.no_grad():
-        hidden = model.encode(torch.from_numpy(ids), torch.from_numpy(mask))
-    return {"encoder_hidden_states": hidden.numpy()}
-
-
-def decoder_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
-                        rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """The eager model's own continuation under teacher forcing (in cache slots for a graph that
-    takes them)."""
-    from edgeattn.exporters.gate import slot_feeds, teacher_forced
-
-    forced = teacher_forced(model, ids, mask, new_tokens).feeds  # type: ignore[arg-type]
-    return slot_feeds(forced, model.config) if POSITION in spec.input_names else forced
-
-
-def causal_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
-                       rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """The prompts themselves, every token's logits, into an empty cache as wide as they are."""
-    from edgeattn.runtime.families.causal.runtime import forced_feeds
-
-    return forced_feeds(model.config, ids, mask)
 
 
 def describe_calibration(sequences: list[list[int]] | None, source: str = "") -> str:

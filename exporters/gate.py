@@ -27,12 +27,13 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.families.causal.model import CausalLM
-from edgeattn.model import Seq2SeqTransformer, TransformerModel
+from edgeattn.families.seq2seq.model import Seq2SeqTransformer
+from edgeattn.model import TransformerModel
 from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import FAMILIES, Family, family_of, resolve
 from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
-from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names, encoder_feeds
+from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names
 
 log = logging.getLogger(__name__)
 
@@ -350,46 +351,6 @@ def evaluate(
 GENERATION = "generation"
 
 
-def encoder_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
-    """Hidden states' cosine to eager (real tokens), and the head's top-1 agreement."""
-    out = runtime.run(graph, encoder_feeds(runtime.specs[graph].input_names, ref.ids, ref.mask))
-    metrics = _cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
-    if "logits" in out:
-        agree = out["logits"].argmax(-1) == ref.logits.argmax(-1)
-        metrics["top1"] = float(agree[ref.valid].mean() if agree.ndim == 2 else agree.mean())
-    return metrics
-
-
-def attention_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
-    """The block's output cosine to eager on random hidden states."""
-    feeds, want = ref.block(graph)
-    return _cosine_metrics(runtime.run(graph, feeds)["attention_output"], want)
-
-
-def cross_kv_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
-    """The worst layer's cross keys' and values' cosine to eager (real source positions)."""
-    c = ref.model.config
-    got = runtime.run(graph, {"encoder_hidden_states": ref.hidden.numpy()})
-    rows = np.repeat(ref.valid[:, None, :], c.n_heads, axis=1)
-    worst = {"cosine_mean": 1.0, "cosine_min": 1.0}
-    for name, want in ref.cross.items():
-        m = _cosine_metrics(got[name], want, rows)
-        worst = {k: min(worst[k], m[k]) for k in worst}
-    return worst
-
-
-def decoder_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
-    """Next-token top-1 agreement under teacher forcing, and the logits' cosine to eager (in cache
-    slots for a graph that takes them)."""
-    want = ref.forced.logits
-    feeds = ref.forced.feeds
-    if POSITION in runtime.specs[graph].input_names:
-        feeds = slot_feeds(feeds, ref.model.config)
-    logits = runtime.run(graph, feeds)["logits"]
-    agree = logits.argmax(-1) == want.argmax(-1)
-    return {"teacher_top1": float(agree.mean()), **{f"logits_{k}": v for k, v in _cosine_metrics(logits, want).items()}}
-
-
 def generation_metrics(ref: Reference, runtime: ExportedModel) -> dict[str, float]:
     """The share of held-out sources whose greedy generation equals eager float32's exactly."""
     pad = ref.model.config.pad_id
@@ -476,36 +437,6 @@ def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray, vocab_size: i
 def _eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-
-
-def looped(row: np.ndarray, pad_id: int, longest: int = 8) -> bool:
-    """Whether a generated row ends in a loop: its second half repeats with a period of at most
-    ``longest`` tokens (a row that stopped early, padded after its end, is judged on what it has)."""
-    ends = np.flatnonzero(row == pad_id)
-    row = row[: ends[0]] if ends.size else row
-    half = len(row) // 2
-    if half < 4:
-        return False
-    tail = row[len(row) - half :]
-    return any(np.array_equal(tail[p:], tail[:-p]) for p in range(1, min(longest, half // 2) + 1))
-
-
-def causal_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
-    """A decoder-only graph on the held-out text: teacher-forced next-token agreement with eager
-    float32, the share of its perplexity kept (float32's perplexity / the graph's: 1 is none lost),
-    and the share of greedy continuations that do not fall into a loop float32's does not."""
-    want = ref.next_tokens
-    got = next_tokens(runtime.next_token_logits, ref.ids, ref.mask, ref.model.config.vocab_size,
-                      f"gate: {runtime.precision} text", ref.progress)  # fmt: skip
-    valid = want.valid
-    agree = float((got.top1 == want.top1)[valid].mean())
-    kept = float(np.exp(got.logp[valid].mean() - want.logp[valid].mean()))
-    pad = ref.model.config.pad_id
-    eager = ref.long_greedy
-    tokens = ref.generated(runtime, eager.shape[1])
-    new_loops = [looped(t, pad) and not looped(e, pad) for t, e in zip(tokens, eager, strict=True)]
-    return {"teacher_top1": agree, "perplexity_kept": min(kept, 1.0), "loop_free": 1.0 - float(np.mean(new_loops)),
-            "perplexity_ratio": 1.0 / kept}  # fmt: skip
 
 
 @dataclass

@@ -49,9 +49,7 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
 from edgeattn.exporters.target_lint import webgpu_gaps
-from edgeattn.runtime.cross_decoding import cross_contract
-from edgeattn.runtime.families import ENCODER_FAMILY, FAMILIES, family_of, resolve
-from edgeattn.runtime.families.encoder.runtime import ENCODER
+from edgeattn.runtime.families import FAMILIES, family_of, resolve
 from edgeattn.runtime.layout import external_data_file, partial_prefix
 from edgeattn.runtime.manifest import Manifest, check_file, read_manifest, sha256_file
 from edgeattn.runtime.precisions import FP32, get_precision
@@ -73,6 +71,8 @@ JINJA_JS = ("jinja.mjs", "jinja.LICENSE")
 CHAT_TEMPLATE = "chat_template.json"
 #: the export's own settings its family's runtime reads (a speech model's features and decoding)
 SETTINGS = "settings.json"
+#: the family of a bundle.json that names none (written before bundles named their family: an encoder's)
+UNNAMED_FAMILY = "encoder"
 #: protobuf and the browser's ArrayBuffer both stop near 2 GB: no file of a bundle passes this
 WEB_LIMIT = (1 << 31) - 1
 #: what a page's wasm32 memory can address: a web bundle's graph and weights must fit in it
@@ -448,7 +448,7 @@ def _npm_name(text: str) -> str:
     return cleaned or "edgeattn-bundle"
 
 
-def _closing_specials(tokenizer_path: Path) -> int:
+def closing_specials(tokenizer_path: Path) -> int:
     """How many special tokens the tokenizer's template closes a text with ([SEP], </s>): what
     truncation keeps, as the Python runtime does."""
     from tokenizers import Tokenizer
@@ -481,50 +481,6 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
     }  # fmt: skip
     assert family.bundle_describer is not None
     return {**described, **resolve(family.bundle_describer)(manifest, tmp)}
-
-
-def describe_causal(manifest: Manifest, folder: Path) -> dict[str, Any]:
-    """A language model's bundle: its sizes and special ids, stop ids, cache feed names, prefill
-    chunk and chat template."""
-    from edgeattn.runtime.families.causal.runtime import CausalRuntime, causal_contract
-
-    config = manifest.config
-    c = config.causal
-    assert c is not None
-    return {"task": "complete",
-            "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
-                      "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_layers": c.n_layers,
-                      "n_kv_heads": c.n_kv_heads, "dim": c.dim},
-            "stop_ids": list(manifest.stop_ids or [config.eos_id]),
-            "contract": causal_contract(c.n_layers),
-            "prefill_chunk": CausalRuntime.prefill_chunk,
-            "chat_template": CHAT_TEMPLATE if manifest.chat_template is not None else None}  # fmt: skip
-
-
-def describe_seq2seq(manifest: Manifest, folder: Path) -> dict[str, Any]:
-    """An encoder-decoder's bundle: its sizes and special ids, stop ids and cache feed names."""
-    config = manifest.config
-    layers = config.n_decoder_layers
-    return {"task": "generate",
-            "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,
-                      "eos_id": config.eos_id, "vocab_size": config.vocab_size, "n_heads": config.n_heads,
-                      "head_dim": config.head_dim, "n_decoder_layers": layers, "head": None},
-            "stop_ids": [config.eos_id],
-            "contract": cross_contract(ENCODER, {"ids": "input_ids", "mask": "attention_mask"}, layers),
-            "closing_special_tokens": _closing_specials(folder / "tokenizer.json")}  # fmt: skip
-
-
-def describe_encoder(manifest: Manifest, folder: Path) -> dict[str, Any]:
-    """An encoder's bundle: its task, sizes, labels and pooling."""
-    config = manifest.config
-    pooling = manifest.pooling
-    mode, normalize = (pooling.mode, pooling.normalize) if pooling else ("mean", True)
-    return {"task": manifest.task or {"sequence": "classify", "token": "tag"}.get(config.head or "", "embed"),
-            "model": {"max_len": config.max_len, "pad_id": config.pad_id, "head": config.head,
-                      "num_labels": config.num_labels, "token_types": config.token_types, "d_model": config.d_model},
-            "labels": label_names(manifest.labels, config.num_labels) if config.head in ("sequence", "token") else None,
-            "pooling": {"mode": mode, "normalize": normalize},
-            "closing_special_tokens": _closing_specials(folder / "tokenizer.json")}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ checking
@@ -689,7 +645,7 @@ def bundle_runtime(export_dir: str | Path, bundle_dir: str | Path, precision: st
     model = load(export_dir, providers=["CPUExecutionProvider"], precision=precision, threads=1)
     for entry in described["files"]:
         if entry["precision"] == precision:
-            graph = entry.get("graph") or bundle_graphs(described.get("family", ENCODER_FAMILY.name))[0]
+            graph = entry.get("graph") or bundle_graphs(described.get("family", UNNAMED_FAMILY))[0]
             model.sessions.put(graph, create_session(Path(bundle_dir) / entry["file"], threads=1))
     return model
 

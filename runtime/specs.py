@@ -103,49 +103,6 @@ def cache_names(prefix: str, n_layers: int) -> list[str]:
     return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("key", "value")]
 
 
-def _kv(prefix: str, config: ModelConfig, length_axis: str) -> tuple[TensorSpec, ...]:
-    shape = (BATCH, config.n_heads, length_axis, config.head_dim)
-    return tuple(TensorSpec(n, "float32", shape) for n in cache_names(prefix, config.n_decoder_layers))
-
-
-def attention_spec(config: ModelConfig) -> GraphSpec:
-    d = config.d_model
-    return GraphSpec(
-        "attention",
-        "one multi-head attention block (the first encoder layer's); key length may differ from query length",
-        (
-            TensorSpec("query", "float32", (BATCH, TGT_LEN, d)),
-            TensorSpec("key", "float32", (BATCH, SRC_LEN, d)),
-            TensorSpec("value", "float32", (BATCH, SRC_LEN, d)),
-            TensorSpec("key_padding_mask", "int64", (BATCH, SRC_LEN)),
-        ),
-        (TensorSpec("attention_output", "float32", (BATCH, TGT_LEN, d)),),
-    )
-
-
-def encoder_spec(config: ModelConfig) -> GraphSpec:
-    outputs = [TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, config.d_model))]
-    if config.head == "sequence":
-        outputs.append(TensorSpec("logits", "float32", (BATCH, config.num_labels)))
-    elif config.head == "token":
-        outputs.append(TensorSpec("logits", "float32", (BATCH, SRC_LEN, config.num_labels)))
-    inputs = [
-        TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
-        TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN)),
-    ]
-    if config.token_types:
-        inputs.append(TensorSpec(TOKEN_TYPE_IDS, "int64", (BATCH, SRC_LEN)))
-    return GraphSpec(
-        "encoder",
-        "token ids + attention mask"
-        + (" + token types" if config.token_types else "")
-        + " -> encoder hidden states"
-        + (" and classification logits" if config.head != "none" else ""),
-        tuple(inputs),
-        tuple(outputs),
-    )
-
-
 def encoder_feeds(
     input_names: list[str], ids: np.ndarray, mask: np.ndarray, token_type_ids: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
@@ -155,80 +112,6 @@ def encoder_feeds(
     if TOKEN_TYPE_IDS in input_names:
         feeds[TOKEN_TYPE_IDS] = np.zeros_like(ids) if token_type_ids is None else token_type_ids
     return feeds
-
-
-def cross_kv_spec(config: ModelConfig) -> GraphSpec:
-    return GraphSpec(
-        "cross_kv",
-        "encoder hidden states -> every decoder layer's cross-attention keys and values, once per source",
-        (TensorSpec("encoder_hidden_states", "float32", (BATCH, SRC_LEN, config.d_model)),),
-        _kv("cross", config, SRC_LEN),
-    )
-
-
-def decoder_spec(config: ModelConfig) -> GraphSpec:
-    return GraphSpec(
-        "decoder",
-        "one decoder step with a self-attention cache: new target ids after past_len cached positions "
-        "-> logits and the present cache (past_len 0 is the first step)",
-        (
-            TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)),
-            TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
-            *_kv("past", config, PAST_LEN),
-            *_kv("cross", config, SRC_LEN),
-        ),
-        (
-            TensorSpec("logits", "float32", (BATCH, TGT_LEN, config.vocab_size)),
-            *_kv("present", config, TOTAL_LEN),
-        ),
-    )
-
-
-def decoder_fixed_spec(config: ModelConfig) -> GraphSpec:
-    return GraphSpec(
-        "decoder_fixed",
-        "one decoder step over a self-attention cache of fixed capacity: new target ids written at "
-        "slots position .. position + tgt_len - 1 -> logits and the updated cache (bind each updated_* "
-        "output to its cache_* input's buffer and the cache is written in place)",
-        (
-            TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)),
-            TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
-            TensorSpec(POSITION, "int64", (1,)),
-            *_kv(SLOT_CACHE, config, CAPACITY),
-            *_kv("cross", config, SRC_LEN),
-        ),
-        (
-            TensorSpec("logits", "float32", (BATCH, TGT_LEN, config.vocab_size)),
-            *_kv(SLOT_UPDATED, config, CAPACITY),
-        ),
-    )
-
-
-def causal_decoder_spec(config: ModelConfig) -> GraphSpec:
-    assert config.causal is not None, "a decoder-only config has its causal section"
-    c = config.causal
-    shape = (BATCH, c.n_kv_heads, CAPACITY, c.dim)
-    names = cache_names(SLOT_CACHE, c.n_layers), cache_names(SLOT_UPDATED, c.n_layers)
-    return GraphSpec(
-        "causal_decoder",
-        "a decoder-only language model's prompt or next tokens over a cache of fixed capacity: the new "
-        "tokens' keys and values written at slots position .. position + tgt_len - 1, attention_mask marking "
-        "the slots that hold real tokens (the new ones included), position_ids each new token's position "
-        "among its row's real tokens; logits of the new tokens logits_at picks (bind each updated_* output to "
-        "its cache_* input's buffer and the cache is written in place)",
-        (
-            TensorSpec("input_ids", "int64", (BATCH, TGT_LEN)),
-            TensorSpec("attention_mask", "int64", (BATCH, CAPACITY)),
-            TensorSpec(POSITION_IDS, "int64", (BATCH, TGT_LEN)),
-            TensorSpec(POSITION, "int64", (1,)),
-            TensorSpec(LOGITS_AT, "int64", (BATCH, PICKED)),
-            *(TensorSpec(n, "float32", shape) for n in names[0]),
-        ),
-        (
-            TensorSpec("logits", "float32", (BATCH, PICKED, c.vocab_size)),
-            *(TensorSpec(n, "float32", shape) for n in names[1]),
-        ),
-    )
 
 
 def graph_spec(name: str, config: ModelConfig) -> GraphSpec:

@@ -18,10 +18,12 @@ from edgeattn.host import has_bf16
 from edgeattn.model import build_model
 from edgeattn.runtime import engines, load, providers
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, standard_only
-from edgeattn.runtime.families import ENCODER_FAMILY, SEQ2SEQ_FAMILY
+from edgeattn.runtime.families import FAMILIES
 from edgeattn.runtime.onnx_bytes import Malformed, operator_domains
 from edgeattn.runtime.providers import OPENVINO, openvino_usable
 from edgeattn.runtime.session import CPU, CUDA, create_session
+
+ENCODER_FAMILY, SEQ2SEQ_FAMILY = FAMILIES["encoder"], FAMILIES["seq2seq"]
 
 pytestmark = pytest.mark.quick
 

@@ -13,7 +13,8 @@ SmolLM2-135M-shaped int4 decoder (2 cores, AVX-512 EPYC, rounds interleaved in o
 the fused rotation decoded a median 1.09x as fast as a product with a constant rotation matrix,
 which was itself 1.04x the traced graph. Standard ONNX operators otherwise (opset 17), which ONNX
 Runtime's own fusions reach (RMS norm, SiLU). The graph is checked like a traced one and verified
-against the eager :class:`~edgeattn.families.causal.model.CausalLM` (``edgeattn.exporters.graphs.CausalDecoderGraph``).
+against the eager :class:`~edgeattn.families.causal.model.CausalLM`
+(``edgeattn.families.causal.graphs.CausalDecoderGraph``).
 """
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ def importers() -> list[Importer]:
 def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
     """A decoder-only checkpoint as a :class:`CausalLM` with its tokenizer, chat template and stop ids
     (one of :data:`edgeattn.hf.IMPORTERS`)."""
-    from edgeattn.hf import HFModel, _tokenizer, read_tensors
+    from edgeattn.hf import HFModel, read_tensors, tokenizer_of
 
     architecture = importer.architecture
     if task not in ("", TASK):
@@ -322,7 +322,7 @@ def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: st
     model = CausalLM(ModelConfig.decoder_only(section, pad_id=pad, bos_id=bos, eos_id=eos))
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), section, architecture, source), source, model.tied_aliases())
-    return HFModel(model.eval(), architecture, TASK, None, None, folder, _tokenizer(folder),
+    return HFModel(model.eval(), architecture, TASK, None, None, folder, tokenizer_of(folder),
                    load_chat_template(folder), stops or [eos])  # fmt: skip
 
 

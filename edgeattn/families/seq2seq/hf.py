@@ -172,9 +172,10 @@ def importers() -> list[Importer]:
 
 
 def import_t5(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
-    """A T5-family checkpoint as a :class:`~edgeattn.model.Seq2SeqTransformer`."""
-    from edgeattn.hf import HFModel, _tokenizer, read_tensors
-    from edgeattn.model import Seq2SeqTransformer, build_model
+    """A T5-family checkpoint as a :class:`~edgeattn.families.seq2seq.model.Seq2SeqTransformer`."""
+    from edgeattn.families.seq2seq.model import Seq2SeqTransformer
+    from edgeattn.hf import HFModel, read_tensors, tokenizer_of
+    from edgeattn.model import build_model
     from edgeattn.weights import load_state
 
     architecture = importer.architecture
@@ -190,4 +191,4 @@ def import_t5(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -
     source = f"{folder}"
     load_state(model, map_tensors(tensors, config, source), source, model.tied_aliases())
     log.info("imported %s from %s for generation", architecture, folder)
-    return HFModel(model.eval(), architecture, TASK, None, None, folder, _tokenizer(folder))
+    return HFModel(model.eval(), architecture, TASK, None, None, folder, tokenizer_of(folder))

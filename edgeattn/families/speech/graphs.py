@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from edgeattn.attention import MultiHeadAttention
 from edgeattn.attention import scaled_dot_product_attention as attend
-from edgeattn.exporters.graphs import DecoderGraph
+from edgeattn.families.seq2seq.graphs import DecoderGraph
 from edgeattn.families.speech.model import WhisperModel
 
 

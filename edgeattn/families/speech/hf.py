@@ -150,10 +150,10 @@ def with_alignment(config: ModelConfig, hf: dict[str, Any], folder: Path) -> Mod
 
 def import_whisper(folder: str | Path) -> WhisperModel:
     """The Whisper model of a local Hugging Face folder, every tensor placed and checked."""
-    from edgeattn.hf import _read_json, read_tensors
+    from edgeattn.hf import read_json, read_tensors
 
     folder = Path(folder)
-    hf = _read_json(folder / "config.json")
+    hf = read_json(folder / "config.json")
     architecture = (hf.get("architectures") or [ARCHITECTURE])[0]
     if architecture != ARCHITECTURE or hf.get("model_type", "whisper") != "whisper":
         raise ConfigError(f"{folder / 'config.json'} describes {architecture}, not {ARCHITECTURE}")
@@ -193,7 +193,7 @@ def importers() -> list[Any]:
 def import_folder(folder: Path, hf: dict[str, Any], importer: Any, task: str) -> Any:
     """A Whisper folder as the :class:`~edgeattn.hf.HFModel` an export takes: the model, its
     tokenizer and its features and decoding settings."""
-    from edgeattn.hf import HFModel, _tokenizer
+    from edgeattn.hf import HFModel, tokenizer_of
 
     if task not in ("", TASK):
         raise ConfigError(f"{ARCHITECTURE} has no {task} head; its task is {TASK}")
@@ -203,7 +203,7 @@ def import_folder(folder: Path, hf: dict[str, Any], importer: Any, task: str) ->
     if (log_mel.n_mels, log_mel.window_frames) != (speech.n_mels, speech.frames):
         raise ConfigError(f"{folder}: {PREPROCESSOR_CONFIG} makes windows of {log_mel.n_mels} mel bins and "
                           f"{log_mel.window_frames} frames; the model takes {speech.n_mels} and {speech.frames}")
-    return HFModel(model, ARCHITECTURE, TASK, None, None, folder, _tokenizer(folder), settings=settings)
+    return HFModel(model, ARCHITECTURE, TASK, None, None, folder, tokenizer_of(folder), settings=settings)
 
 
 def reference_outputs(model: WhisperModel, reference: Any, ids: torch.Tensor, mask: torch.Tensor

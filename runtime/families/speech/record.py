@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edgeattn.runtime.families import SEQ2SEQ_FAMILY, Family, GraphRole
+from edgeattn.runtime.families.seq2seq.record import CROSS_KV, DECODER, DECODER_FIXED
 from edgeattn.runtime.families.speech.specs import AUDIO_ENCODER, audio_encoder_spec, audio_sizes, window_sizes
 from edgeattn.runtime.families.speech.specs import speech_decoder_spec as decoder_spec
+from edgeattn.runtime.records import Family, GraphRole
 
 _WHISPER = "edgeattn.families.speech"
 _GATE = f"{_WHISPER}.gate"
-_cross_kv, _decoder, _decoder_fixed = (SEQ2SEQ_FAMILY.role(n) for n in ("cross_kv", "decoder", "decoder_fixed"))
+_cross_kv, _decoder, _decoder_fixed = CROSS_KV, DECODER, DECODER_FIXED
 #: int4: the decoders' products fitted by GPTQ on the held-out speech, their output layer (and the table
 #: tied to it) at 8 bits; the audio encoder and cross keys/values stay 8-bit (4 bits lose them)
 _INT4 = {"int4_method": "gptq", "fitter": f"{_WHISPER}.fit:fit_whisper", "int8_activations": True}
 
-SPEECH_FAMILY = Family(
+FAMILY = Family(
     "speech",
     "speech-to-text",
     (

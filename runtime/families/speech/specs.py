@@ -1,13 +1,14 @@
 """The speech family's own graph: log-mel features -> encoder states (torch-free); its decoder,
 the encoder-decoder family's that also returns the alignment heads' cross-attention weights. Its
-cross keys/values graphs are the encoder-decoder family's (:mod:`edgeattn.runtime.specs`)."""
+cross keys/values graphs are the encoder-decoder family's (:mod:`edgeattn.runtime.families.seq2seq.specs`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from edgeattn.config import ModelConfig
-from edgeattn.runtime.specs import BATCH, SRC_LEN, TGT_LEN, GraphSpec, TensorSpec, decoder_spec
+from edgeattn.runtime.families.seq2seq.specs import decoder_spec
+from edgeattn.runtime.specs import BATCH, SRC_LEN, TGT_LEN, GraphSpec, TensorSpec
 
 #: the feature frames axis (twice the audio positions the encoder returns)
 FRAMES = "frames"
