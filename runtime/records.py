@@ -73,45 +73,29 @@ class GraphRole:
     #: its self-attention keeps separate q/k/v projections in every fused form (MultiHeadAttention
     #: rather than packed Attention): ONNX Runtime's CPU kernel runs flash attention over unmasked
     #: inputs, with no (heads, T, T) scores to allocate, and block-wise quantisers reach the
-    #: projections. Measured on the real Whisper tiny.en's audio encoder (1,500 frames, 2 cores of
-    #: an AVX-512 EPYC, onnxruntime 1.32): int8 0.27-0.41 s a window (52,700 page faults a run
-    #: for its 54 MB score buffers) against 0.19-0.20 s (none); packed stays the default because
-    #: dynamic int8 turns packed Attention into one QAttention kernel
+    #: projections; packed stays the default because dynamic int8 turns packed Attention into one
+    #: QAttention kernel (docs/precisions.md: why the roles' defaults)
     separate_projections: bool = False
     #: its cache inputs are written in place (checked at export: nothing reads one after it is written)
     in_place: bool = False
     #: its int4 products quantise their activations to int8 on the fly (MatMulNBits accuracy_level 4):
     #: on this project's CPUs faster for a language model's decoding steps, with the gate to judge it
     int8_activations: bool = False
-    #: the weights per scale of its int4 products (MatMulNBits block_size): 64 for a language
-    #: model's decoder, measured here (2 cores of an AVX-512 EPYC, onnxruntime 1.32, a
-    #: SmolLM2-360M-shaped decoder, accuracy_level 4): 62 tokens/s against 51 at 32, and 4.5 bits a
-    #: weight against 5.0 (llama.cpp's Q4_0 is 4.5); the gate judges what it costs
+    #: the weights per scale of its int4 products (MatMulNBits block_size); the gate judges what a
+    #: larger block costs
     int4_block_size: int = 32
-    #: the bits of its output layer (and an embedding tied to it) under int4: 8 for a language
-    #: model's decoder, measured on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores of an
-    #: AVX-512 EPYC, standard-library prose, benchmarks/results/real-quality-smollm2-135m.json):
-    #: perplexity +26.5% against +49.6% with a 4-bit head at block 64, for 90 MB against 76
-    #: (llama.cpp keeps its output layer at 6 bits for the same reason)
+    #: the bits of its output layer (and an embedding tied to it) under int4 (llama.cpp keeps its
+    #: output layer at 6 bits for the same reason)
     int4_head_bits: int = 4
     #: the bits of its products under int4: 8 for a graph whose products 4 bits lose even fitted
-    #: (Whisper's audio encoder: one position's state of the real tiny.en turned to cosine -0.12 at
-    #: 4 bits fitted by GPTQ on held-out speech, and its cross keys and values with it)
     int4_bits: int = 4
     #: products (by a part of their weight's name) int4 keeps at ``int4_head_bits`` too, as
-    #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v projection. Measured on
-    #: the real SmolLM2-135M-Instruct (2026-12-03, block 64, 8-bit head, GPTQ on 4,096 held-out
-    #: tokens, perplexity on the evaluation split): q/k/v at 8 bits +4.7% at 98.3 MB; q/k/v and
-    #: down +2.8% at 111.6 MB; down alone +13.7% at 103.3 MB; none +15.2% at 90.1 MB (llama.cpp:
-    #: Q4_0 +24.1% at 92 MB, Q4_K_M +6.7% at 105.5 MB)
+    #: llama.cpp's Q4_K_M keeps some at 6: a language model's packed q/k/v projection
     int4_wide_products: tuple[str, ...] = ()
     #: how its int4 blocks are fitted: "rtn" (symmetric, rounded to the nearest level), "hqq"
     #: (ONNX Runtime's half-quadratic fit of a scale and zero point per block) or "gptq" (the
     #: role's ``fitter`` on calibration text, symmetric levels: the same operators and speed as
-    #: "rtn"; rounded to nearest where there is no text). Measured on the real SmolLM2-135M-Instruct
-    #: at block 64 with an 8-bit head and q/k/v: GPTQ +4.7%, RTN +18.9%; with q/k/v and down at 8
-    #: bits GPTQ +2.8%, RTN +10.7%, HQQ +18.9% with down 4-bit too but its float zero points take
-    #: ONNX Runtime 1.32's slow path (6.8 tokens/s decoding against RTN's 90)
+    #: "rtn"; rounded to nearest where there is no text)
     int4_method: str = "rtn"
     #: ``"module:function"`` fitting its int4 products by GPTQ, ``(model, data, bits_of, block,
     #: progress, source) -> {graph weight name: FittedWeight}`` (``int4_method`` "gptq"; ``data``:
@@ -120,12 +104,10 @@ class GraphRole:
     fitter: str | None = None
     #: how its int8 variant is made: "dynamic" (MatMulInteger, activations quantised per tensor: the
     #: fastest for encoders) or "blockwise" (8-bit weights in blocks of 32, MatMulNBits, as llama.cpp's
-    #: Q8_0): a real language model's large activations ruin per-tensor activations (SmolLM2-135M:
-    #: perplexity +77% dynamic on a first sample of the text, +0.7% block-wise; llama.cpp Q8_0 +1.0%)
+    #: Q8_0): a real language model's large activations ruin per-tensor activations
     int8_form: str = "dynamic"
     #: its reduced-precision variants keep their weights in a data file beside the graph, whatever
-    #: their size: ONNX Runtime maps that file instead of parsing the weights out of the protobuf,
-    #: and a SmolLM2-360M-shaped int4 decoder (204 MB) loaded with a peak of 363 MB instead of 431
+    #: their size: ONNX Runtime maps that file instead of parsing the weights out of the protobuf
     external_weights: bool = False
     #: the element types besides float32 its in-place caches take where a precision record's
     #: ``cache_dtype`` asks for one: "float16" (under fp16 a float32 cache around float16 attention

@@ -17,17 +17,20 @@ log = logging.getLogger(__name__)
 #: what a vendored module may not import at its top level (the server has none of them)
 HEAVY = ("torch", "transformers")
 #: the modules a served model starts from: the Python backend, and the whole runtime package (its
-#: families' runtime classes are named in the registries, not imported); the modules of the runtime
-#: classes and served tasks the families' records name are added (:func:`served_roots`)
+#: families' records and runtime classes are named in the registries, not imported); the families'
+#: records and the modules of the runtime classes and served tasks they name are added
+#: (:func:`served_roots`)
 ROOTS = ("edgeattn.serving.triton_backend", "edgeattn.runtime")
 
 
 def served_roots() -> tuple[str, ...]:
-    """:data:`ROOTS` and the modules of the runtime classes and served tasks the families' records name."""
-    from edgeattn.runtime.families import FAMILIES
+    """:data:`ROOTS`, the families' records (the registry imports them by name) and the modules of the
+    runtime classes and served tasks those records name."""
+    from edgeattn.runtime.families import FAMILIES, record_module
 
+    records = [record_module(name) for name in FAMILIES]
     named = [n.partition(":")[0] for f in FAMILIES.values() for n in (f.runtime, f.served) if n is not None]
-    return (*ROOTS, *dict.fromkeys(named))
+    return (*ROOTS, *dict.fromkeys([*records, *named]))
 
 
 def _origin(module: str) -> Path:

@@ -21,10 +21,15 @@ __all__ = ["FAMILIES", "NAMES", "Family", "GraphRole", "family_of", "get_family"
 #: the families, in the order their graphs, tasks and architectures are listed
 NAMES = ("encoder", "seq2seq", "causal", "speech")
 
+
+
+def record_module(name: str) -> str:
+    """The module holding family ``name``'s record (``FAMILY``)."""
+    return f"{__name__}.{name}.record"
+
+
 #: Every family, by name.
-FAMILIES: dict[str, Family] = {
-    name: importlib.import_module(f"{__name__}.{name}.record").FAMILY for name in NAMES
-}
+FAMILIES: dict[str, Family] = {name: importlib.import_module(record_module(name)).FAMILY for name in NAMES}
 
 
 def family_of(config: ModelConfig) -> Family:
