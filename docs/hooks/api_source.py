@@ -7,11 +7,11 @@ as the import system finds them (links would not do: griffe follows them back to
 
 from __future__ import annotations
 
+import runpy
 import shutil
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from mkdocs.plugins import event_priority
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ TREE = ROOT / "build" / "api-src"
 
 def lay_out() -> None:
     """Copy every mapped package's modules to where its import name puts them, under TREE."""
-    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    mapping = runpy.run_path(str(ROOT / "setup.py"), run_name="edgeattn_setup")["PACKAGE_DIR"]
     shutil.rmtree(TREE, ignore_errors=True)
     for package, folder in sorted(mapping.items()):
         target = TREE.joinpath(*package.split("."))
