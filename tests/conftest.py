@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from edgeattn.config import ModelConfig
+from tests.helpers.npm import node_modules  # noqa: F401 - onnxruntime-node and -web from npm, for every test
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n 2 on two cores: each worker (and every process it starts) computes on one thread, so

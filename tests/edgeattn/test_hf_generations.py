@@ -12,9 +12,7 @@ errors naming them, and the export's check against transformers stops a misread 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,29 +21,18 @@ import torch
 
 from edgeattn.errors import ConfigError, ExportError
 from edgeattn.hf import import_folder
+from tests.helpers import generations
+from tests.helpers.transformers5 import transformers5_python
 
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).parent))
-import generations  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def transformers5_python() -> Path:
-    """The transformers 5 environment's python; a test needing it skips without it (fails in CI)."""
-    venv = Path(os.environ.get("EDGEATTN_TF5", Path.home() / ".cache" / "edgeattn-tf5"))
-    python = venv / "bin" / "python"
-    if not (venv / ".edgeattn-ready-1").is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"no transformers 5 environment at {venv}: .ci/run makes it with .ci/transformers5.sh")
-        pytest.skip(f"no transformers 5 environment at {venv} (bash .ci/transformers5.sh makes it)")
-    return python
 
 
 @pytest.fixture(scope="module")
 def folders5(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("transformers5")
-    subprocess.run([str(transformers5_python()), str(ROOT / "tests/edgeattn/generations.py"), str(out)], check=True,
+    subprocess.run([str(transformers5_python()), str(ROOT / "tests/helpers/generations.py"), str(out)], check=True,
                    capture_output=True, timeout=300)  # fmt: skip
     return out
 

@@ -148,7 +148,7 @@ def test_the_command_line_and_its_refusals(demo, tmp_path):
 
 
 def test_packaging_needs_no_torch(demo, tmp_path):
-    from torch_free import run_without_torch
+    from tests.helpers.torch_free import run_without_torch
 
     run_without_torch("from edgeattn.exporters.mobile import package_mobile\n"
                       f"package_mobile({str(demo)!r}, {str(tmp_path / 'phone')!r}, ['int8'])\n")  # fmt: skip

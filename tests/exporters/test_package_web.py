@@ -4,19 +4,17 @@ token ids, embeddings and labels the Python runtime gives."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers.bundles import BUNDLE_TEXTS, HARD_TEXTS, bert_export
+
 pytest.importorskip("transformers")
-from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer  # noqa: E402
 
 from edgeattn.cli import cli  # noqa: E402
 from edgeattn.errors import ExportError  # noqa: E402
@@ -26,66 +24,15 @@ from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.manifest import sha256_file  # noqa: E402
 from edgeattn.sources import resolve_model  # noqa: E402
 
-TEXTS = ["Angela Merkel visited Warsaw in May.", "Edge devices run.",
-         "Ada Lovelace wrote notes about Paris today, and about the sea."]  # fmt: skip
-#: transformers.js, which must load a bundle as its own layout
-TRANSFORMERS_JS = ("@huggingface/transformers", "4.3.2")
-#: where the tests keep the npm packages they install (reused between runs)
-NPM_CACHE = Path(os.environ.get("EDGEATTN_NPM_DIR", Path.home() / ".cache" / "edgeattn-tests" / "npm"))
-
-
-@pytest.fixture(scope="session")
-def node_modules() -> Path:
-    """onnxruntime-node and onnxruntime-web from npm (``--ignore-scripts``: onnxruntime-node's install
-    script fetches CUDA parts from outside; its CPU binding is in the package)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.skip("Node.js and npm are not installed")
-    packages = [*ORT_PACKAGES.values(), TRANSFORMERS_JS]
-    wanted = [f"{name}@{version}" for name, version in packages]
-    modules = NPM_CACHE / "node_modules"
-    NPM_CACHE.mkdir(parents=True, exist_ok=True)
-    with exclusive(NPM_CACHE / ".lock"):  # test workers in parallel install once
-        have = all((modules / name / "package.json").is_file() and json.loads((modules / name / "package.json")
-                   .read_text())["version"] == version for name, version in packages)  # fmt: skip
-        if not have:
-            done = subprocess.run([npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--prefix",
-                                   str(NPM_CACHE), *wanted], capture_output=True, text=True, timeout=600)  # fmt: skip
-            if done.returncode != 0:
-                pytest.skip(f"npm could not install {', '.join(wanted)}: {done.stderr.strip()[-300:]}")
-    return modules
-
-
-@contextlib.contextmanager
-def exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (one process at a time, across test workers)."""
-    import fcntl
-
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _export(root: Path, head: str) -> Path:
-    _checkpoint("Bert", head).save_pretrained(root / "hf")
-    _tokenizer(*BERT_SPECIALS).save_pretrained(root / "hf")
-    source = resolve_model(from_hf=root / "hf")
-    fields = {k: v for k, v in source.export_fields().items() if k != "heldout_texts"}
-    export_model(source.model, root / "out", graphs=["encoder"], precisions=["int8"], verify=False, **fields)
-    return root / "out"
-
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> Path:
-    return _export(tmp_path_factory.mktemp("classifier"), "ForSequenceClassification")
+    return bert_export(tmp_path_factory.mktemp("classifier"), "ForSequenceClassification")
 
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory) -> Path:
-    return _export(tmp_path_factory.mktemp("embedder"), "Model")
+    return bert_export(tmp_path_factory.mktemp("embedder"), "Model")
 
 
 @pytest.mark.parametrize("target", ["node", "web"])
@@ -105,7 +52,7 @@ def test_a_classifier_bundle_answers_as_the_python_runtime_on_both_runtimes(clas
     assert json.loads((out / "package.json").read_text())["dependencies"] == {package: ORT_PACKAGES[target][1]}
     assert bundle.total_bytes == sum(f["bytes"] for f in described["files"])
     for runtime in ("onnxruntime-node", "onnxruntime-web"):  # either runs the same module
-        checks = check_bundle(out, classifier, node_modules, TEXTS, runtime)
+        checks = check_bundle(out, classifier, node_modules, BUNDLE_TEXTS, runtime)
         assert [c.precision for c in checks] == ["fp32", "int8"]
         for c in checks:
             assert c.passed and c.tokens_equal and c.labels_equal, c
@@ -119,7 +66,7 @@ def test_an_embedding_bundle_pools_as_the_export_says(embedder, node_modules, tm
     assert [f["precision"] for f in bundle.files] == ["int8"]  # the gated int8 by default
     described = json.loads((out / "bundle.json").read_text())
     assert described["task"] == "encode" and described["pooling"] == {"mode": "mean", "normalize": True}
-    checks = check_bundle(out, embedder, node_modules, TEXTS, "onnxruntime-web")
+    checks = check_bundle(out, embedder, node_modules, BUNDLE_TEXTS, "onnxruntime-web")
     assert len(checks) == 1 and checks[0].passed and checks[0].worst_cosine > 0.99999, checks
 
 
@@ -140,7 +87,7 @@ def test_a_check_that_differs_fails(embedder, node_modules, tmp_path, monkeypatc
         return model
 
     monkeypatch.setattr(rt, "load", shifted)
-    checks = check_bundle(out, embedder, node_modules, TEXTS, "onnxruntime-node")
+    checks = check_bundle(out, embedder, node_modules, BUNDLE_TEXTS, "onnxruntime-node")
     assert not checks[0].passed and checks[0].max_abs > 5e-3, checks
 
 
@@ -162,16 +109,12 @@ def test_tagging_needs_a_tokenizer_the_module_can_align(tmp_path):
         tagging_settings(unigram)
 
 
-#: texts whose pieces are hard to place: accents, an unknown word, CJK ideographs, tabs and runs of spaces
-HARD_TEXTS = [*TEXTS, "Zoë visited Kraków, then 東京!  Ünïcode   spaces\tand\ttabs.", "ok"]
-
-
 def test_a_tagger_bundle_finds_the_entities_the_python_runtime_finds(node_modules, tmp_path):
     """Entities (type, character span, word, score within 1e-4), simple and first aggregation, on
     both runtimes: the module places each WordPiece piece in the text itself."""
-    from test_hf import _text_export
+    from tests.helpers.encoder_folders import text_export
 
-    _, _, runtime = _text_export(tmp_path, "Bert", "ForTokenClassification")
+    _, _, runtime = text_export(tmp_path, "Bert", "ForTokenClassification")
     assert sum(len(found) for found in runtime.tag(HARD_TEXTS)) > 5
     package_web(tmp_path / "out", tmp_path / "node", "node")
     described = json.loads((tmp_path / "node" / "bundle.json").read_text())
@@ -213,7 +156,8 @@ def _roberta_tagger(root: Path, tokenizer: tuple) -> Path:
     here on the corpus and the hard texts, exported at fp32."""
     import torch
     import transformers
-    from test_hf import CORPUS, LABELS
+
+    from tests.helpers.encoder_folders import CORPUS, LABELS
 
     tok, trainer, post = tokenizer
     tok.train_from_iterator(CORPUS * 3 + HARD_TEXTS, trainer)
@@ -265,7 +209,7 @@ def test_the_command_line_writes_a_node_bundle(embedder, tmp_path):
 
 
 def test_packaging_for_the_web_needs_no_torch(embedder, tmp_path):
-    from torch_free import run_without_torch
+    from tests.helpers.torch_free import run_without_torch
 
     run_without_torch("from edgeattn.exporters.web import package_web\n"
                       f"package_web({str(embedder)!r}, {str(tmp_path / 'web')!r}, 'web', ['int8'])\n")  # fmt: skip
@@ -322,7 +266,7 @@ def test_transformers_js_loads_the_bundle_and_agrees(which, request, node_module
     result = tmp_path / "result.json"
     script = node_modules.parent / f"run-{os.getpid()}-{which}.mjs"  # beside node_modules, to resolve the package
     script.write_text(TRANSFORMERS_RUNNER.format(root=json.dumps(str(tmp_path) + "/"), name=json.dumps("bundle"),
-                                                 task=json.dumps(task), texts=json.dumps(TEXTS),
+                                                 task=json.dumps(task), texts=json.dumps(BUNDLE_TEXTS),
                                                  result=json.dumps(str(result))))  # fmt: skip
     try:
         done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=300)
@@ -333,11 +277,11 @@ def test_transformers_js_loads_the_bundle_and_agrees(which, request, node_module
     for dtype, precision in (("fp32", "fp32"), ("q8", "int8")):
         model = load(export, providers=["CPUExecutionProvider"], precision=precision)
         if which == "classifier":
-            for found, want in zip(got[dtype], model.classify(TEXTS), strict=True):
+            for found, want in zip(got[dtype], model.classify(BUNDLE_TEXTS), strict=True):
                 assert found[0]["label"] == want.label
                 assert max(abs(f["score"] - want.scores[f["label"]]) for f in found) < 1e-4
         else:
-            np.testing.assert_allclose(np.array(got[dtype], np.float32), model.embed(TEXTS), atol=1e-4)
+            np.testing.assert_allclose(np.array(got[dtype], np.float32), model.embed(BUNDLE_TEXTS), atol=1e-4)
 
 
 SATURATING = """
@@ -357,9 +301,9 @@ def test_the_module_keeps_signed_int8_from_saturating_on_onnxruntime_node(node_m
     saturate: 410,032 instead of 922,080)."""
     import numpy as np
     import onnx
-    from saturation import saturating_product
 
     from edgeattn.exporters.web import ASSETS
+    from tests.helpers.saturation import saturating_product
 
     model, a, want = saturating_product()
     onnx.save_model(model, str(tmp_path / "m.onnx"))

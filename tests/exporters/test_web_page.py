@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
-from test_package_web import NPM_CACHE, TEXTS, _export, exclusive, node_modules  # noqa: E402,F401 - the npm fixture
+from tests.helpers.bundles import BUNDLE_TEXTS, bert_export  # noqa: F401 - the npm fixture
+from tests.helpers.npm import NPM_CACHE, exclusive
 
+pytest.importorskip("transformers")
 from edgeattn.exporters.web import package_web  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.serving.web_page import WebPageServer  # noqa: E402
@@ -73,7 +74,7 @@ def _run(page, texts: list[str]) -> dict:
 
 
 def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_modules, browser):  # noqa: F811
-    export = _export(tmp_path / "classifier", "ForSequenceClassification")
+    export = bert_export(tmp_path / "classifier", "ForSequenceClassification")
     package_web(export, tmp_path / "web", "web", ["fp32", "int8"])
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(browser, server)
@@ -83,8 +84,8 @@ def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_mo
             if precision != "fp32":
                 page.select_option("#precision", precision)
                 page.wait_for_function(f"document.querySelector('#status').textContent.includes('loaded {file}')")
-            shown = _run(page, TEXTS)
-            want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(TEXTS)
+            shown = _run(page, BUNDLE_TEXTS)
+            want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(BUNDLE_TEXTS)
             assert [c["label"] for c in shown["classify"]] == [c.label for c in want]
             for got, expected in zip(shown["classify"], want, strict=True):
                 assert max(abs(got["scores"][k] - v) for k, v in expected.scores.items()) < 1e-4
@@ -96,25 +97,25 @@ def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_mo
 
 
 def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
-    export = _export(tmp_path / "embedder", "Model")
+    export = bert_export(tmp_path / "embedder", "Model")
     bundle = package_web(export, tmp_path / "web", "web")  # the default: the gated int8
     assert [f["precision"] for f in bundle.files] == ["int8"]
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(browser, server)
-        shown = _run(page, TEXTS)
-        want = load(export, providers=["CPUExecutionProvider"], precision="int8").embed(TEXTS)
+        shown = _run(page, BUNDLE_TEXTS)
+        want = load(export, providers=["CPUExecutionProvider"], precision="int8").embed(BUNDLE_TEXTS)
         np.testing.assert_allclose(np.array(shown["embed"], np.float32), want, atol=1e-4)
         cosine = want @ want.T
         np.fill_diagonal(cosine, -np.inf)
-        nearest = [TEXTS[j] for j in cosine.argmax(1)]
+        nearest = [BUNDLE_TEXTS[j] for j in cosine.argmax(1)]
         assert page.locator("td.label").all_inner_texts() == nearest
 
 
 def test_the_page_shows_the_entities_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
-    from test_hf import _text_export
-    from test_package_web import HARD_TEXTS
+    from tests.helpers.bundles import HARD_TEXTS
+    from tests.helpers.encoder_folders import text_export
 
-    _, _, runtime = _text_export(tmp_path, "Bert", "ForTokenClassification")
+    _, _, runtime = text_export(tmp_path, "Bert", "ForTokenClassification")
     package_web(tmp_path / "out", tmp_path / "web", "web", ["fp32"])
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(browser, server)
@@ -130,10 +131,9 @@ def test_the_page_streams_a_language_models_continuations_in_chromium(tmp_path, 
     """A page's default precision of a language model (its gated int8, remade for ONNX Runtime
     1.30): each prompt's continuation, streamed into the page, as the Python runtime over the same
     file gives it."""
-    import causal_folders
-    from test_package_web_lm import PROMPTS
-
     from edgeattn.exporters.web import bundle_runtime
+    from tests.helpers import causal_folders
+    from tests.helpers.bundles import PROMPTS
 
     export = causal_folders.export_trained(tmp_path, "int8")
     bundle = package_web(export, tmp_path / "web", "web")
@@ -175,15 +175,15 @@ def _on_webgpu(page, precision: str, file: str) -> None:
 def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
     """onnxruntime-web's WebGPU backend (on Chromium's software adapter): the labels and
     probabilities of the Python runtime at fp32 and int8."""
-    export = _export(tmp_path / "classifier", "ForSequenceClassification")
+    export = bert_export(tmp_path / "classifier", "ForSequenceClassification")
     package_web(export, tmp_path / "web", "web", ["fp32", "int8"])
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(gpu_browser, server)
         for precision, file in (("fp32", "onnx/model.onnx"), ("int8", "onnx/model_quantized.onnx")):
             _on_webgpu(page, precision, file)
-            shown = _run(page, TEXTS)
+            shown = _run(page, BUNDLE_TEXTS)
             assert shown["backend"] == "webgpu"
-            want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(TEXTS)
+            want = load(export, providers=["CPUExecutionProvider"], precision=precision).classify(BUNDLE_TEXTS)
             assert [c["label"] for c in shown["classify"]] == [c.label for c in want]
             for got, expected in zip(shown["classify"], want, strict=True):
                 assert max(abs(got["scores"][k] - v) for k, v in expected.scores.items()) < 1e-4
@@ -192,10 +192,9 @@ def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modu
 def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
     """A language model's int8 and int4 (remade for ONNX Runtime 1.30) on the WebGPU backend: each
     prompt's continuation as the Python runtime over the same file gives it."""
-    import causal_folders
-    from test_package_web_lm import PROMPTS
-
     from edgeattn.exporters.web import bundle_runtime
+    from tests.helpers import causal_folders
+    from tests.helpers.bundles import PROMPTS
 
     export = causal_folders.export_trained(tmp_path, "int8,int4")
     bundle = package_web(export, tmp_path / "web", "web", ["int8", "int4"])
@@ -213,10 +212,9 @@ def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node
 
 def test_the_page_streams_a_seq2seq_models_answers_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
     """A T5 export's bundle: each text's answer streamed into the page, as the Python runtime gives it."""
-    from test_hf_t5 import CORPUS, t5_folder
-
     from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model
+    from tests.helpers.t5_folders import T5_CORPUS, t5_folder
 
     source = resolve_model(from_hf=t5_folder(tmp_path / "hf", "v1.1"))
     export_model(source.model, tmp_path / "out", **source.export_fields())
@@ -224,6 +222,6 @@ def test_the_page_streams_a_seq2seq_models_answers_in_chromium(tmp_path, node_mo
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
         page = _open(browser, server)
         page.evaluate("window.edgeattnSteps = 10")
-        shown = _run(page, CORPUS[:2])
+        shown = _run(page, T5_CORPUS[:2])
         runtime = load(tmp_path / "out", providers=["CPUExecutionProvider"])
-        assert shown["complete"] == ["".join(runtime.stream_text(t, 10)) for t in CORPUS[:2]]
+        assert shown["complete"] == ["".join(runtime.stream_text(t, 10)) for t in T5_CORPUS[:2]]

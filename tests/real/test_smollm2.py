@@ -13,7 +13,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgeattn.runtime import load
-
-sys.path.insert(0, str(Path(__file__).parent))
-import texts  # noqa: E402
+from tests.real import texts
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

@@ -23,9 +23,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("soundfile")
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "exporters"))
-sys.path.insert(0, str(HERE.parent / "edgeattn"))
-from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
 
 FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real")) / "whisper-tiny-en"
 #: what espeak-ng says, one clip each (the third with a pause, the long one all of them in turn)
@@ -146,10 +143,8 @@ def test_word_times_follow_transformers_token_timestamps(folder, export, clips, 
     """On real speech, each token starts where transformers' alignment path puts it (its token
     timestamps, one token later), one window and long-form; the words spell each segment's text,
     in time order."""
-    sys.path.insert(0, str(HERE.parent / "runtime"))
-    from whisper_times import their_token_starts
-
     from edgeattn.runtime import load
+    from tests.helpers.whisper_times import their_token_starts
 
     samples = clips[clip]
     extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)

@@ -142,13 +142,13 @@ def test_t5_fp16_stays_finite_on_cuda_where_a_plain_conversion_overflows(tmp_pat
     pytest.importorskip("transformers")
     import onnx
     import onnxruntime as ort
-    import test_hf_t5 as t5
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     from edgeattn.exporters.compact import fold_transposes
+    from tests.helpers.t5_folders import export_variant, overflowing_t5, t5_batch
 
-    ids, mask = t5._batch()
-    _, result, manifest = t5._export_variant(tmp_path, t5._overflowing_t5(), ["fp32-opt", "fp16"])
+    ids, mask = t5_batch()
+    _, result, manifest = export_variant(tmp_path, overflowing_t5(), ["fp32-opt", "fp16"])
     source = fold_transposes(onnx.load(tmp_path / "out" / manifest.entry("encoder", "fp32-opt").file))
     naive = convert_float_to_float16(source, keep_io_types=True)
     plain = ort.InferenceSession(naive.SerializeToString(), providers=["CUDAExecutionProvider"])

@@ -94,11 +94,11 @@ def test_generate_text_answers_or_refuses(demo, texts, raw):
 def tagger(tmp_path_factory):
     """A token classifier with a Hugging Face tokenizer (transformers builds it)."""
     transformers = pytest.importorskip("transformers")
-    import test_hf as hf  # the folders test_hf builds
+    from tests.helpers.encoder_folders import BERT_SPECIALS, make_checkpoint, make_tokenizer
 
     folder = tmp_path_factory.mktemp("prop-hf")
-    hf._tokenizer(*hf.BERT_SPECIALS).save_pretrained(folder / "hf")
-    hf._checkpoint("Bert", "ForTokenClassification").save_pretrained(folder / "hf")
+    make_tokenizer(*BERT_SPECIALS).save_pretrained(folder / "hf")
+    make_checkpoint("Bert", "ForTokenClassification").save_pretrained(folder / "hf")
     source = resolve_model(from_hf=folder / "hf")
     export_model(source.model, folder / "out", graphs=["encoder"], verify=False, tokenizer=source.tokenizer,
                  task=source.task, labels=source.labels)  # fmt: skip

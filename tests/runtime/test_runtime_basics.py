@@ -103,10 +103,9 @@ def test_signed_int8_weights_do_not_saturate_on_any_cpu():
     """Products of activations 255 and signed weights 127 overflow the 16-bit pair sums of the
     u8 x s8 kernels of CPUs without VNNI/AMX (an int8 export made on a VNNI machine, run on an AVX2
     one): the runtime's sessions give the exact integer products on every CPU."""
-    from saturation import saturating_product
-
     from edgeattn.host import cpu_flags
     from edgeattn.runtime.session import create_session
+    from tests.helpers.saturation import saturating_product
 
     model, a, want = saturating_product()
     got = create_session(model.SerializeToString()).run(["y"], {"a": a})[0]

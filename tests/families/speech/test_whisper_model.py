@@ -11,30 +11,10 @@ import torch
 
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.families.speech.hf import import_whisper, map_config
+from tests.helpers.speech_folders import whisper_folder
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.quick
-
-
-def whisper_folder(path, n_mels: int = 80, encoder_layers: int = 3, decoder_layers: int = 1, seed: int = 0,
-                   vocab_size: int = 120, target_positions: int = 40):
-    """A random WhisperForConditionalGeneration saved as transformers saves one (30 s windows
-    shrunk to 2 s: 100 audio positions, 200 frames)."""
-    torch.manual_seed(seed)
-    config = transformers.WhisperConfig(
-        vocab_size=vocab_size, num_mel_bins=n_mels, d_model=64, encoder_layers=encoder_layers,
-        decoder_layers=decoder_layers, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-        decoder_ffn_dim=128, max_source_positions=100, max_target_positions=target_positions, pad_token_id=119,
-        bos_token_id=117, eos_token_id=118,
-        decoder_start_token_id=116,
-    )  # fmt: skip
-    model = transformers.WhisperForConditionalGeneration(config).eval()
-    with torch.no_grad():  # biases and norms away from their initial 0 and 1, so a misplaced one shows
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "layer_norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(path)
-    return model
 
 
 @pytest.mark.parametrize("n_mels,encoder_layers,decoder_layers", [(80, 3, 1), (128, 1, 2)])
@@ -100,9 +80,10 @@ def test_a_folder_saved_by_transformers_5_answers_as_transformers_5_did(tmp_path
     from pathlib import Path
 
     import numpy as np
-    from test_hf_generations import transformers5_python
 
-    script = Path(__file__).with_name("whisper_folder5.py")
+    from tests.helpers.transformers5 import transformers5_python
+
+    script = Path(__file__).parents[2] / "helpers" / "whisper_folder5.py"
     subprocess.run([str(transformers5_python()), str(script), str(tmp_path)], check=True, capture_output=True,
                    timeout=300)  # fmt: skip
     assert "dtype" in json.loads((tmp_path / "config.json").read_text())

@@ -13,16 +13,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
-from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
+from tests.helpers import causal_folders
+from tests.helpers.bundles import PROMPTS
 
+pytest.importorskip("transformers")
 from edgeattn.exporters.web import FP32_ABSOLUTE, FP32_RELATIVE, bundle_runtime, check_and_record, package_web  # noqa: E402
 from edgeattn.runtime.manifest import sha256_file  # noqa: E402
-
-#: prompts in the trained tokenizer's vocabulary (a BPE with no unknown token: text outside it is
-#: dropped by Python's tokenizers and kept as pieces by tokenizers.js, which the check would flag)
-PROMPTS = ["the sea is", "write a haiku about the sea", "hello how are", "waves fold over the sand under"]
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-transformers = pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
+from tests.helpers import causal_folders
 
+transformers = pytest.importorskip("transformers")
 from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.kv_cache import measure_scales, quantize_cache, rope_partners, why_not_supported  # noqa: E402
 from edgeattn.hf import import_folder  # noqa: E402

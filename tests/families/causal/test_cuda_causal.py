@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
+from tests.helpers import causal_folders
 
+pytest.importorskip("transformers")
 from edgeattn.runtime import load  # noqa: E402
 
 pytestmark = pytest.mark.cuda

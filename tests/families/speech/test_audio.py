@@ -4,8 +4,6 @@ Whisper's log-mel features equal to transformers' ``WhisperFeatureExtractor``.""
 from __future__ import annotations
 
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +16,6 @@ from edgeattn.runtime.families.speech.audio import AudioError, as_mono, read_aud
 from edgeattn.runtime.families.speech.log_mel import LogMel, mel_filter_bank  # noqa: E402
 
 pytestmark = pytest.mark.quick
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
 
 
 def _sound(seconds: float, rate: int = 16_000, seed: int = 0) -> np.ndarray:
@@ -114,7 +111,7 @@ def test_audio_that_is_not_sound_is_one_clear_error(tmp_path):
 
 
 def test_audio_and_features_need_no_torch():
-    from torch_free import run_without_torch
+    from tests.helpers.torch_free import run_without_torch
 
     run_without_torch("import numpy as np\nfrom edgeattn.runtime.families.speech.audio import as_mono\n"
                       "from edgeattn.runtime.families.speech.log_mel import LogMel\n"

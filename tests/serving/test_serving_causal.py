@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 import pytest
 
-pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
-from test_triton import ask_concurrently, stream_pieces  # noqa: E402
+from tests.helpers import causal_folders
+from tests.helpers.serving_clients import ask_concurrently, stream_pieces
 
+pytest.importorskip("transformers")
 from edgeattn.errors import ConfigError, EdgeattnError  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.runtime.manifest import read_manifest  # noqa: E402
@@ -84,7 +84,7 @@ def test_the_repository_carries_the_export_at_its_precision(lm_export, tmp_path,
 def test_a_written_repository_runs_where_edgeattn_is_not_installed(lm_export, tmp_path):
     """As in Triton's container (numpy, onnxruntime and tokenizers only): the carried export runs
     from the model's own vendor folder, its int8 cache included, and answers as the runtime does."""
-    from without_edgeattn import vendored_answers
+    from tests.helpers.without_edgeattn import vendored_answers
 
     repo = write_repository(lm_export, tmp_path / "repo", RepositoryOptions(precision="int8"))
     got = vendored_answers(repo.path / repo.name / "1", PROMPTS[:2], "answer", {"max_new_tokens": 8})

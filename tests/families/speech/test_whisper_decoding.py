@@ -5,34 +5,23 @@ detection, suppressed tokens, and the timestamp rules, at batch 1 and 2."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from edgeattn.runtime.families.speech.decoding import WhisperDecoding, WhisperRules, WhisperSettingsError, greedy
+from tests.helpers.speech_folders import (
+    EOS,
+    GENERATION,
+    NO_TIMESTAMPS,
+    SOT,
+    whisper_folder,
+)
 
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
-from test_whisper_model import whisper_folder  # noqa: E402
 
 pytestmark = pytest.mark.quick
-
-#: Whisper's special tokens where the multilingual vocabulary (51,865) has them
-SOT, EOS, NO_TIMESTAMPS = 50258, 50257, 50363
-GENERATION = {
-    "decoder_start_token_id": SOT, "eos_token_id": EOS, "pad_token_id": EOS, "bos_token_id": EOS,
-    "no_timestamps_token_id": NO_TIMESTAMPS, "is_multilingual": True, "max_initial_timestamp_index": 50,
-    "suppress_tokens": [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63, 90, 91, 92, 93, 359,
-                        503, 522, 542, 873, 893, 902, 918, 922, 931, 1350, 1853, 1982, 2460, 2627, 50359, 50360,
-                        50361, 50362],
-    "begin_suppress_tokens": [220, EOS],
-    "lang_to_id": {"<|en|>": 50259, "<|de|>": 50261, "<|fr|>": 50265, "<|ja|>": 50266},
-    "task_to_id": {"transcribe": 50359, "translate": 50358}, "max_length": 448,
-    "alignment_heads": [[0, 1], [0, 3]], "prev_sot_token_id": 50361,
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import io
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests.helpers.speech_folders import audio, speech_folder
+
 openai = pytest.importorskip("openai")
 soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("transformers")
 pytest.importorskip("aiohttp")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_whisper_runtime import audio, speech_folder  # noqa: E402
-
 from edgeattn.cli import cli  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.serving.openai_api import ApiThread, OpenAIApi, served_models  # noqa: E402

@@ -21,13 +21,21 @@ from edgeattn.hf import KNOWN_ARCHITECTURES, import_folder
 from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest
 from edgeattn.sources import resolve_model
+from tests.helpers.encoder_folders import (
+    BERT_SPECIALS,
+    LABELS,
+    SIZES,
+    TEXTS,
+    make_checkpoint,
+    make_tokenizer,
+    sentence_folder,
+    text_export,
+)
 
 transformers = pytest.importorskip("transformers")
 
 ENC = ModelConfig(architecture="encoder", vocab_size=50, d_model=32, n_heads=4, d_ff=48, n_encoder_layers=2,
                   n_decoder_layers=0, max_len=40, dropout=0.0, position="learned", scale_embedding=False)  # fmt: skip
-SIZES = {"vocab_size": 99, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}
-LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
 # ------------------------------------------------------------------------------ config knobs
@@ -88,26 +96,6 @@ def test_encoder_only_knobs_are_refused_elsewhere():
         ENC.replace(position="sinusoidal", position_offset=2)
 
 
-# --------------------------------------------------------------------------- checkpoints
-def _checkpoint(family: str, head: str) -> transformers.PreTrainedModel:
-    """A small random checkpoint of one family and head (``Model``, ``ForSequenceClassification``...)."""
-    torch.manual_seed(0)
-    labels = {"id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}} if head != "Model" else {}
-    if family == "Bert":
-        config = transformers.BertConfig(hidden_size=32, intermediate_size=37, **SIZES, **labels)
-    elif family == "Roberta":
-        config = transformers.RobertaConfig(hidden_size=32, intermediate_size=37, pad_token_id=1, type_vocab_size=1,
-                                            **{**SIZES, "max_position_embeddings": 66}, **labels)  # fmt: skip
-    else:
-        config = transformers.DistilBertConfig(vocab_size=99, dim=32, hidden_dim=37, n_layers=2, n_heads=4,
-                                               max_position_embeddings=64, **labels)  # fmt: skip
-    model = getattr(transformers, f"{family}{head}")(config).eval()
-    with torch.no_grad():  # trained-looking weights: nothing left at its zero / one initialisation
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
-
-
 def _batch(family: str) -> dict[str, torch.Tensor]:
     """Three rows of lengths 11, 7 and 3 (the export traced 8), right-padded; segments for BERT."""
     pad = 1 if family == "Roberta" else 0
@@ -126,7 +114,7 @@ def _batch(family: str) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("family", ["Bert", "Roberta", "DistilBert"])
 @pytest.mark.parametrize("head", ["Model", "ForSequenceClassification", "ForTokenClassification"])
 def test_exported_checkpoint_matches_transformers(tmp_path, family, head):
-    reference = _checkpoint(family, head)
+    reference = make_checkpoint(family, head)
     reference.save_pretrained(tmp_path / "hf")
     source = resolve_model(from_hf=tmp_path / "hf")
     result = export_model(source.model, tmp_path / "out", graphs=["encoder"], task=source.task,
@@ -159,7 +147,7 @@ def test_exported_checkpoint_matches_transformers(tmp_path, family, head):
 
 
 def test_int8_of_an_imported_checkpoint_passes_the_gate(tmp_path):
-    _checkpoint("Bert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    make_checkpoint("Bert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
     source = resolve_model(from_hf=tmp_path / "hf")
     result = export_model(source.model, tmp_path / "out", graphs=["encoder"], precisions=["fp32-opt", "int8"])
     assert result.gates["int8"].passed and result.gates["fp32-opt"].passed
@@ -169,7 +157,7 @@ def test_int8_of_an_imported_checkpoint_passes_the_gate(tmp_path):
 
 @pytest.mark.quick
 def test_pickle_checkpoints_load_with_weights_only_and_run_no_code(tmp_path):
-    reference = _checkpoint("DistilBert", "ForSequenceClassification")
+    reference = make_checkpoint("DistilBert", "ForSequenceClassification")
     reference.save_pretrained(tmp_path / "hf")
     folder = tmp_path / "hf"
     tensors = load_file(str(folder / "model.safetensors"))
@@ -191,7 +179,7 @@ def test_pickle_checkpoints_load_with_weights_only_and_run_no_code(tmp_path):
 
 
 def _broken(tmp_path: Path, change) -> Path:
-    _checkpoint("Bert", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    make_checkpoint("Bert", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
     change(tmp_path / "hf")
     return tmp_path / "hf"
 
@@ -233,7 +221,7 @@ def test_a_broken_folder_is_one_error_naming_the_problem(tmp_path, change, error
 
 @pytest.mark.quick
 def test_task_override_and_refusal(tmp_path):
-    _checkpoint("Roberta", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    make_checkpoint("Roberta", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
     hf = import_folder(tmp_path / "hf", task="embed")
     assert hf.task == "embed" and hf.model.classifier is None and hf.pooling.mode == "mean"
     with pytest.raises(ConfigError, match="has no tag head"):
@@ -244,8 +232,8 @@ def test_task_override_and_refusal(tmp_path):
 @pytest.mark.quick
 def test_sentence_embedding_folders_record_their_pooling(tmp_path):
     folder = tmp_path / "st"
-    _checkpoint("Bert", "Model").save_pretrained(folder)
-    _sentence_folder(folder, "cls")
+    make_checkpoint("Bert", "Model").save_pretrained(folder)
+    sentence_folder(folder, "cls")
     source = resolve_model(from_hf=folder)
     assert source.task == "embed" and source.pooling.mode == "cls" and source.pooling.normalize
     export_model(source.model, tmp_path / "out", graphs=["encoder"], verify=False, task=source.task,
@@ -254,7 +242,7 @@ def test_sentence_embedding_folders_record_their_pooling(tmp_path):
 
 
 def test_cli_exports_a_folder_and_names_a_bad_one_in_one_line(tmp_path):
-    _checkpoint("DistilBert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    make_checkpoint("DistilBert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "edgeattn.cli", *args], capture_output=True, text=True,
@@ -270,57 +258,9 @@ def test_cli_exports_a_folder_and_names_a_bad_one_in_one_line(tmp_path):
     assert mixed.returncode == 2
 
 
-# ------------------------------------------------------------------------------------- text
-CORPUS = [
-    "Angela Merkel visited Paris in May.", "The weather in Berlin is cold today.",
-    "Marie Curie worked in Paris and Warsaw.", "A quick brown fox jumps over the lazy dog.",
-    "Edge devices run small transformer models.", "Ada Lovelace wrote notes in London.",
-]  # fmt: skip
-TEXTS = ["Angela Merkel visited Warsaw in May.", "Edge devices run.", "Ada Lovelace wrote notes about Paris today."]
-
-
-def _tokenizer(specials: list[str], cls: str, sep: str) -> transformers.PreTrainedTokenizerFast:
-    """A WordPiece tokenizer trained here, as transformers saves it (tokenizer.json)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.WordPiece(unk_token=specials[3]))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(CORPUS * 3, trainers.WordPieceTrainer(vocab_size=99, special_tokens=specials))
-    ids = {cls: tok.token_to_id(cls), sep: tok.token_to_id(sep)}
-    tok.post_processor = processors.TemplateProcessing(single=f"{cls} $A {sep}", special_tokens=list(ids.items()))
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=specials[3], pad_token=specials[1]
-                                                if specials[1].startswith("<") else specials[0], cls_token=cls,
-                                                sep_token=sep)  # fmt: skip
-
-
-BERT_SPECIALS = (["[PAD]", "[CLS]", "[SEP]", "[UNK]"], "[CLS]", "[SEP]")
-ROBERTA_SPECIALS = (["<s>", "<pad>", "</s>", "<unk>"], "<s>", "</s>")
-
-
-def _text_export(tmp_path: Path, family: str, head: str, folder_extra=None) -> tuple:
-    specials = ROBERTA_SPECIALS if family == "Roberta" else BERT_SPECIALS
-    tokenizer = _tokenizer(*specials)
-    if family != "Bert":  # as their own tokenizers declare: no token types
-        tokenizer.model_input_names = ["input_ids", "attention_mask"]
-    reference = _checkpoint(family, head)
-    with torch.no_grad():  # sharper logits, so that entity groups of several kinds appear
-        for p in reference.parameters():
-            p.mul_(8.0) if p.dim() == 2 and p.shape[0] == len(LABELS) else None
-    reference.save_pretrained(tmp_path / "hf")
-    tokenizer.save_pretrained(tmp_path / "hf")
-    if folder_extra:
-        folder_extra(tmp_path / "hf")
-    source = resolve_model(from_hf=tmp_path / "hf")
-    export_model(source.model, tmp_path / "out", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
-                 architecture=source.architecture, labels=source.labels, pooling=source.pooling)  # fmt: skip
-    return reference, tokenizer, load(tmp_path / "out", providers=["CPUExecutionProvider"])
-
-
 @pytest.mark.parametrize(("family", "aggregation"), [("Bert", "simple"), ("DistilBert", "simple"), ("Bert", "first")])
 def test_tag_spans_equal_the_token_classification_pipeline(tmp_path, family, aggregation):
-    reference, tokenizer, runtime = _text_export(tmp_path, family, "ForTokenClassification")
+    reference, tokenizer, runtime = text_export(tmp_path, family, "ForTokenClassification")
     pipe = transformers.pipeline("token-classification", model=reference, tokenizer=tokenizer,
                                  aggregation_strategy=aggregation)  # fmt: skip
     ours, theirs = runtime.tag(TEXTS, aggregation=aggregation), pipe(TEXTS)
@@ -336,7 +276,7 @@ def test_tag_spans_equal_the_token_classification_pipeline(tmp_path, family, agg
 
 
 def test_classify_labels_equal_the_text_classification_pipeline(tmp_path):
-    reference, tokenizer, runtime = _text_export(tmp_path, "Roberta", "ForSequenceClassification")
+    reference, tokenizer, runtime = text_export(tmp_path, "Roberta", "ForSequenceClassification")
     pipe = transformers.pipeline("text-classification", model=reference, tokenizer=tokenizer, top_k=None)
     for got, want in zip(runtime.classify(TEXTS), pipe(TEXTS), strict=True):
         best = max(want, key=lambda w: w["score"])
@@ -344,19 +284,8 @@ def test_classify_labels_equal_the_text_classification_pipeline(tmp_path):
         assert abs(sum(got.scores.values()) - 1.0) < 1e-6 and set(got.scores) == set(LABELS.values())
 
 
-def _sentence_folder(folder: Path, mode: str = "mean") -> None:
-    """Make ``folder`` a sentence-transformers folder: Transformer, Pooling (``mode``), Normalize."""
-    kinds, paths = ["Transformer", "Pooling", "Normalize"], ["", "1_Pooling", "2_Normalize"]
-    modules = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
-               for i, (k, p) in enumerate(zip(kinds, paths, strict=True))]  # fmt: skip
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    key = "pooling_mode_cls_token" if mode == "cls" else f"pooling_mode_{mode}_tokens"
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({key: True}))
-
-
 def test_embed_pools_and_normalises_as_the_folder_says(tmp_path):
-    reference, tokenizer, runtime = _text_export(tmp_path, "Bert", "Model", _sentence_folder)
+    reference, tokenizer, runtime = text_export(tmp_path, "Bert", "Model", sentence_folder)
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = reference(**batch).last_hidden_state
@@ -370,7 +299,7 @@ def test_embed_pools_and_normalises_as_the_folder_says(tmp_path):
 def test_long_texts_are_refused_unless_truncation_is_asked_for(tmp_path):
     from edgeattn.runtime import InputError
 
-    _, tokenizer, runtime = _text_export(tmp_path, "Bert", "ForSequenceClassification")
+    _, tokenizer, runtime = text_export(tmp_path, "Bert", "ForSequenceClassification")
     long = " ".join(["weather"] * 200)
     with pytest.raises(InputError, match=r"text 0 is \d+ tokens long; this model takes at most 64"):
         runtime.classify([long])
@@ -381,7 +310,7 @@ def test_long_texts_are_refused_unless_truncation_is_asked_for(tmp_path):
 
 
 def test_text_runtime_needs_neither_torch_nor_transformers(tmp_path):
-    _text_export(tmp_path, "Bert", "ForTokenClassification")
+    text_export(tmp_path, "Bert", "ForTokenClassification")
     code = (
         "import sys\nsys.modules['torch'] = None\nsys.modules['transformers'] = None\n"
         "from edgeattn.runtime import load\n"
@@ -404,7 +333,7 @@ def test_run_says_when_it_chose_openvino(tmp_path, monkeypatch, built_in_provide
     from edgeattn.runtime import engines
     from edgeattn.runtime.providers import OPENVINO
 
-    _text_export(tmp_path, "Bert", "ForSequenceClassification")
+    text_export(tmp_path, "Bert", "ForSequenceClassification")
     plain = CliRunner().invoke(cli, ["run", str(tmp_path / "out"), "Edge devices run.", "--cpu"])
     built_in_providers(OPENVINO, "CPUExecutionProvider")
     monkeypatch.setattr(engines, "openvino_usable", lambda device="CPU": True)
@@ -423,8 +352,8 @@ def test_the_gate_runs_on_the_users_heldout_text(tmp_path):
 
     from edgeattn.cli import cli
 
-    _tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
-    _checkpoint("Bert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    make_tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
+    make_checkpoint("Bert", "ForTokenClassification").save_pretrained(tmp_path / "hf")
     (tmp_path / "heldout.txt").write_text("# sentences the model never saw\n" + "\n".join(TEXTS) + "\n")
     args = ["export", "--from-hf", str(tmp_path / "hf"), "--graphs", "encoder", "--precision", "int8"]
     result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "a"), "--heldout", str(tmp_path / "heldout.txt")])
@@ -452,7 +381,7 @@ def test_bench_times_optimum_and_transformers_on_the_same_checkpoint(tmp_path):
     from edgeattn.benchmark.run import BenchOptions, run_benchmark
     from edgeattn.errors import EdgeattnError
 
-    _checkpoint("Roberta", "ForTokenClassification").save_pretrained(tmp_path / "hf")
+    make_checkpoint("Roberta", "ForTokenClassification").save_pretrained(tmp_path / "hf")
     source = resolve_model(from_hf=tmp_path / "hf")
     export_model(source.model, tmp_path / "out", graphs=["encoder"], precisions=["fp32-opt", "int8"],
                  task=source.task, architecture=source.architecture, source_folder=tmp_path / "hf")  # fmt: skip
@@ -498,22 +427,22 @@ def test_bench_times_optimum_and_transformers_on_the_same_checkpoint(tmp_path):
 
 def _readme_commands() -> list[str]:
     """The command lines of the manual's worked Hugging Face examples (``$ edgeattn ...``)."""
-    page = (Path(__file__).resolve().parents[2] / "docs" / "huggingface.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[3] / "docs" / "huggingface.md").read_text(encoding="utf-8")
     return [line[2:] for line in page.splitlines() if line.startswith("$ edgeattn ")]
 
 
 def readme_folders(folder: Path) -> None:
     """The manual's (docs/huggingface.md) example folders and text files in ``folder``: small random checkpoints with a
-    trained tokenizer, perturbed as ``_checkpoint`` does and their heads sharpened as in
-    ``_text_export``."""
-    tokenizer = _tokenizer(*BERT_SPECIALS)
+    trained tokenizer, perturbed as ``make_checkpoint`` does and their heads sharpened as in
+    ``text_export``."""
+    tokenizer = make_tokenizer(*BERT_SPECIALS)
     sentiment = {"id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
     torch.manual_seed(0)
     models = {
-        "my-ner-model": _checkpoint("Bert", "ForTokenClassification"),
+        "my-ner-model": make_checkpoint("Bert", "ForTokenClassification"),
         "my-sentiment-model": transformers.BertForSequenceClassification(
             transformers.BertConfig(hidden_size=32, intermediate_size=37, **SIZES, **sentiment)),
-        "my-sentence-embedder": _checkpoint("Bert", "Model"),
+        "my-sentence-embedder": make_checkpoint("Bert", "Model"),
     }  # fmt: skip
     for name, model in models.items():
         with torch.no_grad():
@@ -522,7 +451,7 @@ def readme_folders(folder: Path) -> None:
                 p.mul_(8.0) if p.dim() == 2 and p.shape[0] in (2, len(LABELS)) else None  # the classifier
         model.eval().save_pretrained(folder / name)
         tokenizer.save_pretrained(folder / name)
-    _sentence_folder(folder / "my-sentence-embedder")
+    sentence_folder(folder / "my-sentence-embedder")
     for name in ("docs.txt", "reviews.txt", "sentences.txt", "heldout.txt"):
         (folder / name).write_text("\n".join(TEXTS) + "\n")
 

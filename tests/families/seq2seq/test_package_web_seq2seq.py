@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-from test_hf_t5 import CORPUS, t5_folder  # noqa: E402
-from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
+from tests.helpers.t5_folders import T5_CORPUS, t5_folder
 
+pytest.importorskip("transformers")
 from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.web import FP32_ABSOLUTE, FP32_RELATIVE, check_and_record, default_precision, package_web  # noqa: E402
 from edgeattn.runtime.manifest import read_manifest, sha256_file  # noqa: E402
@@ -37,7 +36,7 @@ def test_a_seq2seq_bundle_answers_as_the_python_runtime(t5_export, node_modules,
     assert described["task"] == "generate" and described["family"] == "seq2seq"
     assert all(f["sha256"] == sha256_file(tmp_path / target / f["file"]) for f in described["files"])
     assert not (tmp_path / target / "config.json").exists()  # transformers.js's seq2seq decoders take another cache
-    texts = CORPUS[:3]
+    texts = T5_CORPUS[:3]
     checks = check_and_record(tmp_path / target, t5_export, node_modules, texts)
     assert [c.runtime for c in checks] == ["onnxruntime-node", "onnxruntime-web"]
     for c in checks:  # the source ids, first-step logits (within the float32 bar), greedy answers and a stream
@@ -65,7 +64,7 @@ def test_a_seq2seq_bundle_stops_at_stop_strings_as_the_python_runtime(t5_export,
 
     package_web(t5_export, tmp_path / "node", "node")
     model = bundle_runtime(t5_export, tmp_path / "node", "fp32")
-    texts = CORPUS[:3]
+    texts = T5_CORPUS[:3]
     answers = model.generate_text(texts, 10)
     longest = max(answers, key=len)
     row, stop = answers.index(longest), longest[len(longest) // 2 :][:2]

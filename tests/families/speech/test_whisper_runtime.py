@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,36 +21,17 @@ from edgeattn.runtime import load
 from edgeattn.runtime.exported_model import InputError
 from edgeattn.runtime.families.speech.formats import clock, render
 from edgeattn.runtime.families.speech.runtime import Transcript, WhisperRuntime
+from tests.helpers.speech_folders import (
+    GENERATION,
+    RATE,
+    WINDOW_SECONDS,
+    audio,
+    speech_folder,
+)
 
 transformers = pytest.importorskip("transformers")
 soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edgeattn"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
-from test_package_web import node_modules  # noqa: E402,F401 - the npm fixture
-from test_whisper_decoding import GENERATION  # noqa: E402
-from test_whisper_model import whisper_folder  # noqa: E402
-
-RATE = 16_000
-#: the test folder's window: 2 s (100 audio positions, 200 frames)
-WINDOW_SECONDS = 2
-
-
-def speech_folder(path: Path, seed: int = 3) -> Path:
-    """A random multilingual Whisper with Whisper's special tokens, its generation and feature
-    settings (2 s windows) and a word-level tokenizer ``w0 .. w50256`` (specials after)."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-
-    model = whisper_folder(path, vocab_size=51865, seed=seed, target_positions=64)
-    model.generation_config = transformers.GenerationConfig(**GENERATION)
-    model.generation_config.save_pretrained(path)
-    transformers.WhisperFeatureExtractor(feature_size=80, chunk_length=WINDOW_SECONDS).save_pretrained(path)
-    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(50257)}, unk_token="w0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens([AddedToken(f"<|s{i}|>", special=True) for i in range(50257, 51865)])
-    tokenizer.save(str(path / "tokenizer.json"))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +41,6 @@ def exported(tmp_path_factory):
     result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(root / "export")])
     assert result.exit_code == 0, result.output
     return folder, root / "export", result.output
-
-
-def audio(seconds: float, seed: int) -> np.ndarray:
-    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * RATE))).astype(np.float32)
 
 
 def test_export_verifies_and_keeps_the_settings(exported):
@@ -369,7 +345,7 @@ def test_word_times_follow_transformers_token_timestamps(exported, seconds, lang
     """Each token's start is transformers' token timestamp of the token before it (the same
     alignment path: the alignment heads' weights, filtered, through dynamic time warping), one
     window or several, greedy or beams; each word spans its tokens."""
-    from whisper_times import their_token_starts
+    from tests.helpers.whisper_times import their_token_starts
 
     folder, export, _ = exported
     samples = audio(seconds, seed=int(seconds * 10))
@@ -491,10 +467,9 @@ def test_a_triton_repository_transcribes_where_edgeattn_is_not_installed(exporte
     """``edgeattn triton`` on a speech export: the end-to-end model carries the export (its
     features and decoding settings) and, importing only its vendor folder, answers each audio file
     of a request as the runtime transcribes it; graph models over BLS are refused."""
-    from without_edgeattn import run_vendored
-
     from edgeattn.errors import ConfigError
     from edgeattn.serving.repository import RepositoryOptions, write_repository
+    from tests.helpers.without_edgeattn import run_vendored
 
     _, export, _ = exported
     clips = [audio(1.5, seed=41), audio(5.3, seed=42)]

@@ -55,9 +55,9 @@ TOOL = [{"type": "function", "function": {"name": "météo", "parameters": {"typ
 
 
 def _folder(tmp_path, template, name="tok"):
-    from test_hf import ROBERTA_SPECIALS, _tokenizer
+    from tests.helpers.encoder_folders import ROBERTA_SPECIALS, make_tokenizer
 
-    tok = _tokenizer(*ROBERTA_SPECIALS)
+    tok = make_tokenizer(*ROBERTA_SPECIALS)
     tok.bos_token, tok.eos_token = "<s>", "</s>"
     tok.chat_template = template
     tok.save_pretrained(tmp_path / name)

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from tests.helpers import causal_folders
+
 pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
-
 from edgeattn.runtime import load  # noqa: E402
 from edgeattn.serving.batching import Finished, Generation  # noqa: E402
 from edgeattn.serving.openai_api import ApiThread, OpenAIApi, served_models  # noqa: E402
@@ -34,14 +34,13 @@ def lm_export(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory):
-    from test_hf import BERT_SPECIALS, _checkpoint, _tokenizer
-
     from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model
+    from tests.helpers.encoder_folders import BERT_SPECIALS, make_checkpoint, make_tokenizer
 
     root = tmp_path_factory.mktemp("openai-embed")
-    _checkpoint("Bert", "Model").save_pretrained(root / "hf")
-    _tokenizer(*BERT_SPECIALS).save_pretrained(root / "hf")
+    make_checkpoint("Bert", "Model").save_pretrained(root / "hf")
+    make_tokenizer(*BERT_SPECIALS).save_pretrained(root / "hf")
     source = resolve_model(from_hf=root / "hf")
     export_model(source.model, root / "bert", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
                  verify=False)  # fmt: skip

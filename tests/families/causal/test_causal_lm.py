@@ -10,9 +10,9 @@ import torch
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.families.causal.hf import import_causal_folder
 from edgeattn.families.causal.model import CausalLMConfig, rotate
+from tests.helpers import causal_folders
 
 transformers = pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
 
 pytestmark = pytest.mark.quick
 

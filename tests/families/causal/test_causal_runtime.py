@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-import causal_folders  # noqa: E402
+from tests.helpers import causal_folders
 
+transformers = pytest.importorskip("transformers")
 from edgeattn.errors import EdgeattnError  # noqa: E402
 from edgeattn.exporters.export import export_model  # noqa: E402
 from edgeattn.exporters.reference import eager_generate  # noqa: E402

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers.speech_folders import audio, speech_folder
+
 pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
-from test_whisper_runtime import audio, speech_folder  # noqa: E402
 
 from edgeattn.cli import cli  # noqa: E402
 from edgeattn.runtime import load  # noqa: E402

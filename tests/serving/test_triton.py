@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 import types
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from edgeattn.runtime import load
 from edgeattn.serving.repository import RepositoryOptions, write_repository
 from edgeattn.serving.tasks import answer, task_inputs, task_outputs
 from edgeattn.sources import resolve_model
+from tests.helpers.serving_clients import ask_concurrently, stream_pieces, text_tensor
 
 CPU = ["CPUExecutionProvider"]
 ONNX_TYPES = {"TYPE_FP32": onnx.TensorProto.FLOAT, "TYPE_FP16": onnx.TensorProto.FLOAT16,
@@ -185,10 +184,6 @@ class _Request:
         self.inputs = {k: _FakeTriton.Tensor(k, v) for k, v in inputs.items()}
 
 
-def _texts(*texts: str) -> np.ndarray:
-    return np.array([[t.encode()] for t in texts], dtype=object)
-
-
 def test_the_python_model_runs_the_graphs_through_bls_as_the_runtime_does(demo_export, tmp_path, monkeypatch):
     write_repository(demo_export, tmp_path / "repo", RepositoryOptions(max_batch_size=2))
     fake = _FakeTriton(tmp_path / "repo", max_batch=2)
@@ -201,8 +196,9 @@ def test_the_python_model_runs_the_graphs_through_bls_as_the_runtime_does(demo_e
                       "model_repository": str(tmp_path / "repo" / "sorter"), "model_version": "1"})  # fmt: skip
     assert 'string_value: "bls"' in config
     reference = load(demo_export, providers=CPU)
-    requests = [_Request(text=_texts(SOURCES[0])), _Request(text=_texts(SOURCES[1], SOURCES[2])),
-                _Request(text=_texts("3 x")), _Request(text=_texts(SOURCES[3]), strategy=np.array([[b"beam"]], object),
+    requests = [_Request(text=text_tensor(SOURCES[0])), _Request(text=text_tensor(SOURCES[1], SOURCES[2])),
+                _Request(text=text_tensor("3 x")),
+                _Request(text=text_tensor(SOURCES[3]), strategy=np.array([[b"beam"]], object),
                                                       num_beams=np.array([[3]], np.int32))]  # fmt: skip
     responses = model.execute(requests)
     assert [r.outputs["answer"].array[:, 0].tolist() for r in responses[:2]] == [
@@ -218,12 +214,13 @@ def test_the_python_model_runs_the_graphs_through_bls_as_the_runtime_does(demo_e
 
 def test_answers_and_errors_per_request(demo_export):
     model = load(demo_export, providers=CPU)
-    requests = [{"text": _texts(SOURCES[0])}, {"nothing": np.zeros(1)}, {"text": _texts(SOURCES[4], SOURCES[5])},
+    requests = [{"text": text_tensor(SOURCES[0])}, {"nothing": np.zeros(1)},
+                {"text": text_tensor(SOURCES[4], SOURCES[5])},
                 {"text": np.array([[b"\xff"]], object)}]  # fmt: skip
     results = answer(model, "generate", requests)
     assert isinstance(results[1], EdgeattnError) and "no 'text' input" in str(results[1])
     assert isinstance(results[3], EdgeattnError) and "not UTF-8" in str(results[3])
-    alone = [answer(model, "generate", [{"text": _texts(s)}])[0] for s in (SOURCES[0], SOURCES[4], SOURCES[5])]
+    alone = [answer(model, "generate", [{"text": text_tensor(s)}])[0] for s in (SOURCES[0], SOURCES[4], SOURCES[5])]
     assert results[0]["answer"].tolist() == alone[0]["answer"].tolist()
     assert results[2]["answer"][:, 0].tolist() == [alone[1]["answer"][0, 0], alone[2]["answer"][0, 0]]
     np.testing.assert_array_equal(results[0]["tokens"], alone[0]["tokens"])  # no columns from batch-mates
@@ -256,12 +253,12 @@ def test_a_real_server_batches_concurrent_requests_and_answers_as_the_runtime(de
         sizes = {int(b["batch_size"]) for b in stats["batch_stats"]}
         assert max(sizes) > 1, sizes
         bad = http.InferInput("text", [1, 1], "BYTES")
-        bad.set_data_from_numpy(_texts("3 x 1"))
+        bad.set_data_from_numpy(text_tensor("3 x 1"))
         with pytest.raises(Exception, match="unknown token"):
             client.infer("sorter", [bad])
         with pytest.raises(Exception, match="unexpected inference input|expected 1 inputs|text"):
             wrong = http.InferInput("texts", [1, 1], "BYTES")
-            wrong.set_data_from_numpy(_texts("3 1"))
+            wrong.set_data_from_numpy(text_tensor("3 1"))
             client.infer("sorter", [wrong])
         assert ask_concurrently(server, "sorter", SOURCES[1:2], requests=1, threads=1)[0][1] == expected[SOURCES[1]]
         assert "nv_inference_request_success" in _get(server.metrics_url)
@@ -271,24 +268,6 @@ def test_a_real_server_batches_concurrent_requests_and_answers_as_the_runtime(de
         assert "".join(beam) == reference.generate_text([SOURCES[4]], strategy="beam", num_beams=3)[0]
 
 
-def ask_concurrently(server, model: str, texts: list[str], requests: int, threads: int) -> list[tuple[str, str]]:
-    """``requests`` one-text requests of ``texts`` in turn from ``threads`` threads, over HTTP and gRPC
-    alternately: (text, answer) each."""
-    import tritonclient.grpc as grpc
-    import tritonclient.http as http
-
-    def ask(i: int) -> tuple[str, str]:
-        text = texts[i % len(texts)]
-        module, url = (http, server.http_url) if i % 2 else (grpc, server.grpc_url)
-        client = module.InferenceServerClient(url)
-        item = module.InferInput("text", [1, 1], "BYTES")
-        item.set_data_from_numpy(_texts(text))
-        return text, client.infer(model, [item]).as_numpy("answer")[0, 0].decode()
-
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(ask, range(requests)))
-
-
 def _get(url: str) -> str:
     import urllib.request
 
@@ -296,39 +275,9 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
-def stream_pieces(url: str, model: str, inputs: dict[str, np.ndarray], timeout: float = 120) -> list[str]:
-    """The pieces a decoupled model sends for one request over gRPC streaming ("ERROR ..." for an
-    error), ``inputs`` by name as one row each."""
-    import tritonclient.grpc as grpc
-    from tritonclient.utils import np_to_triton_dtype
-
-    pieces: list[str] = []
-    done = threading.Event()
-
-    def callback(result, error):
-        if error is not None:
-            pieces.append(f"ERROR {error}")
-            done.set()
-        elif result.get_response().parameters["triton_final_response"].bool_param:
-            done.set()
-        else:
-            pieces.append(result.as_numpy("answer")[0, 0].decode())
-
-    client = grpc.InferenceServerClient(url)
-    client.start_stream(callback)
-    items = []
-    for name, value in inputs.items():
-        items.append(grpc.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype)))
-        items[-1].set_data_from_numpy(value)
-    client.async_stream_infer(model, items, enable_empty_final_response=True)
-    assert done.wait(timeout)
-    client.stop_stream()
-    return pieces
-
-
 def _stream(grpc, url: str, source: str, strategy: str | None = None, num_beams: int | None = None) -> list[str]:
     """The pieces ``sorter_stream`` sends for one text."""
-    inputs = {"text": _texts(source)}
+    inputs = {"text": text_tensor(source)}
     if strategy is not None:
         inputs["strategy"] = np.array([[strategy.encode()]], dtype=object)
     if num_beams is not None:
@@ -374,7 +323,7 @@ def test_edgeattn_serve_serves_until_interrupted(demo_export, tmp_path):
                 pass
             time.sleep(0.5)
         text = http.InferInput("text", [1, 1], "BYTES")
-        text.set_data_from_numpy(_texts("5 4 3"))
+        text.set_data_from_numpy(text_tensor("5 4 3"))
         assert client.infer("sort", [text]).as_numpy("answer")[0, 0] == b"3 4 5"
         assert server_class is not None
         # the server can answer before the command's own readiness poll (every 0.25 s) has said
@@ -431,9 +380,9 @@ def test_served_answers_do_not_depend_on_batch_mates(demo_export, tmp_path, prec
 
     write_repository(demo_export, tmp_path / "repo", RepositoryOptions(precision=precision, graphs="in-process"))
     model, _ = served_model(tmp_path / "repo" / "sorter" / "1", "in-process", 8)
-    alone = [answer(model, "generate", [{"text": _texts(s)}])[0] for s in SOURCES]
-    together = answer(model, "generate", [{"text": _texts(s)} for s in SOURCES])
-    mixed = answer(model, "generate", [{"text": _texts(*SOURCES[::-1])}])[0]
+    alone = [answer(model, "generate", [{"text": text_tensor(s)}])[0] for s in SOURCES]
+    together = answer(model, "generate", [{"text": text_tensor(s)} for s in SOURCES])
+    mixed = answer(model, "generate", [{"text": text_tensor(*SOURCES[::-1])}])[0]
     for i, own in enumerate(alone):
         assert together[i]["answer"].tolist() == own["answer"].tolist()
         np.testing.assert_array_equal(together[i]["tokens"], own["tokens"])
@@ -444,13 +393,12 @@ def test_served_answers_do_not_depend_on_batch_mates(demo_export, tmp_path, prec
 @pytest.mark.parametrize("task", ["tag", "classify"])
 def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task):
     pytest.importorskip("transformers")
-    from test_hf import BERT_SPECIALS, TEXTS, _checkpoint, _tokenizer
-
     from edgeattn.serving.triton_backend import served_model
+    from tests.helpers.encoder_folders import BERT_SPECIALS, TEXTS, make_checkpoint, make_tokenizer
 
     head = "ForTokenClassification" if task == "tag" else "ForSequenceClassification"
-    _checkpoint("Bert", head).save_pretrained(tmp_path / "hf")
-    _tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
+    make_checkpoint("Bert", head).save_pretrained(tmp_path / "hf")
+    make_tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
     source = resolve_model(from_hf=tmp_path / "hf")
     export_model(source.model, tmp_path / "out", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
                  labels=source.labels, precisions=["int8"], verify=False)  # fmt: skip
@@ -460,8 +408,8 @@ def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task)
         repo = tmp_path / f"repo-{precision}"
         write_repository(tmp_path / "out", repo, RepositoryOptions(precision=precision, graphs="in-process"))
         model, _ = served_model(repo / "out" / "1", "in-process", 8)
-        alone = [answer(model, task, [{"text": _texts(t)}])[0][output][0, 0] for t in texts]
-        together = answer(model, task, [{"text": _texts(*texts)}])[0][output][:, 0].tolist()
+        alone = [answer(model, task, [{"text": text_tensor(t)}])[0][output][0, 0] for t in texts]
+        together = answer(model, task, [{"text": text_tensor(*texts)}])[0][output][:, 0].tolist()
         assert together == alone, precision
         if task == "tag":
             assert any(json.loads(a) for a in alone)  # entities were found, so spans were compared
@@ -470,7 +418,7 @@ def test_served_labels_and_entities_do_not_depend_on_batch_mates(tmp_path, task)
 def test_a_written_repository_runs_where_edgeattn_is_not_installed(demo_export, tmp_path):
     """As in Triton's container (numpy, onnxruntime and tokenizers only): the written model.py
     imports from its own vendor folder, and the served model answers as the runtime does."""
-    from without_edgeattn import vendored_answers
+    from tests.helpers.without_edgeattn import vendored_answers
 
     write_repository(demo_export, tmp_path / "repo", RepositoryOptions(precision="int8"))
     got = vendored_answers(tmp_path / "repo" / "sorter" / "1", SOURCES[:2], "answer")
@@ -481,11 +429,11 @@ def test_an_encoders_repository_runs_where_edgeattn_is_not_installed(tmp_path):
     """The encoder family's repository (a classifier: ONNX Runtime backend graph, Python model around
     it) imports from its vendor folder alone and labels as the runtime does."""
     pytest.importorskip("transformers")
-    from test_hf import BERT_SPECIALS, TEXTS, _checkpoint, _tokenizer
-    from without_edgeattn import vendored_answers
+    from tests.helpers.encoder_folders import BERT_SPECIALS, TEXTS, make_checkpoint, make_tokenizer
+    from tests.helpers.without_edgeattn import vendored_answers
 
-    _checkpoint("Bert", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
-    _tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
+    make_checkpoint("Bert", "ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    make_tokenizer(*BERT_SPECIALS).save_pretrained(tmp_path / "hf")
     source = resolve_model(from_hf=tmp_path / "hf")
     export_model(source.model, tmp_path / "out", graphs=["encoder"], tokenizer=source.tokenizer, task=source.task,
                  labels=source.labels, verify=False)  # fmt: skip

@@ -15,74 +15,21 @@ from safetensors.torch import load_file, save_file
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.exporters.export import export_model
 from edgeattn.hf import import_folder
-from edgeattn.runtime import load, read_manifest
+from edgeattn.runtime import load
 from edgeattn.sources import resolve_model
+from tests.helpers.t5_folders import (
+    T5_CORPUS,
+    export_variant,
+    overflowing_t5,
+    t5_batch,
+    t5_checkpoint,
+    t5_folder,
+)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 LAYOUTS = ("t5", "v1.1")
-CORPUS = [
-    "summarize: the cat sat on the mat and the dog sat on the log",
-    "translate English to German: the house is wonderful",
-    "summarize: studies have shown that owning a dog is good for you",
-    "the quick brown fox jumps over the lazy dog near the river bank",
-    "rewrite: a small model runs at the edge without a server",
-]
-
-
-def _tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """A unigram (SentencePiece-style) tokenizer trained here: <pad> 0, </s> 1, <unk> 2, </s> appended."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=90, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    # the trainer sums scores and orders pieces of equal score as a hash map iterates, which differs
-    # from one process to the next: the same pieces got other ids (and scores in their last digits)
-    # in every test worker, so the models' logits, and how far onnxruntime-web's came from ONNX
-    # Runtime's, changed from run to run. Scores rounded and the pieces in a fixed order instead
-    vocab = [(p, round(s, 9)) for p, s in json.loads(tok.to_str())["model"]["vocab"]]
-    specials, pieces = vocab[:3], sorted(vocab[3:], key=lambda piece: (-piece[1], piece[0]))
-    assert [p for p, _ in specials] == ["<pad>", "</s>", "<unk>"]
-    tok.model = models.Unigram(specials + pieces, unk_id=2, byte_fallback=False)
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                       special_tokens=[("</s>", 1)])  # fmt: skip
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                                unk_token="<unk>")  # fmt: skip
-    fast.model_input_names = ["input_ids", "attention_mask"]  # as T5's own tokenizer declares
-    return fast
-
-
-def t5_checkpoint(layout: str, layers: int = 2, decoder_layers: int | None = None, seed: int = 0, std: float = 0.4):
-    """A small random T5 of one layout, its weights moved off their initialisation so that greedy
-    and beam search produce varied tokens and end at EOS (``std``: of the weights; the larger, the
-    more a small change of the logits changes the tokens)."""
-    torch.manual_seed(seed)
-    config = transformers.T5Config(
-        vocab_size=96, d_model=32, d_kv=8, num_heads=3, d_ff=48, num_layers=layers, num_decoder_layers=decoder_layers,
-        relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
-        feed_forward_proj="relu" if layout == "t5" else "gated-gelu", tie_word_embeddings=layout == "t5",
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    model = transformers.T5ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layer_norm" not in name:
-                p.normal_(0.0, std if "relative" not in name else 1.0)
-        model.shared.weight[1] += 1.5 if layout == "t5" else 0.8  # EOS within reach
-        if layout != "t5":
-            model.lm_head.weight[1] += 0.6
-    return model
-
-
-def t5_folder(path: Path, layout: str, **sizes: int) -> Path:
-    """``save_pretrained`` of a checkpoint and the tokenizer into ``path``."""
-    t5_checkpoint(layout, **sizes).save_pretrained(path)
-    _tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
@@ -95,18 +42,6 @@ def exported(request, tmp_path_factory):
     reference = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return request.param, reference, tokenizer, load(root / "out", providers=["CPUExecutionProvider"])
-
-
-def _batch() -> tuple[np.ndarray, np.ndarray]:
-    """Three rows of lengths 11, 7 and 3 (the export traced 8), right-padded."""
-    rng = np.random.default_rng(3)
-    ids = np.zeros((3, 11), np.int64)
-    mask = np.zeros_like(ids)
-    for row, n in enumerate((11, 7, 3)):
-        ids[row, :n] = rng.integers(3, 90, n)
-        ids[row, n - 1] = 1
-        mask[row, :n] = 1
-    return ids, mask
 
 
 # ----------------------------------------------------------------------------- the mapping
@@ -130,7 +65,7 @@ def test_eager_matches_transformers_with_more_decoder_layers(tmp_path, layout):
     folder = t5_folder(tmp_path / "hf", layout, layers=2, decoder_layers=3)
     ours = import_folder(folder).model
     ref = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
-    ids, mask = (torch.tensor(a) for a in _batch())
+    ids, mask = (torch.tensor(a) for a in t5_batch())
     target = torch.tensor([[0, 5, 9, 33], [0, 7, 7, 1], [0, 40, 2, 3]])
     with torch.no_grad():
         want = ref(input_ids=ids, attention_mask=mask, decoder_input_ids=target)
@@ -144,7 +79,7 @@ def test_eager_matches_transformers_with_more_decoder_layers(tmp_path, layout):
 # --------------------------------------------------------------------- exported graphs
 def test_exported_graphs_match_transformers(exported):
     _, ref, _, rt = exported
-    ids, mask = _batch()
+    ids, mask = t5_batch()
     target = np.array([[0, 5, 9, 33, 4], [0, 7, 7, 1, 0], [0, 40, 2, 3, 3]])
     with torch.no_grad():
         feeds = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": target}
@@ -161,7 +96,7 @@ def test_exported_graphs_match_transformers(exported):
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
 def test_generation_is_token_identical_to_transformers(exported, strategy):
     layout, ref, _, rt = exported
-    ids, mask = _batch()
+    ids, mask = t5_batch()
     beams = {"num_beams": 3} if strategy == "beam" else {}
     with torch.no_grad():
         want = ref.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=12,
@@ -183,7 +118,7 @@ def _after_eos_as_pad(tokens: np.ndarray) -> np.ndarray:
 
 def test_text_in_and_out_and_streaming(exported):
     _, ref, tokenizer, rt = exported
-    texts = CORPUS[:3]
+    texts = T5_CORPUS[:3]
     batch = tokenizer(texts, return_tensors="pt", padding=True, return_token_type_ids=False)
     with torch.no_grad():
         want = ref.generate(**batch, max_new_tokens=10, do_sample=False, num_beams=1)
@@ -208,7 +143,7 @@ def test_cli_runs_a_t5_export(exported, tmp_path):
     from edgeattn.cli import cli
 
     _, _, _, rt = exported
-    text = CORPUS[1]
+    text = T5_CORPUS[1]
     beam = CliRunner().invoke(cli, ["run", str(rt.export_dir), text, "--strategy", "beam", "--beams", "3",
                                     "--max-new-tokens", "10"])  # fmt: skip
     assert beam.exit_code == 0, beam.output
@@ -273,24 +208,6 @@ def test_a_tied_output_layer_saved_apart_must_equal_the_embedding(tmp_path):
         import_folder(folder)
 
 
-# ----------------------------------------------------------------------------- precisions
-def _export_variant(tmp_path: Path, model, precisions: list[str], **options):
-    folder = tmp_path / "hf"
-    model.save_pretrained(folder)
-    _tokenizer().save_pretrained(folder)
-    source = resolve_model(from_hf=folder)
-    result = export_model(source.model, tmp_path / "out", precisions=precisions, **options, **source.export_fields())
-    return source.model, result, read_manifest(tmp_path / "out")
-
-
-def _overflowing_t5():
-    """A T5 v1.1 whose first encoder feed-forward writes values past float16's 65504 (as T5's do)."""
-    model = t5_checkpoint("v1.1", std=0.1)
-    with torch.no_grad():
-        model.encoder.block[0].layer[1].DenseReluDense.wo.weight *= 3e5
-    return model
-
-
 def _weight_types(path: Path, node_part: str) -> set[int]:
     """Element types of the initializers feeding the nodes whose name contains ``node_part``."""
     import onnx
@@ -312,8 +229,8 @@ def test_fp16_keeps_what_passes_float16s_range_in_float32(tmp_path):
     from edgeattn.exporters.compact import fold_transposes
     from edgeattn.exporters.quantize import activation_peaks
 
-    ids, mask = _batch()
-    _, result, manifest = _export_variant(tmp_path, _overflowing_t5(), ["fp32-opt", "fp16"])
+    ids, mask = t5_batch()
+    _, result, manifest = export_variant(tmp_path, overflowing_t5(), ["fp32-opt", "fp16"])
     source = tmp_path / "out" / manifest.entry("encoder", "fp32-opt").file
     peaks = activation_peaks(source, [{"input_ids": ids, "attention_mask": mask}])
     wo = "/encoder/layers.0/ff/linear2/MatMul"
@@ -353,9 +270,9 @@ def test_int8_gate_catches_the_t5_feed_forward_outlier_and_keeps_it_float32(tmp_
     catches the collapse and the sensitive-node search keeps that projection in float32."""
     from edgeattn.exporters.precision_builds import PrecisionOptions
 
-    ids, mask = _batch()
+    ids, mask = t5_batch()
     plain = t5_checkpoint("v1.1", std=0.1)
-    _, result, manifest = _export_variant(tmp_path / "plain", plain, ["int8"], graphs=["encoder"])
+    _, result, manifest = export_variant(tmp_path / "plain", plain, ["int8"], graphs=["encoder"])
     excluded = manifest.entry("encoder", "int8").quantization["excluded_nodes"]
     assert result.gates["int8"].passed and not [n for n in excluded if "MatMul" in n]  # every projection int8
 
@@ -365,7 +282,7 @@ def test_int8_gate_catches_the_t5_feed_forward_outlier_and_keeps_it_float32(tmp_
         moved = outlier.encoder(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
     assert (same - moved).abs().max() < 1e-4
     options = PrecisionOptions(allow_degraded=True)
-    _, result, manifest = _export_variant(tmp_path / "outlier", outlier, ["int8"], graphs=["encoder"],
+    _, result, manifest = export_variant(tmp_path / "outlier", outlier, ["int8"], graphs=["encoder"],
                                           precision_options=options)  # fmt: skip
     assert result.gates["int8"].passed
     excluded = [n for n in manifest.entry("encoder", "int8").quantization["excluded_nodes"] if "MatMul" in n]
@@ -411,12 +328,12 @@ def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
 
     from edgeattn.cli import cli
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "t5.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[3] / "docs" / "t5.md").read_text(encoding="utf-8")
     commands = [line[2:] for line in page.splitlines() if line.startswith("$ edgeattn ")]
     assert len(commands) >= 5 and any("--stream" in c for c in commands)
     monkeypatch.chdir(tmp_path)
     t5_folder(tmp_path / "my-t5", "v1.1")
-    (tmp_path / "articles.txt").write_text("\n".join(CORPUS) + "\n")
+    (tmp_path / "articles.txt").write_text("\n".join(T5_CORPUS) + "\n")
     ran: set[tuple[str, ...]] = set()  # exports already made as written: the same command makes the same files
     for command in commands:
         args = shlex.split(command)[1:]
@@ -434,4 +351,4 @@ def test_the_readmes_t5_commands_run_as_written(tmp_path, monkeypatch):
             ran.add(tuple(args))
         if args[0] == "run":
             lines = result.output.strip().splitlines()
-            assert lines and len(lines) == (len(CORPUS) if "--file" in args else 1), (command, result.output)
+            assert lines and len(lines) == (len(T5_CORPUS) if "--file" in args else 1), (command, result.output)

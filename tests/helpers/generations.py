@@ -2,7 +2,7 @@
 generations build (4.x in the project's environment, 5.x in ``.ci/transformers5.sh``'s), to prove
 that the folders each one saves import to the same model.
 
-Run by the transformers 5 environment as ``python tests/edgeattn/generations.py OUT``: every model
+Run by the transformers 5 environment as ``python tests/helpers/generations.py OUT``: every model
 of :data:`MODELS` is built from its seed, saved with ``save_pretrained`` into ``OUT/NAME``, and its
 outputs on :func:`sample_ids` written beside it (``outputs.npz``: transformers 5's own answer).
 The project's tests build the same models with transformers 4.x from the same weights. Nothing here

@@ -1,0 +1,1 @@
+"""Builders the tests share: small Hugging Face folders, audio, npm packages, servers to ask."""
