@@ -556,102 +556,23 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.argument("text", required=False)
 @click.option("--file", "input_file", type=click.Path(path_type=Path), help="Inputs, one per line.")
-@click.option("--strategy", type=click.Choice(["greedy", "beam", "sample"]), default="greedy", show_default=True)
-@click.option("--beams", default=4, show_default=True, help="Beam width for --strategy beam.")
-@click.option("--max-new-tokens", type=int, default=None, help="Default: twice the input length plus 8.")
-@click.option("--temperature", default=1.0, show_default=True)
-@click.option("--top-k", default=0, show_default=True)
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--seed", type=int, default=None, help="Seed for --strategy sample.")
 @click.option("--precision", default=FP32, show_default=True, help=f"One of {', '.join(PRECISIONS)} the export holds.")
 @click.option("--threads", type=int, default=None)
 @click.option("--cpu", is_flag=True, help="Use ONNX Runtime's CPU provider even where CUDA or OpenVINO is available.")
 @_provider_options("e.g. OpenVINOExecutionProvider; default: chosen per graph, one put on OpenVINO said on stderr")
-@click.option(
-    "--stream",
-    is_flag=True,
-    help="Print the answer as it is produced (one input; beam search: once every beam agrees).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Encoders: one JSON object per input line.")
-@click.option("--truncate", is_flag=True, help="Cut texts longer than the model takes (else an error).")
-@click.option("--repetition-penalty", default=1.0, show_default=True, help="> 1 makes repeated tokens less likely.")
-@click.option("--stop", "stops", multiple=True, help="Language models: end the answer before this text; repeatable.")
-@click.option(
-    "--raw",
-    is_flag=True,
-    help="Language models: continue TEXT as it is (default: as a user's message through the chat template, "
-    "where the export has one).",
-)
-@click.option(
-    "--aggregation",
-    type=click.Choice(["simple", "first"]),
-    default="simple",
-    show_default=True,
-    help="Token classifiers: group tokens (simple) or label each word by its first piece (first).",
-)
-@click.option("--language", default=None, help="Speech: the spoken language's code (default: detected).")
-@click.option("--task", "speech_task", type=click.Choice(["transcribe", "translate"]), default="transcribe",
-              show_default=True, help="Speech: transcribe, or translate into English.")
-@click.option("--timestamps", is_flag=True, help="Speech: segments with their times.")
-@click.option("--prompt", "speech_prompt", default=None, help="Speech: text the windows are decoded after (earlier "
-              "words, names, spelling).")
-@click.option("--condition-on-previous-text", is_flag=True, help="Speech: decode each window after the text heard "
-              "before it (the prompt only before the first).")
-@click.option("--word-timestamps", is_flag=True, help="Speech: each word with its times, from the alignment heads "
-              "(txt prints a line a word; json gives each segment's words).")
-@click.option("--format", "speech_format", type=click.Choice(["txt", "srt", "vtt", "json"]), default="txt",
-              show_default=True, help="Speech: how the transcript is printed.")
-@click.option("--fallback", default=None, help="Speech: temperatures tried in turn (e.g. 0,0.2,0.4,0.6,0.8,1) while "
-              "a window fails --compression-ratio-threshold or --logprob-threshold.")
-@click.option("--compression-ratio-threshold", type=float, default=None,
-              help="Speech: a window whose tokens compress more than this repeats itself (1.35 is usual).")
-@click.option("--logprob-threshold", type=float, default=None,
-              help="Speech: a window whose mean token log-probability is under this failed (-1 is usual).")
-@click.option("--no-speech-threshold", type=float, default=None,
-              help="Speech: a window whose no-speech probability is over this, and that fails "
-              "--logprob-threshold, is silence and skipped (0.6 is usual).")
-def run(
-    export_dir: Path,
-    text: str | None,
-    input_file: Path | None,
-    strategy: str,
-    beams: int,
-    max_new_tokens: int | None,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    precision: str,
-    threads: int | None,
-    cpu: bool,
-    providers: str | None,
-    provider_specs: tuple[str, ...],
-    stream: bool,
-    as_json: bool,
-    truncate: bool,
-    repetition_penalty: float,
-    stops: tuple[str, ...],
-    raw: bool,
-    aggregation: str,
-    language: str | None,
-    speech_task: str,
-    timestamps: bool,
-    speech_prompt: str | None,
-    condition_on_previous_text: bool,
-    word_timestamps: bool,
-    speech_format: str,
-    fallback: str | None,
-    compression_ratio_threshold: float | None,
-    logprob_threshold: float | None,
-    no_speech_threshold: float | None,
-) -> None:
+@click.pass_context
+def run(ctx: click.Context, export_dir: Path, text: str | None, input_file: Path | None, precision: str,
+        threads: int | None, cpu: bool, providers: str | None, provider_specs: tuple[str, ...],
+        **values: Any) -> None:  # fmt: skip
     """Run an export on TEXT (or --file) and print its answers. Needs no torch.
 
     A language model continues each text (an instruct model answers it as a chat message); an
     encoder-decoder generates; an encoder tags entities, classifies or embeds, as its task says; a
-    speech model transcribes the audio files named (WAV, FLAC, OGG, MP3).
+    speech model transcribes the audio files named (WAV, FLAC, OGG, MP3). The other options are
+    each family's: one its export's family does not take is refused.
     """
     from edgeattn.runtime import load
+    from edgeattn.runtime.families import resolve
     from edgeattn.runtime.providers import OPENVINO, provider_name
 
     if (text is None) == (input_file is None):
@@ -673,49 +594,29 @@ def run(
     for graph, engine in model.engines.items():
         if not engine.requested and provider_name(engine.providers[0]) == OPENVINO:
             click.echo(f"{graph} graph on {engine.describe()} (--cpu: ONNX Runtime's CPU provider)", err=True)
-    speech_only = {"--prompt": speech_prompt, "--condition-on-previous-text": condition_on_previous_text,
-                   "--word-timestamps": word_timestamps}  # fmt: skip
-    given = [flag for flag, value in speech_only.items() if value]
-    if given and not hasattr(model, "transcribe"):
-        raise click.UsageError(f"{', '.join(given)}: for speech models (this export is a {model.family.name} model)")
-    if not model.family.generation:
-        _run_encoder(model, texts, as_json, truncate, aggregation)
-        return
-    if hasattr(model, "transcribe"):
-        search = _speech_search(strategy, beams, temperature, top_k, seed, fallback, compression_ratio_threshold,
-                                logprob_threshold, no_speech_threshold)  # fmt: skip
-        search.update(word_timestamps=word_timestamps, prompt=speech_prompt,
-                      condition_on_prev_tokens=condition_on_previous_text)  # fmt: skip
-        _run_speech(model, texts, language, speech_task, timestamps, speech_format, stream, max_new_tokens, search)
-        return
-    options: dict[str, Any] = {"strategy": strategy}
-    if strategy == "beam":
-        options["num_beams"] = beams
-    if strategy == "sample":
-        options.update(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if repetition_penalty != 1.0:
-        options["repetition_penalty"] = repetition_penalty
-    if stops:
-        options["stop"] = list(stops)
-    if getattr(model, "chat_template", None) is not None and not raw:  # an instruct model: each text is a message
-        for t in texts:
-            messages = [{"role": "user", "content": t}]
-            if stream:
-                for piece in model.stream_chat(messages, max_new_tokens=max_new_tokens, **options):
-                    click.echo(piece, nl=False)
-                click.echo()
-            else:
-                click.echo(model.chat(messages, max_new_tokens=max_new_tokens, **options))
-        return
-    if stream:
-        if len(texts) != 1:
-            raise click.UsageError("--stream takes one input")
-        for piece in model.stream_text(texts[0], max_new_tokens=max_new_tokens, truncate=truncate, **options):
-            click.echo(piece, nl=False)
-        click.echo()
-        return
-    for answer in model.generate_text(texts, max_new_tokens=max_new_tokens, truncate=truncate, **options):
-        click.echo(answer)
+    family = model.family
+    if family.run_hook is None:
+        raise click.UsageError(f"edgeattn run does not take {family.name} exports")
+    hook = resolve(family.run_hook)
+    takes = {option.name for option in hook.options}
+    given = [p.opts[0] for p in ctx.command.params if p.name in values and p.name not in takes
+             and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT]  # fmt: skip
+    if given:
+        flags = " ".join(sorted(o.opts[0] for o in hook.options))
+        raise click.UsageError(f"{', '.join(given)}: not for a {family.name} export (its options: {flags})")
+    hook.answer(model, texts, values)
+
+
+def _run_options() -> None:
+    """Give ``run`` every family's options (each family's record names its :class:`RunHook`)."""
+    from edgeattn.run_options import family_options
+    from edgeattn.runtime.families import FAMILIES, resolve
+
+    hooks = [resolve(f.run_hook) for f in FAMILIES.values() if f.run_hook is not None]
+    run.params.extend(family_options(hooks))
+
+
+_run_options()
 
 
 @cli.command()
@@ -927,75 +828,6 @@ def serve(exports: tuple[Path, ...], precision: str, max_batch_size: int, max_qu
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def _speech_search(strategy: str, beams: int, temperature: float, top_k: int, seed: int | None,
-                   fallback: str | None, compression_ratio_threshold: float | None, logprob_threshold: float | None,
-                   no_speech_threshold: float | None) -> dict[str, Any]:  # fmt: skip
-    """A speech model's search options from ``run``'s flags: greedy (or --fallback's temperatures),
-    beams, or sampling at --temperature."""
-    search: dict[str, Any] = {"seed": seed, "compression_ratio_threshold": compression_ratio_threshold,
-                              "logprob_threshold": logprob_threshold,
-                              "no_speech_threshold": no_speech_threshold}  # fmt: skip
-    if top_k:
-        search["top_k"] = top_k
-    if strategy == "beam":
-        search["num_beams"] = beams
-    if strategy == "sample":
-        if fallback is not None:
-            raise click.UsageError("--fallback starts greedy (or with beams) and samples above 0, "
-                                   "not with --strategy sample")  # fmt: skip
-        search["temperature"] = temperature
-    elif fallback is not None:
-        try:
-            search["temperature"] = tuple(float(t) for t in fallback.split(","))
-        except ValueError:
-            raise click.BadParameter(f"{fallback!r} is not temperatures separated by commas",
-                                     param_hint="--fallback") from None  # fmt: skip
-    return search
-
-
-def _run_speech(model: Any, paths: list[str], language: str | None, task: str, timestamps: bool, form: str,
-                stream: bool, max_new_tokens: int | None, search: dict[str, Any]) -> None:  # fmt: skip
-    """Transcribe each audio file: the whole transcript, or (``stream``) each segment as it is decoded."""
-    from edgeattn.runtime.families.speech.formats import render, render_segments
-
-    options = {"language": language, "task": task, "max_new_tokens": max_new_tokens, **search}
-    for path in paths:
-        if stream:
-            segments = model.segments(path, timestamps=timestamps, **options)
-            for piece in render_segments(segments, form, timestamps):
-                click.echo(piece, nl=False)
-        else:
-            click.echo(render(model.transcribe(path, timestamps=timestamps, **options), form, timestamps), nl=False)
-
-
-def _run_encoder(model: Any, texts: list[str], as_json: bool, truncate: bool, aggregation: str) -> None:
-    """Entities, labels or embeddings of ``texts``, by the encoder's head."""
-    head = model.config.head
-    if head == "token":
-        for text, found in zip(texts, model.tag(texts, truncate=truncate, aggregation=aggregation), strict=True):
-            if as_json:
-                click.echo(json.dumps({"text": text, "entities": [e.to_dict() for e in found]}))
-                continue
-            click.echo(text)
-            for e in found:
-                click.echo(f"  {e.entity_group:<8} {e.word!r} [{e.start}:{e.end}] {e.score:.3f}")
-            if not found:
-                click.echo("  (no entities)")
-    elif head == "sequence":
-        for text, answer in zip(texts, model.classify(texts, truncate=truncate), strict=True):
-            if as_json:
-                click.echo(json.dumps({"text": text, **answer.to_dict()}))
-            else:
-                click.echo(f"{answer.label}\t{answer.score:.4f}\t{text}")
-    else:
-        for text, vector in zip(texts, model.embed(texts, truncate=truncate), strict=True):
-            if as_json:
-                click.echo(json.dumps({"text": text, "embedding": [round(float(v), 7) for v in vector]}))
-            else:
-                shown = ", ".join(f"{v:.4f}" for v in vector[:4])
-                click.echo(f"[{shown}, ...] (dim {vector.shape[0]})\t{text}")
 
 
 @cli.command()

@@ -192,6 +192,13 @@ class Family:
     #: ``"module:attribute"`` of the served task a family answers itself (its inputs, outputs and
     #: answers, for Triton and ``edgeattn serve``; None: the text tasks of :mod:`edgeattn.serving.tasks`)
     served: str | None = None
+    #: ``"module:attribute"`` of its part of ``edgeattn run``, a :class:`edgeattn.run_options.RunHook`
+    #: (the options its answers take and how it prints them; None: ``run`` does not take its exports)
+    run_hook: str | None = None
+    #: what the OpenAI-compatible API serves its exports as: "generate" (chat and completions,
+    #: continuously batched), "embed" (embeddings) or "transcribe" (audio transcriptions and
+    #: translations); empty: the API does not serve them
+    api: str = ""
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
     #: ``"module:function"`` listing the Hugging Face architectures it imports, ``() ->

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.exported_model import InputError
+from edgeattn.runtime.families import FAMILIES
 from edgeattn.runtime.families.causal.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.runtime.precisions import FP32
 from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
@@ -68,10 +69,12 @@ class Served:
 
     @property
     def does(self) -> str:
-        """What its endpoints do: ``generate`` (text), ``embed`` or ``transcribe``."""
-        if self.batcher is not None:
-            return "generate"
-        return "transcribe" if hasattr(self.model, "transcribe") else "embed"
+        """What its endpoints do, as its family's record says: ``generate`` (text), ``embed`` or ``transcribe``."""
+        return self.model.family.api
+
+
+#: what a family's exports are served as when the API generates text with them (``Family.api``)
+GENERATE = "generate"
 
 
 def served_models(exports: list[Path], max_rows: int, precision: str = FP32) -> dict[str, Served]:
@@ -85,9 +88,11 @@ def served_models(exports: list[Path], max_rows: int, precision: str = FP32) -> 
         if name in models:
             raise EdgeattnError(f"two exports are named {name!r}; serve exports whose directories differ in name")
         model = load(path, precision=precision)
-        batcher = Batcher(model, max_rows) if hasattr(model, "stop_ids") else None
-        if batcher is None and not hasattr(model, "embed") and not hasattr(model, "transcribe"):
-            raise EdgeattnError(f"{path} is neither a language model, an encoder that embeds nor a speech model")
+        if not model.family.api:
+            served = [f.name for f in FAMILIES.values() if f.api]
+            raise EdgeattnError(f"{path} is a {model.family.name} export; the OpenAI API serves "
+                                f"{', '.join(served)} exports")  # fmt: skip
+        batcher = Batcher(model, max_rows) if model.family.api == GENERATE else None
         models[name] = Served(name, model, int(path.stat().st_mtime), batcher)
     return models
 

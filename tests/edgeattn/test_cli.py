@@ -196,3 +196,16 @@ def test_commands_that_need_the_exporter_say_which_extra_where_it_is_missing(tmp
     assert lines[1] == ("edgeattn: error: 'edgeattn export' needs the 'export' extra, which this install lacks "
                         "(torch, onnx, onnxscript not found): pip install 'edgeattn[export]'")  # fmt: skip
     assert "(onnx not found)" in lines[3] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.quick
+def test_run_offers_each_familys_options_and_nothing_else():
+    """``edgeattn run``'s options are the ones every run takes and those of each family's record's hook."""
+    from edgeattn.cli import run
+    from edgeattn.runtime.families import FAMILIES, resolve
+
+    hooks = [resolve(f.run_hook) for f in FAMILIES.values()]
+    wanted = {o.name for hook in hooks for o in hook.options}
+    base = {"export_dir", "text", "input_file", "precision", "threads", "cpu", "providers", "provider_specs"}
+    assert {p.name for p in run.params} == wanted | base
+    assert {"timestamps", "raw", "aggregation", "stops", "as_json"} <= wanted

@@ -67,7 +67,7 @@ def test_run_command(demo_export, tmp_path):
     bad = edgeattn("run", str(demo_export), "5 two")
     assert bad.returncode == 1 and "unknown token(s) 'two'" in bad.stderr and "Traceback" not in bad.stderr
     speech = edgeattn("run", str(demo_export), "5 2", "--prompt", "earlier words", "--word-timestamps")
-    assert speech.returncode == 2 and "--prompt, --word-timestamps: for speech models" in speech.stderr
+    assert speech.returncode == 2 and "--prompt, --word-timestamps: not for a seq2seq export" in speech.stderr
 
 
 def test_run_stays_torch_free(demo_export):

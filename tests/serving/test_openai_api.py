@@ -443,3 +443,14 @@ def test_tool_answers_parse_in_both_formats():
     assert hermes.parse('<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>\n<tool_')[0] is None
     assert hermes.may_be_call("") and hermes.may_be_call("<tool") and not hermes.may_be_call("The")
     assert tool_use(HERMES, TOOLS, "none") is None and tool_use(HERMES, None) is None
+
+
+def test_an_export_of_a_family_the_api_does_not_serve_is_refused_naming_those_it_serves(shared_export):
+    """What the API serves is each family's record's say (``Family.api``): a seq2seq export is refused."""
+    from edgeattn.errors import EdgeattnError
+    from edgeattn.runtime.families import FAMILIES
+
+    served = [f.name for f in FAMILIES.values() if f.api]
+    assert served == ["encoder", "causal", "speech"]
+    with pytest.raises(EdgeattnError, match="is a seq2seq export; the OpenAI API serves encoder, causal, speech"):
+        served_models([shared_export("tiny")], max_rows=2)

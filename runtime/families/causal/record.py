@@ -54,4 +54,6 @@ FAMILY = Family(
     bundle_describer=f"{_HERE}.bundle:describe_causal",
     importers=f"{_HERE}.hf:importers",
     bencher=f"{_HERE}.bench:bench_export",
+    run_hook="edgeattn.runtime.families.causal.cli:RUN",
+    api="generate",
 )  # fmt: skip

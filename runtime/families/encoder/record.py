@@ -50,4 +50,6 @@ FAMILY = Family(
     bundle_describer="edgeattn.families.encoder.bundle:describe_encoder",
     importers="edgeattn.families.encoder.hf:importers",
     transformers_js=True,
+    run_hook="edgeattn.runtime.families.encoder.cli:RUN",
+    api="embed",
 )

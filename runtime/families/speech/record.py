@@ -55,5 +55,7 @@ FAMILY = Family(
     importers=f"{_WHISPER}.hf:importers",
     bundle_module="edgeattn.runtime.families.speech:speech.mjs",
     bundle_check=f"{_WHISPER}.bundle:check_speech_bundle",
+    run_hook="edgeattn.runtime.families.speech.cli:RUN",
+    api="transcribe",
 )  # fmt: skip
 
