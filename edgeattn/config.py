@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from edgeattn.errors import ConfigError
-from edgeattn.families.causal.config import CausalLMConfig
-from edgeattn.families.speech.config import SpeechConfig
 
-Architecture = Literal["encoder-decoder", "encoder", "decoder-only", "speech-to-text"]
+if TYPE_CHECKING:
+    from edgeattn.runtime.records import Family
+
+#: a model family's architecture (``Family.architecture``; the registry lists them)
+Architecture = str
 PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -27,7 +30,6 @@ HeadPooling = Literal["mean", "first"]
 Pooler = Literal["none", "tanh", "relu"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "architecture": ("encoder-decoder", "encoder", "decoder-only", "speech-to-text"),
     "position": ("sinusoidal", "learned", "relative", "t5", "none"),
     "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"),
     "norm": ("layernorm", "rmsnorm"),
@@ -43,6 +45,11 @@ MAX_PARAMETERS = 8_000_000_000
 MAX_LEN = 1 << 20
 
 
+def _default(name: str) -> Any:
+    """The default of ModelConfig's field ``name``."""
+    return next(f.default for f in dataclasses.fields(ModelConfig) if f.name == name)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Every hyper-parameter of an edgeattn transformer.
@@ -56,13 +63,12 @@ class ModelConfig:
     ``gated-*`` activations multiply the activated projection by a second, linear one (T5 v1.1);
     ``gelu_tanh`` is GELU's tanh approximation.
 
-    ``decoder-only`` (GPT-2, the Llama family) keeps its own knobs in the ``causal`` section
-    (:class:`~edgeattn.families.causal.config.CausalLMConfig`); the fields every model has (sizes, layer
-    count as ``n_decoder_layers``, special token ids) mirror it, the others are not used.
-    Build one with :meth:`decoder_only`.
-
-    ``speech-to-text`` (Whisper) is an encoder-decoder over log-mel features; its ``speech``
-    section (:class:`~edgeattn.families.speech.config.SpeechConfig`) holds the mel bins and audio positions.
+    ``architecture`` names the model's family (:mod:`edgeattn.runtime.families`). A family with
+    knobs of its own keeps them in its ``section``, a dataclass it defines (its record's
+    ``config_section``), written under the family's name; the fields every model has (sizes, layer
+    counts, special token ids) stay here, and a family's section may check them (a decoder-only
+    model's section mirrors its sizes here: ``CausalLMConfig.model_config`` builds one). Fields only
+    one family's models set (its record's ``config_fields``) keep their defaults in the others'.
     """
 
     architecture: Architecture = "encoder-decoder"
@@ -112,17 +118,22 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
-    #: the decoder-only family's own section (architecture="decoder-only" only)
-    causal: CausalLMConfig | None = None
-    #: the speech family's own section (architecture="speech-to-text" only)
-    speech: SpeechConfig | None = None
+    #: the family's own section (its record's ``config_section``), or None for a family without one
+    section: Any = None
 
-    @classmethod
-    def decoder_only(cls, section: CausalLMConfig, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> ModelConfig:
-        """The config of a decoder-only model: ``section`` and the fields it mirrors."""
-        return cls(**_mirrored(section), dropout=0.0, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, causal=section)
+    @property
+    def family(self) -> Family:
+        """The record of the model's family."""
+        from edgeattn.runtime.families import family_of
+
+        return family_of(self)
 
     def __post_init__(self) -> None:
+        from edgeattn.runtime.families import FAMILIES
+
+        architectures = [f.architecture for f in FAMILIES.values()]
+        if self.architecture not in architectures:
+            raise ConfigError(f"config architecture={self.architecture!r} is not one of {', '.join(architectures)}")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
@@ -139,23 +150,23 @@ class ModelConfig:
             raise ConfigError(f"config d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if self.architecture == "decoder-only":
-            self._check_causal()
-        elif self.causal is not None:
-            raise ConfigError("the causal section is for architecture='decoder-only' only")
+        family = self.family
+        section = family.section_class()
+        if section is None and self.section is not None:
+            raise ConfigError(f"an architecture={self.architecture!r} config has no section of its own")
+        if section is not None and not isinstance(self.section, section):
+            raise ConfigError(f"an architecture={self.architecture!r} config needs its {family.name} section "
+                              f"({section.__name__})")  # fmt: skip
+        for other in FAMILIES.values():
+            kept = [n for n in other.config_fields if other is not family and getattr(self, n) != _default(n)]
+            if kept:
+                raise ConfigError(f"{', '.join(kept)}: for architecture={other.architecture!r} only")
+        if self.section is not None:
+            self.section.check(self)
         elif self.n_encoder_layers < 1:
             raise ConfigError("config n_encoder_layers must be at least 1")
-        if (self.architecture == "speech-to-text") != isinstance(self.speech, SpeechConfig):
-            raise ConfigError("a speech-to-text config needs its speech section, and only it has one")
-        for layer, head in () if self.speech is None else self.speech.alignment_heads:
-            if layer >= self.n_decoder_layers or head >= self.n_heads:
-                raise ConfigError(f"alignment head ({layer}, {head}) is outside the decoder's {self.n_decoder_layers} "
-                                  f"layers of {self.n_heads} heads")  # fmt: skip
-        if self.has_decoder:
-            if self.n_decoder_layers < 1:
-                raise ConfigError("an encoder-decoder config needs n_decoder_layers >= 1")
-            if self.head != "none":
-                raise ConfigError("classification heads are for architecture='encoder' only")
+        if self.has_decoder and self.n_decoder_layers < 1:
+            raise ConfigError("an encoder-decoder config needs n_decoder_layers >= 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"config dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0:
@@ -170,12 +181,8 @@ class ModelConfig:
             raise ConfigError(f"config num_labels must be positive, got {self.num_labels}")
         if self.token_types < 0 or self.position_offset < 0:
             raise ConfigError("config token_types and position_offset must be non-negative")
-        if (self.token_types or self.position_offset or self.pooler != "none") and self.architecture != "encoder":
-            raise ConfigError("token_types, position_offset and pooler are for architecture='encoder' only")
         if self.relative_shared and self.position != "t5":
             raise ConfigError("relative_shared is for T5 relative positions (position='t5')")
-        if self.scale_decoder_output and self.architecture != "encoder-decoder":
-            raise ConfigError("scale_decoder_output is for architecture='encoder-decoder' only")
         if self.position_offset and self.position != "learned":
             raise ConfigError("position_offset needs learned positions (position='learned')")
         for name in ("pad_id", "bos_id", "eos_id"):
@@ -194,22 +201,11 @@ class ModelConfig:
                 f"parameters ({4 * MAX_PARAMETERS / 1e9:.0f} GB)"
             )
 
-    def _check_causal(self) -> None:
-        if not isinstance(self.causal, CausalLMConfig):
-            raise ConfigError("a decoder-only config needs its causal section (ModelConfig.decoder_only builds one)")
-        if self.head != "none":
-            raise ConfigError("classification heads are for architecture='encoder' only")
-        wrong = {k: (getattr(self, k), v) for k, v in _mirrored(self.causal).items() if getattr(self, k) != v}
-        if wrong:
-            raise ConfigError("decoder-only config fields disagree with its causal section: "
-                              + ", ".join(f"{k}={mine!r} but the section says {theirs!r}"
-                                          for k, (mine, theirs) in wrong.items()))  # fmt: skip
-
     def parameter_count(self) -> int:
         """The model's parameter count from the config alone (weight matrices and tables; biases and
         norms, a few per cent, left out): what the sizes would allocate."""
-        if self.causal is not None:
-            return self.causal.parameter_count()
+        if hasattr(self.section, "parameter_count"):
+            return int(self.section.parameter_count())
         d, f, inner = self.d_model, self.d_ff, self.n_heads * self.head_dim
         ff = (3 if self.gated else 2) * d * f
         layers = self.n_encoder_layers * (4 * d * inner + ff)
@@ -230,14 +226,9 @@ class ModelConfig:
         return self.activation.startswith("gated-")
 
     @property
-    def is_seq2seq(self) -> bool:
-        """True for the (text) encoder-decoder architecture."""
-        return self.architecture == "encoder-decoder"
-
-    @property
     def has_decoder(self) -> bool:
-        """True for an encoder with a decoder over it: text (encoder-decoder) or speech-to-text."""
-        return self.architecture in ("encoder-decoder", "speech-to-text")
+        """True for an encoder with a decoder over it (its family's ``encoder_decoder``)."""
+        return self.family.encoder_decoder
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -247,9 +238,9 @@ class ModelConfig:
         """A JSON-ready dictionary of every field; the knobs added for imported encoders only where
         a model uses them, so that a config without them reads the same as before they existed
         (and an older edgeattn, which refuses unknown keys, still reads it)."""
-        data = dataclasses.asdict(self)
-        data["causal"] = None if self.causal is None else self.causal.to_dict()
-        data["speech"] = None if self.speech is None else self.speech.to_dict()
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "section"}
+        if self.section is not None:
+            data[self.family.name] = self.section.to_dict()
         for name in _OMITTED_AT_DEFAULT:
             if data[name] == _DEFAULTS[name]:
                 del data[name]
@@ -264,14 +255,19 @@ class ModelConfig:
         """Build a config from a dictionary, refusing unknown keys by name."""
         if not isinstance(data, dict):
             raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        from edgeattn.runtime.families import FAMILIES
+
+        sections = {f.name: f for f in FAMILIES.values() if f.config_section is not None}
+        known = {f.name for f in dataclasses.fields(cls)} - {"section"}
+        unknown = sorted(set(data) - known - set(sections))
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
-        if data.get("causal") is not None:
-            data = {**data, "causal": CausalLMConfig.from_dict(data["causal"])}
-        if data.get("speech") is not None:
-            data = {**data, "speech": SpeechConfig.from_dict(data["speech"])}
+        given = {name: data[name] for name in sections if data.get(name) is not None}
+        if len(given) > 1:
+            raise ConfigError(f"a config has one family's section, not {', '.join(given)}")
+        data = {k: v for k, v in data.items() if k not in sections}
+        for name, value in given.items():
+            data["section"] = sections[name].section_class().from_dict(value)
         try:
             return cls(**data)
         except TypeError as exc:
@@ -304,9 +300,9 @@ class ModelConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-PRESETS: dict[str, ModelConfig] = {
+_PRESET_FIELDS: dict[str, dict[str, Any]] = {
     # The demo: sorts digit strings; trained weights ship with the package (edgeattn train-demo).
-    "demo": ModelConfig(
+    "demo": dict(
         vocab_size=13,
         d_model=64,
         n_heads=4,
@@ -319,7 +315,7 @@ PRESETS: dict[str, ModelConfig] = {
         bos_id=1,
         eos_id=2,
     ),
-    "tiny": ModelConfig(
+    "tiny": dict(
         vocab_size=50,
         d_model=32,
         n_heads=4,
@@ -330,7 +326,7 @@ PRESETS: dict[str, ModelConfig] = {
         dropout=0.0,
     ),
     # The CPU reference size the project's speed goals are stated in.
-    "reference": ModelConfig(
+    "reference": dict(
         vocab_size=32000,
         d_model=512,
         n_heads=8,
@@ -340,7 +336,7 @@ PRESETS: dict[str, ModelConfig] = {
         max_len=1024,
         dropout=0.1,
     ),
-    "bert-base": ModelConfig(
+    "bert-base": dict(
         architecture="encoder",
         vocab_size=30522,
         d_model=768,
@@ -359,9 +355,32 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+class _Presets(Mapping[str, ModelConfig]):
+    """The presets by name, each built the first time it is asked for (a config asks the family
+    registry to validate it, which cannot be done while this module is first imported)."""
+
+    def __init__(self, fields: dict[str, dict[str, Any]]) -> None:
+        self._fields = fields
+        self._built: dict[str, ModelConfig] = {}
+
+    def __getitem__(self, name: str) -> ModelConfig:
+        if name not in self._built:
+            self._built[name] = ModelConfig(**self._fields[name])
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
+#: The built-in presets by name.
+PRESETS: Mapping[str, ModelConfig] = _Presets(_PRESET_FIELDS)
+
+
 #: Fields written only when set (see :meth:`ModelConfig.to_dict`).
-_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "relative_shared", "scale_decoder_output",
-                       "causal", "speech")  # fmt: skip
+_OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "relative_shared", "scale_decoder_output")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
@@ -371,14 +390,3 @@ def get_preset(name: str) -> ModelConfig:
         return PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None
-
-
-def _mirrored(section: CausalLMConfig) -> dict[str, Any]:
-    """The ModelConfig fields a decoder-only config mirrors from its causal section."""
-    return {
-        "architecture": "decoder-only", "vocab_size": section.vocab_size, "d_model": section.d_model,
-        "n_heads": section.n_heads, "d_ff": section.d_ff, "n_encoder_layers": 0, "n_decoder_layers": section.n_layers,
-        "max_len": section.max_len, "d_kv": section.head_dim, "norm": section.norm, "norm_eps": section.norm_eps,
-        "position": "learned" if section.position == "learned" else "none", "scale_embedding": False,
-        "tie_embeddings": section.tie_embeddings,
-    }  # fmt: skip

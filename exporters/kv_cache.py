@@ -67,7 +67,7 @@ def why_not_supported() -> str | None:
 def rope_partners(config: ModelConfig) -> np.ndarray | None:
     """For each key channel, the channel the rotary positions rotate it with (itself past the
     rotated ones); None where the model has no rotary positions."""
-    c = config.causal
+    c = config.section
     if c is None or c.position != "rope":
         return None
     channels = np.arange(c.dim)
@@ -86,7 +86,7 @@ def measure_scales(src: Path, feeds: Iterable[dict[str, np.ndarray]], config: Mo
     padding left out."""
     import onnxruntime as ort
 
-    c = config.causal
+    c = config.section
     assert c is not None, "a decoder-only config has its causal section"
     options = ort.SessionOptions()
     options.log_severity_level = 3

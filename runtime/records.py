@@ -15,6 +15,7 @@ are named as ``"module:attribute"`` and imported by the exporter
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -192,6 +193,14 @@ class Family:
     #: ``"module:attribute"`` of the served task a family answers itself (its inputs, outputs and
     #: answers, for Triton and ``edgeattn serve``; None: the text tasks of :mod:`edgeattn.serving.tasks`)
     served: str | None = None
+    #: ``"module:Class"`` of its own section of the model config (``ModelConfig.section``, written
+    #: under the family's name): a frozen dataclass with ``to_dict``, ``from_dict`` and ``check(config)``
+    #: (and ``parameter_count()`` where it knows the model's size better); None: its models have none
+    config_section: str | None = None
+    #: the ModelConfig fields only its models set (another family's configs keep their defaults)
+    config_fields: tuple[str, ...] = ()
+    #: its models are an encoder with a decoder over it (the decoder attends to the encoder's states)
+    encoder_decoder: bool = False
     #: ``"module:attribute"`` of its part of ``edgeattn run``, a :class:`edgeattn.run_options.RunHook`
     #: (the options its answers take and how it prints them; None: ``run`` does not take its exports)
     run_hook: str | None = None
@@ -228,6 +237,10 @@ class Family:
     def primary_graph(self) -> str:
         """The graph the family's first task runs first (whose session says what a model runs on)."""
         return next(iter(self.tasks.values()))[0]
+
+    def section_class(self) -> type | None:
+        """The class of its own config section, or None."""
+        return None if self.config_section is None else resolve(self.config_section)
 
     def role(self, name: str) -> GraphRole:
         """The role of graph ``name``, or a ConfigError naming the family's graphs."""
@@ -272,3 +285,9 @@ class Family:
         if task not in self.tasks:
             raise ConfigError(f"a {self.name} model does not {task}; its tasks are {', '.join(self.tasks)}")
         return self.tasks[task]
+
+
+def resolve(reference: str) -> Any:
+    """The object a ``"module:attribute"`` reference names (importing its module)."""
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -29,7 +29,8 @@ def served_roots() -> tuple[str, ...]:
     from edgeattn.runtime.families import FAMILIES, record_module
 
     records = [record_module(name) for name in FAMILIES]
-    named = [n.partition(":")[0] for f in FAMILIES.values() for n in (f.runtime, f.served) if n is not None]
+    named = [n.partition(":")[0] for f in FAMILIES.values() for n in (f.runtime, f.served, f.config_section)
+             if n is not None]  # fmt: skip
     return (*ROOTS, *dict.fromkeys([*records, *named]))
 
 

@@ -208,7 +208,7 @@ def eager_variants(
 
     def answer(ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         with torch.inference_mode():
-            if model.config.is_seq2seq:  # the encoder's states, as the encoder graph returns them
+            if model.config.has_decoder:  # the encoder's states, as the encoder graph returns them
                 hidden, logits = model.encode(torch.from_numpy(ids), torch.from_numpy(mask)), None
             else:
                 hidden, logits = model(torch.from_numpy(ids), torch.from_numpy(mask))

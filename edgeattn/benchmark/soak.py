@@ -97,7 +97,7 @@ def requests_for(model: ExportedModel, seed: int = 0) -> list[Request]:
         mask[1:, seq - seq // 3 :] = 0
         ids[mask == 0] = c.pad_id
         out.append(Request("encode", ids, mask, model.encode(ids, mask)))
-        if c.is_seq2seq and seq <= 32:
+        if c.has_decoder and seq <= 32:
             tokens = model.generate(ids, mask, max_new_tokens=NEW_TOKENS).tokens
             out.append(Request("generate", ids, mask, tokens))
     return out

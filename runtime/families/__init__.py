@@ -9,11 +9,10 @@ in :data:`NAMES`.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ConfigError
-from edgeattn.runtime.records import Family, GraphRole
+from edgeattn.runtime.records import Family, GraphRole, resolve
 from edgeattn.runtime.specs import GraphSpec
 
 __all__ = ["FAMILIES", "NAMES", "Family", "GraphRole", "family_of", "get_family", "resolve"]
@@ -106,9 +105,3 @@ def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelC
             wanted.add(n)
             todo.extend(family.graphs[n].needs)
     return [g for g in family.graph_names if g in wanted]
-
-
-def resolve(reference: str) -> Any:
-    """The object a ``"module:attribute"`` reference names (importing its module)."""
-    module, _, attribute = reference.partition(":")
-    return getattr(importlib.import_module(module), attribute)

@@ -31,7 +31,7 @@ def test_config_json_round_trip(tmp_path):
         ({"d_model": 30, "n_heads": 4}, "divisible"),
         ({"position": "rotary"}, "position"),
         ({"attention_topk": 1.5}, "attention_topk"),
-        ({"architecture": "encoder-decoder", "head": "sequence"}, "heads"),
+        ({"architecture": "encoder-decoder", "head": "sequence"}, "head: for architecture='encoder' only"),
         ({"eos_id": 5000}, "eos_id"),
         ({"dropout": 1.0}, "dropout"),
     ],
@@ -142,3 +142,35 @@ def test_parameter_count_matches_the_built_model():
         config = get_preset(name)
         built = sum(p.numel() for p in build_model(config).parameters())
         assert 0.9 * built <= config.parameter_count() <= built, name  # biases and norms left out
+
+
+@pytest.mark.quick
+def test_a_familys_section_and_fields_are_its_records_say():
+    """The config asks the family records: which architectures there are, which section a family
+    keeps (written under its name, read back from it), and which fields only its models set."""
+    from edgeattn.families.causal.config import CausalLMConfig
+    from edgeattn.families.speech.config import SpeechConfig
+    from edgeattn.runtime.families import FAMILIES
+
+    with pytest.raises(ConfigError, match="architecture='vision' is not one of encoder, encoder-decoder, decoder-only"):
+        ModelConfig(architecture="vision")
+    lm = CausalLMConfig(max_len=64, n_kv_heads=2).model_config(pad_id=0, bos_id=1, eos_id=2)
+    assert lm.family is FAMILIES["causal"] and isinstance(lm.section, CausalLMConfig)
+    data = lm.to_dict()
+    assert data["causal"]["n_kv_heads"] == 2 and "section" not in data
+    assert ModelConfig.from_dict(json.loads(json.dumps(data))) == lm
+    assert ModelConfig.from_dict({**data, "speech": None}) == lm  # an older edgeattn wrote both keys
+    with pytest.raises(ConfigError, match="one family's section, not causal, speech"):
+        ModelConfig.from_dict({**data, "speech": SpeechConfig().to_dict()})
+    with pytest.raises(ConfigError, match="disagree with its causal section: d_model=8"):
+        lm.replace(d_model=8)
+    with pytest.raises(ConfigError, match="needs its speech section"):
+        get_preset("tiny").replace(architecture="speech-to-text")
+    with pytest.raises(ConfigError, match="has no section of its own"):
+        get_preset("tiny").replace(section=SpeechConfig())
+    with pytest.raises(ConfigError, match=r"token_types, pooler: for architecture='encoder' only"):
+        get_preset("tiny").replace(token_types=2, pooler="tanh")
+    with pytest.raises(ConfigError, match="scale_decoder_output: for architecture='encoder-decoder' only"):
+        get_preset("bert-base").replace(scale_decoder_output=True)
+    with pytest.raises(ConfigError, match="alignment head \\(3, 0\\) is outside the decoder's 2 layers"):
+        get_preset("tiny").replace(architecture="speech-to-text", section=SpeechConfig(alignment_heads=((3, 0),)))

@@ -66,14 +66,14 @@ def test_every_variant_exports_with_parity_on_unseen_shapes(tmp_path, variant):
     result = export_model(build_model(cfg, seed=2), tmp_path / "out")
     report = result.report
     assert report is not None and report.passed, report.table()
-    expected = {"attention", "encoder"} | ({"cross_kv", "decoder", "decoder_fixed"} if cfg.is_seq2seq else set())
+    expected = {"attention", "encoder"} | ({"cross_kv", "decoder", "decoder_fixed"} if cfg.has_decoder else set())
     assert set(report.summary()) == expected
     for case in report.cases:
         assert case.max_abs < 1e-4
     lengths = {c.sizes.get("src_len") for c in report.cases if c.graph == "encoder"}
     assert {1, 37, 64} <= lengths  # never the traced length (8)
     assert {1, 3} <= {c.sizes["batch"] for c in report.cases}
-    if cfg.is_seq2seq:
+    if cfg.has_decoder:
         assert {0, 1, 60} <= {c.sizes["past_len"] for c in report.cases if c.graph == "decoder"}
         fixed = [c.sizes for c in report.cases if c.graph == "decoder_fixed"]
         assert {0, 1, 60} <= {z["past_len"] for z in fixed}

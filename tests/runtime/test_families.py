@@ -40,7 +40,7 @@ def test_a_graph_name_means_one_graph_in_every_family():
     them, from a subclass of the module."""
     from edgeattn.families.speech.config import SpeechConfig
 
-    speech = SEQ2SEQ.replace(architecture="speech-to-text", speech=SpeechConfig(alignment_heads=((0, 1),)))
+    speech = SEQ2SEQ.replace(architecture="speech-to-text", section=SpeechConfig(alignment_heads=((0, 1),)))
     seen = {}
     for family in FAMILIES.values():
         for role in family.roles:
@@ -74,8 +74,8 @@ def test_verification_never_runs_a_traced_size():
     from edgeattn.runtime.specs import EXPORT_SIZES
 
     configs = {"encoder": ENCODER.replace(max_len=64), "seq2seq": SEQ2SEQ.replace(max_len=64),
-               "causal": ModelConfig.decoder_only(CausalLMConfig(max_len=64)),
-               "speech": SEQ2SEQ.replace(architecture="speech-to-text", max_len=64, speech=SpeechConfig(80, 100))}
+               "causal": CausalLMConfig(max_len=64).model_config(),
+               "speech": SEQ2SEQ.replace(architecture="speech-to-text", max_len=64, section=SpeechConfig(80, 100))}
     for family in FAMILIES.values():
         for role in family.roles:
             for sizes in role.sizes(configs[family.name]):

@@ -15,7 +15,7 @@ def describe_causal(manifest: Manifest, folder: Path) -> dict[str, Any]:
     from edgeattn.runtime.families.causal.runtime import CausalRuntime, causal_contract
 
     config = manifest.config
-    c = config.causal
+    c = config.section
     assert c is not None
     return {"task": "complete",
             "model": {"max_len": config.max_len, "pad_id": config.pad_id, "bos_id": config.bos_id,

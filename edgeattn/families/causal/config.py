@@ -3,16 +3,23 @@
 :class:`CausalLMConfig` holds what a decoder-only language model needs beyond what every model
 has: grouped-query heads, rotary positions and their scaling, the norm and feed-forward kinds,
 biases. A :class:`~edgeattn.config.ModelConfig` of architecture ``decoder-only`` carries one as
-its ``causal`` section, the shared fields (sizes, special token ids) mirrored from it.
+its section (written as ``causal``), the shared fields (sizes, special token ids) mirrored from it:
+:meth:`CausalLMConfig.model_config` builds one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from edgeattn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgeattn.config import ModelConfig
+
+#: the architecture of the models this section belongs to (the causal family's record says the same)
+ARCHITECTURE = "decoder-only"
 
 RopeLayout = Literal["rotate-half", "interleaved"]
 #: rotary scaling kind -> (the parameters it needs, the ones it may have); every one is computed
@@ -98,6 +105,30 @@ class CausalLMConfig:
 
     def replace(self, **changes: Any) -> CausalLMConfig:
         return dataclasses.replace(self, **changes)
+
+    def mirrored(self) -> dict[str, Any]:
+        """The ModelConfig fields a decoder-only config mirrors from this section."""
+        return {
+            "architecture": ARCHITECTURE, "vocab_size": self.vocab_size, "d_model": self.d_model,
+            "n_heads": self.n_heads, "d_ff": self.d_ff, "n_encoder_layers": 0, "n_decoder_layers": self.n_layers,
+            "max_len": self.max_len, "d_kv": self.head_dim, "norm": self.norm, "norm_eps": self.norm_eps,
+            "position": "learned" if self.position == "learned" else "none", "scale_embedding": False,
+            "tie_embeddings": self.tie_embeddings,
+        }  # fmt: skip
+
+    def model_config(self, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2) -> ModelConfig:
+        """The config of a decoder-only model with this section: the fields it mirrors, and its special ids."""
+        from edgeattn.config import ModelConfig
+
+        return ModelConfig(**self.mirrored(), dropout=0.0, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, section=self)
+
+    def check(self, config: ModelConfig) -> None:
+        """A ConfigError where ``config``'s shared fields disagree with this section."""
+        wrong = {k: (getattr(config, k), v) for k, v in self.mirrored().items() if getattr(config, k) != v}
+        if wrong:
+            raise ConfigError("decoder-only config fields disagree with its causal section: "
+                              + ", ".join(f"{k}={mine!r} but the section says {theirs!r}"
+                                          for k, (mine, theirs) in wrong.items()))  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary (rope_scaling as an object; rope_type only when not the default)."""

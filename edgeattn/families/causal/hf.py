@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.families.causal.model import CausalLM, CausalLMConfig
 from edgeattn.runtime.families.causal.chat import load_chat_template
@@ -319,7 +318,7 @@ def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: st
     path = folder / "config.json"
     section = map_config(hf, architecture, path)
     pad, bos, eos, stops = special_ids(hf, folder)
-    model = CausalLM(ModelConfig.decoder_only(section, pad_id=pad, bos_id=bos, eos_id=eos))
+    model = CausalLM(section.model_config(pad_id=pad, bos_id=bos, eos_id=eos))
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), section, architecture, source), source, model.tied_aliases())
     return HFModel(model.eval(), architecture, TASK, None, None, folder, tokenizer_of(folder),

@@ -142,11 +142,11 @@ class CausalLM(TransformerModel):
 
     def __init__(self, config: ModelConfig | CausalLMConfig) -> None:
         if isinstance(config, CausalLMConfig):
-            config = ModelConfig.decoder_only(config)
-        if config.causal is None:
+            config = config.model_config()
+        if config.section is None:
             raise ConfigError(f"a CausalLM needs a decoder-only config, got architecture={config.architecture!r}")
         super().__init__(config)
-        c = self.lm = config.causal
+        c = self.lm = config.section
         if c.position == "learned":
             self.pos_embed = nn.Embedding(c.max_len, c.d_model)
         else:

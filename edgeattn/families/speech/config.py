@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeattn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgeattn.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,16 @@ class SpeechConfig:
         ):  # fmt: skip
             raise ConfigError(f"speech config alignment_heads is a list of [decoder layer, head] pairs, got {heads!r}")
         object.__setattr__(self, "alignment_heads", tuple((int(a), int(b)) for a, b in heads))
+
+    def check(self, config: ModelConfig) -> None:
+        """A ConfigError where ``config`` cannot hold this section: no encoder layers, or an alignment
+        head outside its decoder."""
+        if config.n_encoder_layers < 1:
+            raise ConfigError("config n_encoder_layers must be at least 1")
+        for layer, head in self.alignment_heads:
+            if layer >= config.n_decoder_layers or head >= config.n_heads:
+                raise ConfigError(f"alignment head ({layer}, {head}) is outside the decoder's "
+                                  f"{config.n_decoder_layers} layers of {config.n_heads} heads")  # fmt: skip
 
     @property
     def frames(self) -> int:

@@ -32,7 +32,7 @@ SPEECH_TOKENS = 64
 
 def random_features(model: WhisperModel, windows: int, seed: int) -> np.ndarray:
     """Seeded features in the range real log-mel features take ([-1, 1.5]: Whisper's scaling)."""
-    speech = model.config.speech
+    speech = model.config.section
     assert speech is not None
     rng = np.random.default_rng(seed)
     return np.clip(rng.normal(-0.2, 0.5, (windows, speech.n_mels, speech.frames)), -1.0, 1.5).astype(np.float32)
@@ -52,7 +52,7 @@ class SpeechReference(Reference):
                                    random_features(model, windows, 99))  # fmt: skip
         assert self.heldout.features is not None
         self.features = self.heldout.features
-        speech = model.config.speech
+        speech = model.config.section
         assert speech is not None
         rows = self.features.shape[0]
         self.valid = np.ones((rows, speech.audio_positions), dtype=bool)

@@ -38,8 +38,8 @@ class SpeechDecoderGraph(DecoderGraph):
 
     def __init__(self, model: WhisperModel) -> None:
         super().__init__(model)  # type: ignore[arg-type]
-        assert model.config.speech is not None
-        self.heads = model.config.speech.alignment_heads
+        assert model.config.section is not None
+        self.heads = model.config.section.alignment_heads
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, *caches: Tensor) -> tuple[Tensor, ...]:
         if not self.heads:

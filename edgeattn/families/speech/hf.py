@@ -77,7 +77,7 @@ def map_config(hf: dict[str, Any], path: object) -> ModelConfig:
             max_len=int(hf.get("max_target_positions", 448)), dropout=0.0, activation="gelu", norm="layernorm",
             norm_eps=1e-5, norm_first=True, position="learned", attention_scaled=True, bias=True,
             scale_embedding=False, tie_embeddings=True, pad_id=int(hf.get("pad_token_id") or eos),
-            bos_id=int(start), eos_id=int(eos), speech=speech,
+            bos_id=int(start), eos_id=int(eos), section=speech,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path} does not describe a Whisper edgeattn can build: {exc}") from exc
@@ -138,12 +138,12 @@ def with_alignment(config: ModelConfig, hf: dict[str, Any], folder: Path) -> Mod
     then returns their weights, for word timestamps) and config.json's median filter width."""
     path = folder / GENERATION_CONFIG
     heads = read_json_object(path, ConfigError).get("alignment_heads") if path.is_file() else None
-    speech = config.speech
+    speech = config.section
     assert speech is not None
     try:
         speech = replace(speech, alignment_heads=tuple(heads or ()),
                          median_filter_width=int(hf.get("median_filter_width", 7)))  # fmt: skip
-        return replace(config, speech=speech)
+        return replace(config, section=speech)
     except (TypeError, ValueError, ConfigError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
 
@@ -162,7 +162,7 @@ def import_whisper(folder: str | Path) -> WhisperModel:
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), model, source), source, model.tied_aliases())
     log.info("imported %s (%d encoder, %d decoder layers, %d mel bins) from %s", architecture,
-             config.n_encoder_layers, config.n_decoder_layers, config.speech.n_mels, folder)  # fmt: skip
+             config.n_encoder_layers, config.n_decoder_layers, config.section.n_mels, folder)  # fmt: skip
     return model.eval()
 
 
@@ -199,7 +199,7 @@ def import_folder(folder: Path, hf: dict[str, Any], importer: Any, task: str) ->
         raise ConfigError(f"{ARCHITECTURE} has no {task} head; its task is {TASK}")
     settings = settings_of(folder)
     model = import_whisper(folder)
-    log_mel, speech = LogMel.from_dict(settings["features"]), model.config.speech
+    log_mel, speech = LogMel.from_dict(settings["features"]), model.config.section
     if (log_mel.n_mels, log_mel.window_frames) != (speech.n_mels, speech.frames):
         raise ConfigError(f"{folder}: {PREPROCESSOR_CONFIG} makes windows of {log_mel.n_mels} mel bins and "
                           f"{log_mel.window_frames} frames; the model takes {speech.n_mels} and {speech.frames}")
@@ -210,7 +210,7 @@ def reference_outputs(model: WhisperModel, reference: Any, ids: torch.Tensor, ma
                       ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
     """Encoder states and teacher-forced logits of a window of seeded features, the sample text's
     tokens as targets, beside transformers'."""
-    speech = model.config.speech
+    speech = model.config.section
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(ids.shape[0], speech.n_mels, speech.frames, generator=generator)
     targets = torch.cat([torch.full_like(ids[:, :1], model.config.bos_id), ids[:, :15]], dim=1)

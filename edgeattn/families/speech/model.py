@@ -24,8 +24,8 @@ class AudioEncoder(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        assert config.speech is not None, "a speech-to-text config has its speech section"
-        shape, d = config.speech, config.d_model
+        assert config.section is not None, "a speech-to-text config has its speech section"
+        shape, d = config.section, config.d_model
         self.conv1 = nn.Conv1d(shape.n_mels, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
         self.positions = nn.Parameter(torch.empty(shape.audio_positions, d))

@@ -16,9 +16,9 @@ def greedy_check(model: WhisperModel, runtime: Any, rng: np.random.Generator, to
     from edgeattn.exporters.verify import GreedyResult
 
     c = model.config
-    assert c.speech is not None
+    assert c.section is not None
     tokens = min(tokens, c.max_len - 1)
-    features = rng.standard_normal((3, c.speech.n_mels, c.speech.frames)).astype(np.float32)
+    features = rng.standard_normal((3, c.section.n_mels, c.section.frames)).astype(np.float32)
     prompts = [[c.bos_id]] * 3
     eager = model.greedy(torch.from_numpy(features), prompts, tokens)
     exported = runtime.decode(features, prompts, tokens, eos=-1)

@@ -54,6 +54,7 @@ FAMILY = Family(
     bundle_describer=f"{_HERE}.bundle:describe_causal",
     importers=f"{_HERE}.hf:importers",
     bencher=f"{_HERE}.bench:bench_export",
+    config_section=f"{_HERE}.config:CausalLMConfig",
     run_hook="edgeattn.runtime.families.causal.cli:RUN",
     api="generate",
 )  # fmt: skip

@@ -81,7 +81,7 @@ class CausalState:
     # ------------------------------------------------------------------ cache
     def _allocate(self, capacity: int, keep: int = 0) -> None:
         """Buffers of ``capacity`` slots (the first ``keep`` copied from the current ones), bound."""
-        c = self.model.config.causal
+        c = self.model.config.section
         assert c is not None
         names = cache_names(SLOT_CACHE, c.n_layers)
         dtype = input_dtype(self.session, names[0])  # float16 for an fp16 graph
@@ -475,7 +475,7 @@ def _rows(prompts: Any) -> list[Any]:
 def forced_feeds(config: ModelConfig, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
     """The ``causal_decoder`` feeds of whole prompts (B, T) into an empty cache as wide as they are,
     every token's logits picked: teacher forcing."""
-    c = config.causal
+    c = config.section
     assert c is not None, "a decoder-only config has its causal section"
     b, t = ids.shape
     zeros = np.zeros((b, c.n_kv_heads, t, c.dim), np.float32)

@@ -21,8 +21,8 @@ from edgeattn.runtime.specs import (
 
 
 def causal_decoder_spec(config: ModelConfig) -> GraphSpec:
-    assert config.causal is not None, "a decoder-only config has its causal section"
-    c = config.causal
+    assert config.section is not None, "a decoder-only config has its causal section"
+    c = config.section
     shape = (BATCH, c.n_kv_heads, CAPACITY, c.dim)
     names = cache_names(SLOT_CACHE, c.n_layers), cache_names(SLOT_UPDATED, c.n_layers)
     return GraphSpec(

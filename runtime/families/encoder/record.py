@@ -50,6 +50,7 @@ FAMILY = Family(
     bundle_describer="edgeattn.families.encoder.bundle:describe_encoder",
     importers="edgeattn.families.encoder.hf:importers",
     transformers_js=True,
+    config_fields=("head", "token_types", "position_offset", "pooler"),
     run_hook="edgeattn.runtime.families.encoder.cli:RUN",
     api="embed",
 )

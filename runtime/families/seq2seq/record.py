@@ -60,5 +60,7 @@ FAMILY = Family(
     bundle_graphs=("encoder", "cross_kv", "decoder_fixed"),
     bundle_describer="edgeattn.families.seq2seq.bundle:describe_seq2seq",
     importers="edgeattn.families.seq2seq.hf:importers",
+    config_fields=("scale_decoder_output",),
+    encoder_decoder=True,
     run_hook="edgeattn.runtime.families.seq2seq.cli:RUN",
 )  # fmt: skip

@@ -55,6 +55,8 @@ FAMILY = Family(
     importers=f"{_WHISPER}.hf:importers",
     bundle_module="edgeattn.runtime.families.speech:speech.mjs",
     bundle_check=f"{_WHISPER}.bundle:check_speech_bundle",
+    config_section=f"{_WHISPER}.config:SpeechConfig",
+    encoder_decoder=True,
     run_hook="edgeattn.runtime.families.speech.cli:RUN",
     api="transcribe",
 )  # fmt: skip

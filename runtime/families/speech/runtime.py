@@ -272,7 +272,7 @@ class WhisperRuntime(ExportedModel):
         return greedy(state.step, prompts, rules, max_new_tokens, eos)
 
     def _features(self, features: Any) -> np.ndarray:
-        speech = self.config.speech
+        speech = self.config.section
         assert speech is not None
         array = np.asarray(features, dtype=np.float32)
         if array.ndim != 3 or array.shape[1] != speech.n_mels or not 0 < array.shape[2] <= speech.frames:
@@ -554,7 +554,7 @@ class WhisperRuntime(ExportedModel):
         the alignment heads' weights over the generated tokens' rows aligned
         (:func:`~edgeattn.runtime.families.speech.alignment.token_times`), the logits of the rows that
         generated them read."""
-        speech = self.config.speech
+        speech = self.config.section
         assert speech is not None
         cross, mask = source
         fed = np.array([prompt + generated[:-1]], dtype=np.int64)

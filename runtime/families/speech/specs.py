@@ -22,12 +22,12 @@ SHORT_FRAMES = 74
 
 
 def audio_encoder_spec(config: ModelConfig) -> GraphSpec:
-    assert config.speech is not None, "a speech-to-text config has its speech section"
+    assert config.section is not None, "a speech-to-text config has its speech section"
     return GraphSpec(
         AUDIO_ENCODER,
-        f"log-mel features ({config.speech.n_mels} bins, up to {config.speech.frames} frames: one window) -> encoder "
+        f"log-mel features ({config.section.n_mels} bins, up to {config.section.frames} frames: one window) -> encoder "
         "states, one per two frames",
-        (TensorSpec(FEATURES, "float32", (BATCH, config.speech.n_mels, FRAMES)),),
+        (TensorSpec(FEATURES, "float32", (BATCH, config.section.n_mels, FRAMES)),),
         (TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, config.d_model)),),
     )
 
@@ -35,9 +35,9 @@ def audio_encoder_spec(config: ModelConfig) -> GraphSpec:
 def speech_decoder_spec(config: ModelConfig) -> GraphSpec:
     """The encoder-decoder family's decoder step, and, where the config lists alignment heads,
     their cross-attention weights over the audio positions (word timestamps' evidence)."""
-    assert config.speech is not None, "a speech-to-text config has its speech section"
+    assert config.section is not None, "a speech-to-text config has its speech section"
     spec = decoder_spec(config)
-    heads = len(config.speech.alignment_heads)
+    heads = len(config.section.alignment_heads)
     if not heads:
         return spec
     weights = TensorSpec(ALIGNMENT, "float32", (BATCH, heads, TGT_LEN, SRC_LEN))
@@ -47,14 +47,14 @@ def speech_decoder_spec(config: ModelConfig) -> GraphSpec:
 
 def audio_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """The encoder at a part of a window and a whole one, batch 1 and 3."""
-    assert config.speech is not None
-    whole = config.speech.frames
+    assert config.section is not None
+    whole = config.section.frames
     short = min(SHORT_FRAMES, whole)
     return [{"batch": 1, FRAMES: short}, {"batch": 3, FRAMES: short + 2}, {"batch": 2, FRAMES: whole}]
 
 
 def window_sizes(config: ModelConfig) -> list[dict[str, int]]:
     """A source of one window's audio positions (and part of one), batch 1 and 3."""
-    assert config.speech is not None
-    positions = config.speech.audio_positions
+    assert config.section is not None
+    positions = config.section.audio_positions
     return [{"batch": 1, SRC_LEN: min(37, positions)}, {"batch": 3, SRC_LEN: positions}]

@@ -93,9 +93,9 @@ def test_scales_that_clip_the_cache_break_it(export, tmp_path):
 def test_rotary_partners_pair_each_rotated_channel(export):
     config = load(export).config
     partners = rope_partners(config)
-    assert partners is not None and sorted(partners) == list(range(config.causal.dim))
-    assert (partners[partners] == np.arange(config.causal.dim)).all()  # a pair is mutual
-    rotary = int(config.causal.dim * config.causal.rotary_fraction)
+    assert partners is not None and sorted(partners) == list(range(config.section.dim))
+    assert (partners[partners] == np.arange(config.section.dim)).all()  # a pair is mutual
+    rotary = int(config.section.dim * config.section.rotary_fraction)
     assert (partners[:rotary] != np.arange(rotary)).all()
 
 

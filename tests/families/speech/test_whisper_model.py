@@ -21,7 +21,7 @@ pytestmark = pytest.mark.quick
 def test_whisper_answers_as_transformers(tmp_path, n_mels, encoder_layers, decoder_layers):
     reference = whisper_folder(tmp_path, n_mels, encoder_layers, decoder_layers)
     ours = import_whisper(tmp_path)
-    assert (ours.config.n_encoder_layers, ours.config.n_decoder_layers, ours.config.speech.n_mels) == (
+    assert (ours.config.n_encoder_layers, ours.config.n_decoder_layers, ours.config.section.n_mels) == (
         encoder_layers, decoder_layers, n_mels)
     features = torch.randn(2, n_mels, 200)
     ids = torch.randint(0, 116, (2, 9))
@@ -46,7 +46,7 @@ def test_config_layouts_and_refusals(tmp_path):
     whisper_folder(tmp_path)
     hf = json.loads((tmp_path / "config.json").read_text())
     config = map_config(hf, "config.json")
-    assert (config.bos_id, config.eos_id, config.max_len, config.speech.audio_positions) == (116, 118, 40, 100)
+    assert (config.bos_id, config.eos_id, config.max_len, config.section.audio_positions) == (116, 118, 40, 100)
     assert config.from_dict(config.to_dict()) == config
     newer = {**hf, "dtype": "float32"}  # transformers 5 writes dtype, not torch_dtype
     newer.pop("torch_dtype", None)

@@ -48,7 +48,7 @@ def test_export_verifies_and_keeps_the_settings(exported):
     assert "tokens identical" in output and "FAIL" not in output and "against transformers" in output
     model = load(export)
     assert isinstance(model, WhisperRuntime) and model.family.name == "speech"
-    assert model.config.speech.n_mels == 80 and model.config.speech.frames == 200
+    assert model.config.section.n_mels == 80 and model.config.section.frames == 200
     assert set(model.graphs) == {"audio_encoder", "cross_kv", "decoder", "decoder_fixed"}
     assert model.log_mel.window_frames == 200 and model.decoding.no_timestamps == GENERATION["no_timestamps_token_id"]
     settings = json.loads((export / "settings.json").read_text())
