@@ -71,8 +71,8 @@ def prepare(out: Path) -> None:
     for args in (["export", "-o", str(out / "demo"), "--force"],
                  ["export", "--config", str(out / "encoder.json"), "-o", str(out / "encoder"), "--force"]):
         subprocess.run(["edgeattn", *args], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "edgeattn"))
-    import causal_folders
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the tests' builders
+    from tests.helpers import causal_folders
 
     folder, _ = causal_folders.save_folder("llama-gqa-tied", out / "llama-hf", tokenizer=True)
     subprocess.run(["edgeattn", "export", "--from-hf", str(folder), "-o", str(out / "llama"), "--force"], check=True,

@@ -83,13 +83,12 @@ class ArmBench:
 def _exports(work: Path) -> list[tuple[str, Path]]:
     """A small BERT-shaped encoder (random weights) and a trained Llama (gated) at fp32, int8 and
     int4, with their mobile bundles."""
-    sys.path.insert(0, str(ROOT / "tests" / "edgeattn"))  # the tests' trained Llama and its tokenizer
-    import causal_folders
-
+    sys.path.insert(0, str(ROOT))  # the tests' trained Llama and its tokenizer
     from edgeattn.config import get_preset
     from edgeattn.exporters.export import export_model
     from edgeattn.exporters.mobile import package_mobile
     from edgeattn.model import build_model
+    from tests.helpers import causal_folders
 
     config = replace(get_preset("bert-base"), d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=4, max_len=128)
     encoder = work / "encoder"
