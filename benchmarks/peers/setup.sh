@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peers of benchmarks/causal_generation.py in their own environment (they need a newer
+# The peers of edgeattn/families/causal/peers.py in their own environment (they need a newer
 # transformers than the project's tests pin, and llama-cpp-python compiles llama.cpp from its
 # source distribution: about 9 minutes on two cores). Usage: bash benchmarks/peers/setup.sh [DIR]
 set -euo pipefail

@@ -1,7 +1,7 @@
 """A language model's export timed precision by precision: the prompt (prefill) and the decoding
 steps after it, every precision the export holds in one process, interleaved round by round
 (``edgeattn bench DIR`` on a decoder-only export). The peers (transformers, Optimum,
-onnxruntime-genai, llama.cpp) are ``benchmarks/causal_generation.py``'s."""
+onnxruntime-genai, llama.cpp) are ``edgeattn/families/causal/peers.py``'s."""
 
 from __future__ import annotations
 

@@ -6,15 +6,19 @@ Runtime's default, spinning threads, as Optimum runs it unless told otherwise) a
 pass, greedy, every row made to run all ``new_tokens`` steps.
 Reports tokens per second, resident memory after loading and at peak, and each variant's files
 on disk. Needs the ``peers`` extra (transformers, optimum-onnx).
+
+    python -m edgeattn.families.seq2seq.peers [--folder DIR] [--batch 1,8] [--passes 3] [--runs 3] [--out FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +28,7 @@ import numpy as np
 
 from edgeattn.benchmark.machine import machine_info
 from edgeattn.benchmark.memory import peak_mb, resident_mb
+from edgeattn.benchmark.report import publish
 from edgeattn.runtime.precisions import FP32
 
 log = logging.getLogger(__name__)
@@ -252,7 +257,7 @@ def bench_seq2seq(
             for variant, path in paths.items():
                 spec = {"variant": variant, "path": str(path), "batch": batch, "src_len": src_len,
                         "new_tokens": new_tokens, "threads": threads, "runs": runs, "vocab": vocab}  # fmt: skip
-                done = subprocess.run([sys.executable, "-m", "edgeattn.families.seq2seq.peers", json.dumps(spec)],
+                done = subprocess.run([sys.executable, "-m", "edgeattn.families.seq2seq.peer_worker", json.dumps(spec)],
                                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
                 if done.returncode != 0:
                     result.skipped[variant] = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -277,15 +282,51 @@ def bench_seq2seq(
     return result
 
 
-if __name__ == "__main__":  # the worker: one variant in this process
-    logging.disable(logging.WARNING)
-    import warnings
-
-    warnings.simplefilter("ignore")
-    print(json.dumps(worker(json.loads(sys.argv[1]))))
-
-
 def _precisions_of(manifest: Any) -> list[str]:
     """The precisions every graph of an export holds besides fp32."""
     held = [set(entry.precisions) for entry in manifest.graphs.values()]
     return sorted(set.intersection(*held)) if held else []
+
+
+#: t5-small's sizes (60M parameters, 242 MB of float32 weights)
+T5_SMALL = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
+            "feed_forward_proj": "relu", "tie_word_embeddings": True}  # fmt: skip
+
+
+def t5_small_folder(path: Path, seed: int = 0) -> Path:
+    """A random t5-small-shaped T5 saved as ``save_pretrained`` writes it."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(**T5_SMALL, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, dropout_rate=0.0)
+    T5ForConditionalGeneration(config).eval().save_pretrained(path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Seq2seq generation beside its peers on a T5 folder (default: a "
+                                     "random t5-small-shaped one), each variant in its own process.")
+    parser.add_argument("--folder", type=Path, help="a local T5 folder (default: a random t5-small-shaped one)")
+    parser.add_argument("--work", type=Path, help="where the exports go (default: a temporary directory)")
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--src-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3, help="timed generations per process (after one untimed)")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/t5-small-generation.json"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        folder = args.folder or t5_small_folder(work / "t5-small-random")
+        result = bench_seq2seq(folder, work, tuple(int(b) for b in args.batch.split(",")), args.src_len,
+                               args.new_tokens, args.threads, args.passes, args.runs,
+                               variants=tuple(args.variants.split(",")))  # fmt: skip
+    publish(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

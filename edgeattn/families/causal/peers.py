@@ -20,7 +20,7 @@ decode is set (tokens/s x the bytes its weights hold).
 The peers live in their own environment (``bash benchmarks/peers/setup.sh``): onnxruntime-genai's
 builder needs a newer ``transformers`` than the project's tests, llama-cpp-python compiles.
 
-    python benchmarks/causal_generation.py [--models smollm2-360m,qwen2.5-0.5b] [--prompts 128,512]
+    python -m edgeattn.families.causal.peers [--models smollm2-360m,qwen2.5-0.5b] [--prompts 128,512]
         [--batches 1,4] [--new-tokens 128] [--rounds 2] [--variants ...] [--work DIR] [--peers VENV]
 """
 
@@ -38,8 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "benchmarks" / "causal_worker.py"
+#: the checkout this runs from (the tests' real texts and builders; benchmarks/results)
+ROOT = Path(__file__).resolve().parents[3]
+#: one variant in its own process, run by path (the peers' environment has no edgeattn)
+WORKER = Path(__file__).with_name("peer_worker.py")
 
 #: The checkpoints' shapes (their published config.json sizes; random weights)
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {

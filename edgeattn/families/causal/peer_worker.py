@@ -1,7 +1,7 @@
-"""One variant of benchmarks/causal_generation.py in its own process (standalone: it runs in the
+"""One variant of edgeattn.families.causal.peers in its own process (standalone: it runs in the
 project's environment or in the peers' one, which has no edgeattn).
 
-    python benchmarks/causal_worker.py '{"variant": ..., "path": ..., "batch": 1, "prompt": 128, ...}'
+    python edgeattn/families/causal/peer_worker.py '{"variant": ..., "path": ..., "batch": 1, "prompt": 128, ...}'
 
 Loads the variant, runs one untimed generation, then ``runs`` timed ones: each the prompt (its
 time to the first token's logits: prefill) and ``new_tokens - 1`` greedy steps (decode tokens/s,

@@ -1,6 +1,6 @@
 """Whisper on the CPU, side by side in one run: edgeattn's export (each precision it holds) against
 transformers eager, faster-whisper (CTranslate2, int8 and float32), whisper.cpp (its Python binding
-pywhispercpp, q8_0 and float16 files written by ``whisper_ggml.py``) and onnxruntime-genai (its
+pywhispercpp, q8_0 and float16 files written by :mod:`edgeattn.families.speech.ggml_peers`) and onnxruntime-genai (its
 builder's int8 on the same folder) on the same real model and the same audio, each variant in its
 own process, the variants taken in turn ``--rounds`` times and each one's fastest round kept.
 
@@ -20,7 +20,8 @@ A peer that is not installed is named in the JSON's ``not_run`` with the reason:
 (pip), onnxruntime-genai (pip; its builder needs transformers 5, taken from ``EDGEATTN_TF5``'s
 environment when this one has 4.x).
 
-Usage: ``python benchmarks/whisper.py [--threads 2] [--rounds 3] [--json benchmarks/results/whisper-tiny-en.json]``
+Usage: ``python -m edgeattn.families.speech.peers [--threads 2] [--rounds 3]
+[--json benchmarks/results/whisper-tiny-en.json]``
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+#: the checkout this runs from (the tests' real texts and builders; benchmarks/results)
+ROOT = Path(__file__).resolve().parents[3]
 FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real")) / "whisper-tiny-en"
 #: the most seconds of speech in each clip (the first within one 30 s window)
 CLIPS = {"30 s": 29.5, "5 min": 300}
@@ -171,8 +173,7 @@ def _peers(work: Path, threads: int) -> tuple[dict[str, Path], dict[str, str]]:
     if importlib.util.find_spec("pywhispercpp") is None:
         not_run["whisper.cpp"] = "pywhispercpp (its Python binding) is not installed: pip install pywhispercpp"
     else:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from whisper_ggml import convert
+        from edgeattn.families.speech.ggml_peers import convert
 
         found["whisper.cpp q8_0"] = convert(FOLDER, work / "ggml-q8_0.bin", quantize=True)
         found["whisper.cpp f16"] = convert(FOLDER, work / "ggml-f16.bin")

@@ -1,10 +1,10 @@
-"""A Hugging Face Whisper folder as whisper.cpp's ggml model file, for benchmarks/whisper.py: float16
+"""A Hugging Face Whisper folder as whisper.cpp's ggml model file, for :mod:`edgeattn.families.speech.peers`: float16
 (whisper.cpp's own conversion, ``models/convert-h5-to-ggml.py``, writes the same) or q8_0 (what
 whisper.cpp's ``quantize`` tool makes of that file: every 2-D weight in blocks of 32 int8 values
 with a float16 scale, the convolution biases and positional embeddings left alone). Written here
 from the file format because the Python binding (pywhispercpp) ships no converter or quantiser.
 
-Usage: ``python benchmarks/whisper_ggml.py FOLDER OUT.bin [--q8]``
+Usage: ``python -m edgeattn.families.speech.ggml_peers FOLDER OUT.bin [--q8]``
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ standard library's documentation (``--clips`` clips of ``--seconds`` each); the 
 Word probabilities: each word's probability against faster-whisper float32's on the first clip,
 over the words both hear alike (faster-whisper reads them from a second run without the timestamps).
 
-Usage: ``python benchmarks/whisper_batch.py --export EXPORT [--precision int8] [--threads 2]
+Usage: ``python -m edgeattn.families.speech.batch_bench --export EXPORT [--precision int8] [--threads 2]
 [--json benchmarks/results/whisper-batch.json]``, EXPORT an export of that folder.
 """
 
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+#: the checkout this runs from (the tests' real texts and builders; benchmarks/results)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def main() -> None:
@@ -39,15 +40,12 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["EDGEATTN_THREADS"] = str(args.threads)
     sys.path.insert(0, str(ROOT / "tests" / "real"))
-    import importlib.util
 
     import texts
     from build_whisper_tiny_en import package_model
 
-    spec = importlib.util.spec_from_file_location("whisper_benchmark", ROOT / "benchmarks" / "whisper.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # its espeak-ng reader and sampling rate
+    from edgeattn.families.speech import peers as bench  # its espeak-ng reader and sampling rate
+
     RATE, _speech = bench.RATE, bench._speech  # noqa: N806
 
     from edgeattn.benchmark.machine import machine_info

@@ -2,7 +2,7 @@
 transformers' ``WhisperFeatureExtractor`` (its torch path, and its numpy path), in one run, on a
 30 s window and 10 minutes of long-form audio; each one's largest difference from transformers'.
 
-Usage: ``python benchmarks/log_mel.py [--repeats 15] [--json benchmarks/results/log-mel.json]``
+Usage: ``python -m edgeattn.families.speech.log_mel_bench [--repeats 15] [--json benchmarks/results/log-mel.json]``
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+#: the checkout this runs from (the tests' real texts and builders; benchmarks/results)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def timed(run: Any, repeats: int) -> dict[str, float]:
