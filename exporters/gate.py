@@ -121,10 +121,7 @@ RANDOM_CAVEAT = (
 )
 #: the most held-out tokens the gate measures by default (a larger file is sampled evenly, rows
 #: spread over it). The comparison is paired (the same tokens through float32 and the candidate),
-#: so it needs few: on the real SmolLM2-135M-Instruct's 16,217-token sample of 120 KB of prose
-#: (2026-12-03), half its rows drawn 300 times put int8's perplexity kept within a standard
-#: deviation of 0.0010 of the whole sample's (0.9937) and next-token agreement within 0.0017
-#: (0.953); int4's within 0.0048 (0.949) and 0.0034 (0.833): a tenth of the margins to the limits
+#: so it needs few (docs/precisions.md: how many held-out tokens the gate needs)
 GATE_TOKENS = 8192
 
 
@@ -367,10 +364,7 @@ LOGITS_BYTES = 128 * 2**20
 #: prompt tokens whose greedy continuations the generation and loop checks compare at most
 GENERATION_TOKENS = 4096
 #: the most rows a greedy check continues at once, eager PyTorch's and a runtime's (rows of like
-#: length go together). Measured on the real SmolLM2-135M-Instruct's gate (76 rows of 4,171 prompt
-#: tokens, 32 new tokens, 2 cores): eager 27 s at 16 rows, 19.5 at 32, 34 at all 76 (the shorter
-#: rows padded to the longest); the int8 runtime 15.5 s at 16 rows, 16.9 at 32 (its prompt chunks
-#: count tokens over the rows: more rows, narrower chunks)
+#: length go together; the fastest of those measured on a real gate, docs/precisions.md)
 EAGER_GREEDY_ROWS, RUNTIME_GREEDY_ROWS = 32, 16
 
 

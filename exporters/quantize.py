@@ -160,8 +160,7 @@ class _Reader:
 #: Operators whose outputs static int8 leaves in float32. A matrix product's output feeds float
 #: operators (bias add, attention, activation), so quantising it only adds a quantise/dequantise
 #: pass; left in float32, ONNX Runtime runs dequantise + MatMul as one ``MatMulIntegerToFloat``
-#: instead of ``QLinearMatMul`` + dequantise. Reference encoder, 2 AVX2 cores: 5% faster at 1x512
-#: and 8x128, worst-token cosine to float32 0.99885 against 0.99871.
+#: instead of ``QLinearMatMul`` + dequantise, faster and no less close (docs/precisions.md).
 UNQUANTIZED_OUTPUTS = ("MatMul",)
 
 
@@ -286,10 +285,8 @@ INT8_ACTIVATIONS_LEVEL = 4
 #: weights per scale of the block-wise int8 form (llama.cpp's Q8_0 has 32)
 INT8_BLOCK = 32
 #: MatMulNBits' accuracy_level of the block-wise int8 form: 4, activations quantised to int8 per
-#: block as llama.cpp's Q8_0 does. Measured on the real SmolLM2-135M-Instruct (2026-12-03, 2 cores
-#: of an AVX-512 EPYC, onnxruntime 1.32): level 0 (float activations) keeps more (perplexity +0.1%
-#: against +0.6% on a first sample of the text) but decodes at 3.7 tokens/s against 74 at level 4
-#: (its 8-bit float path is slow)
+#: block as llama.cpp's Q8_0 does (level 0's float activations keep a little more but decode some
+#: 20x slower: docs/precisions.md)
 INT8_BLOCKWISE_LEVEL = 4
 
 

@@ -331,8 +331,6 @@ def write_graph(model: onnx.ModelProto, out: Path, name: str, file_limit: int = 
     return entry
 
 
-#: the precisions a bundle holds when none is named, best first, by target and graph: the first the
-#: export holds that passed its accuracy gate (else fp32). Measured: an encoder's int8
 def default_precision(manifest: Manifest, target: str = "web") -> str:
     """What a ``target`` bundle holds when no precision is named: the first of its last graph's
     role's ``bundle_precisions`` for the target that every graph has, not degraded; else fp32."""

@@ -236,10 +236,7 @@ PRECISIONS: dict[str, Precision] = {
             sensitive_search=True,
             calibrated=True,
             # with --static-form plain, standard operators only, so that other engines (OpenVINO) run
-            # the whole graph: made from the MultiHeadAttention form, the reference encoder ran
-            # 3.5-5x slower on OpenVINO (it hands the attention nodes back to ONNX Runtime), while
-            # ONNX Runtime ran the plain one up to 1.15x slower; the decoders' cached step stays fused
-            # either way (1.17x / 1.38x slower plain at batch 1 / 8)
+            # the whole graph (docs/precisions.md: the plain form); the decoders' cached step stays fused
             plain_form=True,
             floor="int8-static",
             converter=f"{_QUANTIZE}:quantize_int8_static",
@@ -266,7 +263,7 @@ PRECISIONS: dict[str, Precision] = {
             engine="OpenVINOExecutionProvider",
             # without the CPU plugin's snippets, which fail to compile the decoders' cached attention
             # in bf16 ("BrgemmCPU node has incompatible input element types: f32 and bf16",
-            # onnxruntime-openvino 1.24.1); the encoders ran as fast either way (0.97-1.03x)
+            # onnxruntime-openvino 1.24.1)
             engine_options=(("precision_hint", "bf16"), ("load_config", '{"CPU": {"SNIPPETS_MODE": "DISABLE"}}')),
         ),
         Precision(

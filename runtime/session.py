@@ -29,10 +29,8 @@ log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
-#: ONNX Runtime graph rewrites turned off on CPU-only sessions. SkipLayerNormFusion merges a
-#: residual Add into the following LayerNormalization; onnxruntime 1.32's CPU SkipLayerNormalization
-#: kernel took 200 us on a 128 x 512 block and 1.6 ms on 1024 x 512 where LayerNormalization plus
-#: Add took 35 / 320 us (measured on this project's 2-core CPU), so on the CPU the rewrite costs time.
+#: ONNX Runtime graph rewrites turned off on CPU-only sessions: SkipLayerNormFusion merges a
+#: residual Add into the following LayerNormalization, whose CPU kernel is the slower (docs/runtime.md).
 CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
@@ -83,9 +81,8 @@ def preload_cuda_libraries() -> bool:
 #: How intra-op threads wait for work: "on" (ONNX Runtime's default: they spin, between runs too),
 #: "run" (they spin while a run lasts and stop when it ends, so sessions that share cores do not
 #: fight between their runs), "off" (they never spin). True and False mean "on" and "off".
-#: edgeattn's default is "run": a T5-small-shaped model generated 1.32x (fp32) and 1.35x (int8)
-#: faster than with "on" (2 threads, its encoder, cross_kv and decoder sessions each with a pool of
-#: threads that, under "on", spin on the cores the running one needs).
+#: edgeattn's default is "run": a model of several sessions, each with its pool of threads, does not
+#: have the idle pools spin on the cores the running one needs (docs/runtime.md).
 Spinning = Literal["on", "run", "off"]
 
 

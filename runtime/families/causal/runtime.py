@@ -214,10 +214,7 @@ class CausalRuntime(TokenGeneration, ExportedModel):
 
     #: a longer prompt (or conversation turn) runs in chunks of this many tokens counted over the
     #: rows (a batch of 4: 32 columns a run; 0: whole): the activations of a whole prompt grow the
-    #: session's arena for good. Measured here (SmolLM2-360M-shaped int4, 2 cores): a 512-token
-    #: prompt twice peaked at 511 MB whole, 462 in chunks of 256, 442 of 128, 431 of 64, the prompt
-    #: taking 1.9-2.2 s in every case; four 512-token prompts peaked at 590 MiB in chunks of 128
-    #: columns, 550 of 64, 528 of 32 (the prompts taking 6.6-6.9, 7.2-7.4 and 7.4-7.6 s)
+    #: session's arena for good (docs/language-models.md: the prompt in chunks)
     prefill_chunk: int = 128
 
     def _attached(self) -> None:
