@@ -26,14 +26,11 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
-from edgeattn.families.causal.model import CausalLM
-from edgeattn.families.seq2seq.model import Seq2SeqTransformer
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import FAMILIES, Family, family_of, resolve
 from edgeattn.runtime.manifest import GateRecord
 from edgeattn.runtime.precisions import Thresholds, Verdict, get_precision
-from edgeattn.runtime.specs import POSITION, SLOT_CACHE, cache_names
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +175,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / np.maximum(denom, 1e-30)
 
 
-def _cosine_metrics(got: np.ndarray, want: np.ndarray, rows: np.ndarray | None = None) -> dict[str, float]:
+def cosine_metrics(got: np.ndarray, want: np.ndarray, rows: np.ndarray | None = None) -> dict[str, float]:
     cos = _cosines(got, want)
     if rows is not None:
         cos = cos[rows.reshape(-1)]
@@ -226,26 +223,6 @@ class Reference:
         return self._blocks[graph]
 
     @cached_property
-    def cross(self) -> dict[str, np.ndarray]:
-        """Every decoder layer's cross-attention keys and values, by cross_kv output name."""
-        assert isinstance(self.model, Seq2SeqTransformer)
-        with torch.no_grad():
-            kv = self.model.cross_kv(self.hidden)
-        names = cache_names("cross", self.model.config.n_decoder_layers)
-        return {n: t.numpy() for n, t in zip(names, (t for pair in kv for t in pair), strict=True)}
-
-    @cached_property
-    def forced(self) -> TeacherForced:
-        assert isinstance(self.model, Seq2SeqTransformer)
-        return teacher_forced(self.model, self.ids, self.mask, self.new_tokens, self.hidden)
-
-    @cached_property
-    def next_tokens(self) -> NextTokens:
-        """A decoder-only model's answers after every held-out token (teacher forcing)."""
-        return next_tokens(lambda ids, mask: _eager_logits(self.model, ids, mask), self.ids, self.mask,
-                           self.model.config.vocab_size, "gate: eager float32 text", self.progress)  # fmt: skip
-
-    @cached_property
     def generation_rows(self) -> np.ndarray:
         """The held-out rows whose greedy continuations are compared: all of them, or, past
         :data:`GENERATION_TOKENS` prompt tokens, as many rows spread evenly over the set as fit."""
@@ -276,8 +253,6 @@ class Reference:
         return out
 
     def _greedy(self, steps: int) -> np.ndarray:
-        assert isinstance(self.model, Seq2SeqTransformer | CausalLM)
-
         def eager(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
             with torch.no_grad():
                 return self.model.greedy(torch.from_numpy(ids), torch.from_numpy(mask), steps).numpy()
@@ -290,29 +265,21 @@ class Reference:
         key = id(runtime)
         kept = self._generated.get(key)
         if kept is None or kept[0] is not runtime or kept[1].shape[1] < steps:
-            if steps < 2 * self.new_tokens and isinstance(self.model, CausalLM):
-                steps_made = max(steps, self.long_greedy.shape[1])
-            else:
-                steps_made = steps
+            steps_made = self._steps_made(steps)
             kept = (runtime, self._by_length(lambda ids, mask: runtime.generate(ids, mask, steps_made).tokens,
                                              steps_made, RUNTIME_GREEDY_ROWS,
                                              f"gate: {runtime.precision} greedy x{steps_made}"))
             self._generated = {key: kept}  # one runtime at a time: the gate measures candidates in turn
         return kept[1][:, :steps]
 
-    @cached_property
-    def long_greedy(self) -> np.ndarray:
-        """Greedy continuations of :attr:`generation_rows` twice as long as the generation check's
-        (where loops show), within the model's max_len."""
-        steps = max(1, min(2 * self.new_tokens, self.model.config.max_len - self.generation_inputs[0].shape[1]))
-        return self._greedy(steps)
+    def _steps_made(self, steps: int) -> int:
+        """How long a runtime's continuations are made when ``steps`` are asked (a family's reference
+        may make them longer at once, to serve a longer check from the same run)."""
+        return steps
 
     @cached_property
     def greedy(self) -> np.ndarray:
-        """Greedy continuations of :attr:`generation_rows` (the first steps of :attr:`long_greedy`:
-        greedy decoding is the same however far it goes)."""
-        if isinstance(self.model, CausalLM) and self.long_greedy.shape[1] >= self.new_tokens:
-            return self.long_greedy[:, : self.new_tokens]
+        """Eager greedy continuations of :attr:`generation_rows`, ``new_tokens`` long."""
         return self._greedy(self.new_tokens)
 
 
@@ -428,46 +395,8 @@ def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray, vocab_size: i
     return NextTokens(top1, logp, valid)
 
 
-def _eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
 
 
-@dataclass
-class TeacherForced:
-    """Decoder inputs under teacher forcing and eager PyTorch's answers to them."""
-
-    feeds: dict[str, np.ndarray]  # the decoder graph's inputs: targets shifted right, empty cache, cross K/V
-    cross: dict[str, np.ndarray]  # eager cross-attention keys/values by input name
-    logits: np.ndarray  # eager float32 logits for ``feeds``
-
-
-def teacher_forced(
-    model: Seq2SeqTransformer, ids: np.ndarray, mask: np.ndarray, new_tokens: int, hidden: torch.Tensor | None = None
-) -> TeacherForced:
-    """The eager model's own greedy continuation of each source, fed back as decoder input."""
-    c = model.config
-    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    with torch.no_grad():
-        hidden = model.encode(t_ids, t_mask) if hidden is None else hidden
-        cross = model.cross_kv(hidden)
-        targets = model.greedy(t_ids, t_mask, new_tokens, stop_at_eos=False)
-        dec_in = torch.cat([torch.full_like(targets[:, :1], c.bos_id), targets[:, :-1]], dim=1)
-        logits, _ = model.decode(dec_in, cross_kv=cross, memory_mask=t_mask)
-    names = cache_names("cross", c.n_decoder_layers)
-    cross_np = {n: t.numpy() for n, t in zip(names, (t for kv in cross for t in kv), strict=True)}
-    past = {n: np.zeros((ids.shape[0], c.n_heads, 0, c.head_dim), np.float32)
-            for n in cache_names("past", c.n_decoder_layers)}  # fmt: skip
-    feeds = {"input_ids": dec_in.numpy(), "encoder_attention_mask": mask, **past, **cross_np}
-    return TeacherForced(feeds, cross_np, logits.numpy())
-
-
-def slot_feeds(feeds: dict[str, np.ndarray], config: ModelConfig) -> dict[str, np.ndarray]:
-    """The ``decoder_fixed`` graph's inputs for the same step as ``decoder`` feeds with an empty
-    cache: every target in slots 0 .. T - 1 of a cache of T slots."""
-    rows, t = feeds["input_ids"].shape
-    out = {k: v for k, v in feeds.items() if k not in cache_names("past", config.n_decoder_layers)}
-    out[POSITION] = np.zeros(1, np.int64)
-    for name in cache_names(SLOT_CACHE, config.n_decoder_layers):
-        out[name] = np.zeros((rows, config.n_heads, t, config.head_dim), np.float32)
-    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeattn.exporters.gate import Reference, _cosine_metrics
+from edgeattn.exporters.gate import Reference, cosine_metrics
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.exported_model import ExportedModel
@@ -27,7 +27,7 @@ def attention_calibration(model: TransformerModel, spec: GraphSpec, ids: np.ndar
 def encoder_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
     """Hidden states' cosine to eager (real tokens), and the head's top-1 agreement."""
     out = runtime.run(graph, encoder_feeds(runtime.specs[graph].input_names, ref.ids, ref.mask))
-    metrics = _cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
+    metrics = cosine_metrics(out["last_hidden_state"], ref.hidden.numpy(), ref.valid)
     if "logits" in out:
         agree = out["logits"].argmax(-1) == ref.logits.argmax(-1)
         metrics["top1"] = float(agree[ref.valid].mean() if agree.ndim == 2 else agree.mean())
@@ -36,4 +36,4 @@ def encoder_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[
 def attention_metrics(ref: Reference, runtime: ExportedModel, graph: str) -> dict[str, float]:
     """The block's output cosine to eager on random hidden states."""
     feeds, want = ref.block(graph)
-    return _cosine_metrics(runtime.run(graph, feeds)["attention_output"], want)
+    return cosine_metrics(runtime.run(graph, feeds)["attention_output"], want)

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgeattn.exporters.gate import HeldOut, Reference, TeacherForced, _cosine_metrics
+from edgeattn.exporters.gate import HeldOut, Reference, cosine_metrics
+from edgeattn.families.seq2seq.gate import TeacherForced
 from edgeattn.families.speech.model import WhisperModel
 from edgeattn.runtime.families.speech.specs import FEATURES
 from edgeattn.runtime.families.speech.wer import edit_distance, words
@@ -150,7 +151,7 @@ def _words_kept(runtime: Any, pairs: list[tuple[list[int], list[int]]], eos: int
 def encoder_metrics(ref: SpeechReference, runtime: Any, graph: str) -> dict[str, float]:
     """The encoder states' cosine to eager float32's."""
     out = runtime.run(graph, {FEATURES: ref.features})["last_hidden_state"]
-    return _cosine_metrics(out, ref.hidden.numpy())
+    return cosine_metrics(out, ref.hidden.numpy())
 
 
 # ------------------------------------------------------------------------------- calibration
@@ -171,7 +172,7 @@ def cross_kv_calibration(model: WhisperModel, spec: GraphSpec, ids: np.ndarray, 
 def decoder_calibration(model: WhisperModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
                         rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
     """The decoder under teacher forcing of eager greedy tokens on random windows."""
-    from edgeattn.exporters.gate import slot_feeds
+    from edgeattn.families.seq2seq.gate import slot_feeds
     from edgeattn.runtime.specs import POSITION
 
     features = encoder_calibration(model, spec, ids, mask, rng, new_tokens)[FEATURES]

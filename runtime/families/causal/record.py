@@ -55,6 +55,7 @@ FAMILY = Family(
     importers=f"{_HERE}.hf:importers",
     bencher=f"{_HERE}.bench:bench_export",
     config_section=f"{_HERE}.config:CausalLMConfig",
+    gate_reference=f"{_HERE}.gate:CausalReference",
     run_hook="edgeattn.runtime.families.causal.cli:RUN",
     api="generate",
 )  # fmt: skip

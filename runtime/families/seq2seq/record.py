@@ -62,5 +62,6 @@ FAMILY = Family(
     importers="edgeattn.families.seq2seq.hf:importers",
     config_fields=("scale_decoder_output",),
     encoder_decoder=True,
+    gate_reference="edgeattn.families.seq2seq.gate:Seq2SeqReference",
     run_hook="edgeattn.runtime.families.seq2seq.cli:RUN",
 )  # fmt: skip
