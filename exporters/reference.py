@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.families.causal.model import CausalLM
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.generate import GenerationConfig, GenerationOutput, generate
@@ -32,5 +31,5 @@ def eager_generate(
     stepper = resolve(family.stepper)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, strategy=strategy, **options)  # type: ignore[arg-type]
     eos = c.eos_id if eos_id is None else eos_id
-    extra = {"capacity": cfg.max_new_tokens} if isinstance(model, CausalLM) else {}
-    return generate(lambda n: stepper(model, ids, mask, n, **extra), ids.shape[0], c.bos_id, eos, c.pad_id, cfg)
+    return generate(lambda n: stepper(model, ids, mask, n, capacity=cfg.max_new_tokens), ids.shape[0], c.bos_id, eos,
+                    c.pad_id, cfg)

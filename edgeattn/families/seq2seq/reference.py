@@ -12,7 +12,9 @@ from edgeattn.families.seq2seq.model import Seq2SeqTransformer
 class EagerStepper:
     """The :class:`~edgeattn.runtime.generate.Stepper` of an eager PyTorch model."""
 
-    def __init__(self, model: Seq2SeqTransformer, ids: np.ndarray, mask: np.ndarray, repeat: int = 1) -> None:
+    def __init__(self, model: Seq2SeqTransformer, ids: np.ndarray, mask: np.ndarray, repeat: int = 1,
+                 capacity: int = 0) -> None:  # fmt: skip
+        """``capacity``: the new tokens the decode may make (unused: the eager cache grows as it goes)."""
         self.model = model.eval()
         src, src_mask = torch.from_numpy(ids), torch.from_numpy(mask)
         with torch.no_grad():
