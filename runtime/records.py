@@ -217,6 +217,9 @@ class Family:
     #: seqs, batches, threads, precisions) -> result`` with ``table()`` and ``to_dict()`` (None: the
     #: engine's grid of shapes)
     bencher: str | None = None
+    #: ``"module:function"`` timing its decoding step after ``edgeattn bench``'s grid, ``(export_dir,
+    #: positions, threads, repeats, src_len) -> result`` with ``table()`` and ``to_dict()`` (None: none)
+    generation_bench: str | None = None
     #: ``"module:function"`` checking a greedy decode of its export against eager PyTorch,
     #: ``(model, runtime, rng, tokens) -> GreedyResult`` (``edgeattn.exporters.verify``)
     greedy_check: str = "edgeattn.exporters.verify:verify_greedy"

@@ -12,7 +12,7 @@ from typing import Any
 from edgeattn.benchmark.latency import LatencyReport, bench_latency, eager_variants, onnx_variants, plot_report
 from edgeattn.errors import EdgeattnError
 from edgeattn.host import has_bf16
-from edgeattn.runtime.families import get_family
+from edgeattn.runtime.families import get_family, resolve
 from edgeattn.runtime.precisions import FP32, get_precision, graph_precisions, standard_operator_precisions
 from edgeattn.runtime.providers import OPENVINO, Provider, installed_plugins, openvino_usable, provider_name
 from edgeattn.runtime.session import CPU, CUDA
@@ -165,9 +165,9 @@ def run_benchmark(
                 _agreement(report, others, eager.answer, manifest, against="eager PyTorch float32",
                            output="last_hidden_state")  # fmt: skip
         generation = None
-        if options.generation and get_family(manifest.family_name).generates_with(manifest.graphs):
-            from edgeattn.families.seq2seq.generation_bench import bench_generation
-
+        family = get_family(manifest.family_name)
+        if options.generation and family.generation_bench is not None and family.generates_with(manifest.graphs):
+            bench_generation = resolve(family.generation_bench)
             positions = tuple(p for p in (16, 64, 256) if p < config.max_len)
             generation = bench_generation(export_dir, positions, threads=options.threads, repeats=options.repeats,
                                           src_len=min(128, config.max_len))  # fmt: skip

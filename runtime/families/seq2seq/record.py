@@ -62,6 +62,7 @@ FAMILY = Family(
     importers="edgeattn.families.seq2seq.hf:importers",
     config_fields=("scale_decoder_output",),
     encoder_decoder=True,
+    generation_bench="edgeattn.families.seq2seq.generation_bench:bench_generation",
     gate_reference="edgeattn.families.seq2seq.gate:Seq2SeqReference",
     run_hook="edgeattn.runtime.families.seq2seq.cli:RUN",
 )  # fmt: skip
