@@ -73,7 +73,7 @@ def _run(page, texts: list[str]) -> dict:
     return page.evaluate("window.edgeattnResult")
 
 
-def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_modules, browser):  # noqa: F811
+def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_modules, browser):
     export = bert_export(tmp_path / "classifier", "ForSequenceClassification")
     package_web(export, tmp_path / "web", "web", ["fp32", "int8"])
     with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
@@ -96,7 +96,7 @@ def test_the_page_classifies_in_chromium_as_the_python_runtime(tmp_path, node_mo
         assert "text(s) in" in page.inner_text("#timing")
 
 
-def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browser):
     export = bert_export(tmp_path / "embedder", "Model")
     bundle = package_web(export, tmp_path / "web", "web")  # the default: the gated int8
     assert [f["precision"] for f in bundle.files] == ["int8"]
@@ -111,7 +111,7 @@ def test_the_page_finds_nearest_texts_in_chromium(tmp_path, node_modules, browse
         assert page.locator("td.label").all_inner_texts() == nearest
 
 
-def test_the_page_shows_the_entities_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+def test_the_page_shows_the_entities_in_chromium(tmp_path, node_modules, browser):
     from tests.helpers.bundles import HARD_TEXTS
     from tests.helpers.encoder_folders import text_export
 
@@ -127,7 +127,7 @@ def test_the_page_shows_the_entities_in_chromium(tmp_path, node_modules, browser
         assert cells[0] == (", ".join(f"{e.entity_group}: {e.word}" for e in want[0]) or "-")
 
 
-def test_the_page_streams_a_language_models_continuations_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+def test_the_page_streams_a_language_models_continuations_in_chromium(tmp_path, node_modules, browser):
     """A page's default precision of a language model (its gated int8, remade for ONNX Runtime
     1.30): each prompt's continuation, streamed into the page, as the Python runtime over the same
     file gives it."""
@@ -172,7 +172,7 @@ def _on_webgpu(page, precision: str, file: str) -> None:
                            "document.querySelector('#status').textContent.includes('on webgpu')")  # fmt: skip
 
 
-def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
+def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):
     """onnxruntime-web's WebGPU backend (on Chromium's software adapter): the labels and
     probabilities of the Python runtime at fp32 and int8."""
     export = bert_export(tmp_path / "classifier", "ForSequenceClassification")
@@ -189,7 +189,7 @@ def test_the_page_classifies_on_webgpu_as_the_python_runtime(tmp_path, node_modu
                 assert max(abs(got["scores"][k] - v) for k, v in expected.scores.items()) < 1e-4
 
 
-def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):  # noqa: F811
+def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node_modules, gpu_browser):
     """A language model's int8 and int4 (remade for ONNX Runtime 1.30) on the WebGPU backend: each
     prompt's continuation as the Python runtime over the same file gives it."""
     from edgeattn.exporters.web import bundle_runtime
@@ -210,7 +210,7 @@ def test_a_language_model_streams_on_webgpu_as_the_python_runtime(tmp_path, node
             assert shown["complete"] == ["".join(runtime.stream_text(p, 12)) for p in PROMPTS]
 
 
-def test_the_page_streams_a_seq2seq_models_answers_in_chromium(tmp_path, node_modules, browser):  # noqa: F811
+def test_the_page_streams_a_seq2seq_models_answers_in_chromium(tmp_path, node_modules, browser):
     """A T5 export's bundle: each text's answer streamed into the page, as the Python runtime gives it."""
     from edgeattn.exporters.export import export_model
     from edgeattn.sources import resolve_model

@@ -175,7 +175,7 @@ def test_long_form_conditioned_on_the_text_heard_equals_transformers(folder, exp
     assert all(s.words is None and s.token_times is None for s in ours.segments)  # none asked for, in any window
 
 
-def test_the_node_bundle_hears_espeak_speech_as_the_python_runtime(export, clips, node_modules, tmp_path):  # noqa: F811
+def test_the_node_bundle_hears_espeak_speech_as_the_python_runtime(export, clips, node_modules, tmp_path):
     """The real model's node bundle: its ES module's log-mel features within 1e-4 of the Python
     runtime's, and its segments, times and text equal to it on a sentence and on 43 s (long-form)
     of espeak-ng speech, on onnxruntime-node and onnxruntime-web's wasm."""
@@ -207,7 +207,7 @@ console.log(JSON.stringify(out));
 """
 
 
-def test_the_node_bundle_searches_beams_and_conditions_as_the_python_runtime(export, clips, node_modules,  # noqa: F811
+def test_the_node_bundle_searches_beams_and_conditions_as_the_python_runtime(export, clips, node_modules,
                                                                               tmp_path):  # fmt: skip
     """On the real model, the ES module's 3 beams (a sentence) and conditioning on the text heard
     (43 s, long-form) give the Python runtime's segments over the bundle's own graphs."""

@@ -27,7 +27,7 @@ def t5_export(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("target", ["node", "web"])
-def test_a_seq2seq_bundle_answers_as_the_python_runtime(t5_export, node_modules, tmp_path, target):  # noqa: F811
+def test_a_seq2seq_bundle_answers_as_the_python_runtime(t5_export, node_modules, tmp_path, target):
     assert default_precision(read_manifest(t5_export), target) == "fp32"
     bundle = package_web(t5_export, tmp_path / target, target)
     assert [(f["graph"], f["file"]) for f in bundle.files] == [(g, f"onnx/{g}.onnx")
@@ -54,7 +54,7 @@ console.log(JSON.stringify(out));
 """
 
 
-def test_a_seq2seq_bundle_stops_at_stop_strings_as_the_python_runtime(t5_export, node_modules, tmp_path):  # noqa: F811
+def test_a_seq2seq_bundle_stops_at_stop_strings_as_the_python_runtime(t5_export, node_modules, tmp_path):
     """The ES module's answers and streams end before a stop string, as the Python runtime's: the
     text assembly both language families share, on each side."""
     import subprocess
