@@ -45,11 +45,6 @@ MAX_PARAMETERS = 8_000_000_000
 MAX_LEN = 1 << 20
 
 
-def _default(name: str) -> Any:
-    """The default of ModelConfig's field ``name``."""
-    return next(f.default for f in dataclasses.fields(ModelConfig) if f.name == name)
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """Every hyper-parameter of an edgeattn transformer.
@@ -158,7 +153,7 @@ class ModelConfig:
             raise ConfigError(f"an architecture={self.architecture!r} config needs its {family.name} section "
                               f"({section.__name__})")  # fmt: skip
         for other in FAMILIES.values():
-            kept = [n for n in other.config_fields if other is not family and getattr(self, n) != _default(n)]
+            kept = [n for n in other.config_fields if other is not family and getattr(self, n) != _DEFAULTS[n]]
             if kept:
                 raise ConfigError(f"{', '.join(kept)}: for architecture={other.architecture!r} only")
         if self.section is not None:

@@ -16,10 +16,9 @@ log = logging.getLogger(__name__)
 
 #: what a vendored module may not import at its top level (the server has none of them)
 HEAVY = ("torch", "transformers")
-#: the modules a served model starts from: the Python backend, and the whole runtime package (its
-#: families' records and runtime classes are named in the registries, not imported); the families'
-#: records and the modules of the runtime classes and served tasks they name are added
-#: (:func:`served_roots`)
+#: the modules a served model starts from: the Python backend and the whole runtime package; what the
+#: registries name instead of importing (the families' records, and the runtime classes, served tasks
+#: and config sections those name) is added by :func:`served_roots`
 ROOTS = ("edgeattn.serving.triton_backend", "edgeattn.runtime")
 
 

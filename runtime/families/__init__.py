@@ -21,7 +21,6 @@ __all__ = ["FAMILIES", "NAMES", "Family", "GraphRole", "family_of", "get_family"
 NAMES = ("encoder", "seq2seq", "causal", "speech")
 
 
-
 def record_module(name: str) -> str:
     """The module holding family ``name``'s record (``FAMILY``)."""
     return f"{__name__}.{name}.record"

@@ -18,9 +18,6 @@ from edgeattn.errors import ConfigError
 if TYPE_CHECKING:
     from edgeattn.config import ModelConfig
 
-#: the architecture of the models this section belongs to (the causal family's record says the same)
-ARCHITECTURE = "decoder-only"
-
 RopeLayout = Literal["rotate-half", "interleaved"]
 #: rotary scaling kind -> (the parameters it needs, the ones it may have); every one is computed
 #: as transformers' ``modeling_rope_utils`` computes it (see :mod:`edgeattn.rope`)
@@ -108,8 +105,10 @@ class CausalLMConfig:
 
     def mirrored(self) -> dict[str, Any]:
         """The ModelConfig fields a decoder-only config mirrors from this section."""
+        from edgeattn.runtime.families.causal.record import FAMILY
+
         return {
-            "architecture": ARCHITECTURE, "vocab_size": self.vocab_size, "d_model": self.d_model,
+            "architecture": FAMILY.architecture, "vocab_size": self.vocab_size, "d_model": self.d_model,
             "n_heads": self.n_heads, "d_ff": self.d_ff, "n_encoder_layers": 0, "n_decoder_layers": self.n_layers,
             "max_len": self.max_len, "d_kv": self.head_dim, "norm": self.norm, "norm_eps": self.norm_eps,
             "position": "learned" if self.position == "learned" else "none", "scale_embedding": False,
