@@ -123,7 +123,9 @@ def check_against_transformers(hf: Imported) -> ReferenceCheck | None:
     importer = IMPORTERS[hf.architecture]
     # transformers 4.56 renamed torch_dtype dtype (the old name warns that it is deprecated)
     dtype_key = "dtype" if _release(transformers.__version__) >= (4, 56) else "torch_dtype"
-    reference = getattr(transformers, hf.architecture).from_pretrained(str(hf.folder), **{dtype_key: torch.float32})
+    # eager attention, transformers' own reference (its sdpa path leaves Gemma 2's soft-capping out)
+    reference = getattr(transformers, hf.architecture).from_pretrained(
+        str(hf.folder), attn_implementation="eager", **{dtype_key: torch.float32})
     reference.eval()
     ids, mask = sample_ids(hf)
     with torch.no_grad():

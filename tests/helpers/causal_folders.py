@@ -36,6 +36,17 @@ def models() -> dict[str, Any]:
             **SMALL, **ids, num_key_value_heads=2, tie_word_embeddings=True)),
         "qwen3-qk-norm": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**SMALL, **ids, num_key_value_heads=2, head_dim=16)),
         "phi3-packed": lambda: t.Phi3ForCausalLM(t.Phi3Config(**SMALL, **ids, num_key_value_heads=4)),
+        # windows of 4 tokens: the tests' prompts of 11 and 13 reach past them
+        "gemma3-sliding": lambda: t.Gemma3ForCausalLM(t.Gemma3TextConfig(
+            **SMALL, **ids, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=12, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"], rope_theta=100000.0, rope_local_base_freq=500.0)),
+        "gemma2-softcap": lambda: t.Gemma2ForCausalLM(t.Gemma2Config(
+            **SMALL, **ids, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+            attn_logit_softcapping=0.5, final_logit_softcapping=2.0)),
+        "mistral-window": lambda: t.MistralForCausalLM(t.MistralConfig(**SMALL, **ids, num_key_value_heads=2,
+                                                                       sliding_window=4)),
+        "smollm3-nope": lambda: t.SmolLM3ForCausalLM(t.SmolLM3Config(**SMALL, **ids, num_key_value_heads=2,
+                                                                     no_rope_layers=[1, 0])),
         "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=128,
                                                        bos_token_id=1, eos_token_id=2)),
     }  # fmt: skip
@@ -48,6 +59,7 @@ def build(name: str, seed: int = 0) -> Any:
     """The random transformers model ``name``, with non-trivial norms and biases."""
     torch.manual_seed(seed)
     model = models()[name]()
+    model.config._attn_implementation = "eager"  # the reference: sdpa leaves Gemma 2's soft-capping out
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)

@@ -41,6 +41,16 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi3-longrope": ("Phi3ForCausalLM", "Phi3Config", {**SMALL, "original_max_position_embeddings": 64,
                       "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0],
                                        "long_factor": [2.0, 3.0, 4.0, 6.0]}}),
+    # TOKENS of 21 reach past windows of 4
+    "gemma3-sliding": ("Gemma3ForCausalLM", "Gemma3TextConfig", {**SMALL, "num_key_value_heads": 2, "head_dim": 16,
+                       "query_pre_attn_scalar": 12, "sliding_window": 4, "num_hidden_layers": 3,
+                       "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),
+    "gemma2-softcap": ("Gemma2ForCausalLM", "Gemma2Config", {**SMALL, "num_key_value_heads": 1, "head_dim": 16,
+                       "query_pre_attn_scalar": 24, "sliding_window": 4, "attn_logit_softcapping": 0.5,
+                       "final_logit_softcapping": 2.0}),
+    "mistral-window": ("MistralForCausalLM", "MistralConfig", {**SMALL, "num_key_value_heads": 2, "sliding_window": 4}),
+    "smollm3-nope": ("SmolLM3ForCausalLM", "SmolLM3Config", {**SMALL, "num_key_value_heads": 2, "rope_theta": 2e6,
+                     "no_rope_layers": [1, 0]}),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", {"vocab_size": 97, "n_embd": 32, "n_layer": 2, "n_head": 4,
                                                "n_positions": 128, "bos_token_id": 1, "eos_token_id": 2}),
     "t5-v1.1": ("T5ForConditionalGeneration", "T5Config", {"vocab_size": 97, "d_model": 32, "d_ff": 37, "d_kv": 8,
@@ -66,6 +76,8 @@ def build(name: str, seed: int = 0) -> Any:
     model_class, config_class, kwargs = MODELS[name]
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs))
+    if model_class.endswith("ForCausalLM"):  # eager, the reference: sdpa leaves Gemma 2's soft-capping out
+        model.config._attn_implementation = "eager"
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)

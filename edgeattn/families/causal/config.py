@@ -10,6 +10,7 @@ its section (written as ``causal``), the shared fields (sizes, special token ids
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,6 +70,25 @@ class CausalLMConfig:
     #: RMS norm of each head's queries and keys before the rotation (Qwen3)
     qk_norm: bool = False
     tie_embeddings: bool = True
+    #: how far a sliding-window layer sees: its own token and the ``sliding_window - 1`` before it
+    #: (counted in the row's real tokens); 0: no layer slides
+    sliding_window: int = 0
+    #: each layer's attention, ``full`` or ``sliding`` (Gemma's 5:1 and 1:1 patterns, Mistral's all
+    #: sliding); empty: every layer full
+    layer_types: tuple[str, ...] = ()
+    #: the rotary base of the sliding layers, never scaled (Gemma 3's local base); 0: the layers' one rotation
+    local_rope_theta: float = 0.0
+    #: layers without rotary positions (SmolLM3's NoPE layers)
+    nope_layers: tuple[int, ...] = ()
+    #: a norm on each branch's output before it joins the residual stream (Gemma 2 and 3)
+    sandwich_norm: bool = False
+    #: the token embeddings times this (Gemma: the square root of d_model)
+    embed_scale: float = 1.0
+    #: the attention scores' scale; 0: 1 / sqrt(head width) (Gemma: query_pre_attn_scalar ** -0.5)
+    attn_scale: float = 0.0
+    #: tanh soft-capping, cap * tanh(x / cap), of the attention scores and of the logits (Gemma 2); 0: none
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
@@ -91,6 +111,14 @@ class CausalLMConfig:
         if not set(needed) <= given or not given <= set(needed) | set(optional):
             raise ConfigError(f"rope type {self.rope_type} takes {', '.join(needed + optional) or 'no parameters'} "
                               f"({', '.join(needed) or 'none'} required), got {', '.join(sorted(given)) or 'none'}")
+        if self.layer_types and len(self.layer_types) != self.n_layers:
+            raise ConfigError(f"layer_types names {len(self.layer_types)} layers; the model has {self.n_layers}")
+        if set(self.layer_types) - {"full", "sliding"}:
+            raise ConfigError(f"layer_types must be full or sliding, got {sorted(set(self.layer_types))}")
+        if "sliding" in self.layer_types and self.sliding_window < 1:
+            raise ConfigError("sliding layers need a sliding_window of at least 1 token")
+        if any(not 0 <= i < self.n_layers for i in self.nope_layers):
+            raise ConfigError(f"nope_layers {list(self.nope_layers)} lie outside the {self.n_layers} layers")
         short = dict(self.rope_scaling).get("short_factor")
         if short is not None and (not isinstance(short, tuple) or len(short) != rotary // 2):
             raise ConfigError(f"longrope short_factor must hold {rotary // 2} values (one a rotary frequency)")
@@ -99,6 +127,26 @@ class CausalLMConfig:
     def dim(self) -> int:
         """The width of one head."""
         return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def scale(self) -> float:
+        """The attention scores' scale."""
+        return self.attn_scale or 1.0 / math.sqrt(self.dim)
+
+    def window(self, layer: int) -> int:
+        """How many tokens layer ``layer`` sees back to (its own included); 0: all of them."""
+        return self.sliding_window if self.layer_types and self.layer_types[layer] == "sliding" else 0
+
+    def rope_of(self, layer: int) -> str | None:
+        """Which rotation layer ``layer`` applies: ``global``, ``local`` (the sliding layers' own base)
+        or None (learned positions, or a NoPE layer)."""
+        if self.position != "rope" or layer in self.nope_layers:
+            return None
+        return "local" if self.local_rope_theta and self.window(layer) else "global"
+
+    def local_rope(self) -> CausalLMConfig:
+        """This config with the sliding layers' rotation as its one rotation (unscaled)."""
+        return self.replace(rope_theta=self.local_rope_theta, rope_type="default", rope_scaling=())
 
     def replace(self, **changes: Any) -> CausalLMConfig:
         return dataclasses.replace(self, **changes)
@@ -156,6 +204,11 @@ class CausalLMConfig:
                                           else float(v)) for k, v in items)  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"causal rope_scaling values must be numbers or lists of numbers: {exc}") from exc
+        for key, kind in (("layer_types", str), ("nope_layers", int)):
+            if key in data:
+                if not isinstance(data[key], list | tuple):
+                    raise ConfigError(f"causal {key} must be a list, got {data[key]!r}")
+                data[key] = tuple(kind(v) for v in data[key])
         if "rope_type" not in data and items:  # written before rope types were named: Llama 3's scaling
             data["rope_type"] = "llama3"
         try:

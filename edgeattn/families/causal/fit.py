@@ -35,7 +35,7 @@ def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block:
     fitted: dict[str, FittedWeight] = {}
     bar = tqdm(total=len(model.layers), desc="int4: GPTQ fit", unit="layer", leave=False, disable=not progress)
     with bar, torch.no_grad():
-        x, mask, rope = model.layer_inputs(torch.from_numpy(ids))
+        x, per_layer = model.layer_inputs(torch.from_numpy(ids))
         for i, layer in enumerate(model.layers):
             products = layer_products(layer)
             hessians = {name: Hessians(mods[0].in_features) for name, mods in products.items()
@@ -43,7 +43,7 @@ def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block:
             hooks = [products[name][0].register_forward_hook(lambda m, a, o, h=h: h.add(a[0]))
                      for name, h in hessians.items()]  # fmt: skip
             try:
-                layer(x, mask, rope)
+                layer(x, *per_layer[i])
             finally:
                 for hook in hooks:
                     hook.remove()
@@ -65,7 +65,7 @@ def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block:
                     m.weight.copy_(quantized[row : row + m.out_features])
                     row += m.out_features
             try:
-                x = layer(x, mask, rope)[0]
+                x = layer(x, *per_layer[i])[0]
             finally:
                 for m, weight in kept.items():
                     m.weight.copy_(weight)

@@ -114,6 +114,17 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
     slots = g("Gather", g("Shape", "attention_mask"), s1, axis=0)
     position = g("Squeeze", "position", zero)
     low = float(np.finfo(np.float32).min)
+    windows = sorted({c.window(i) for i in range(c.n_layers)})
+
+    def near(window: int, slot_mask: str) -> str:
+        """(B, T, S): whether each slot of ``slot_mask`` (B, S) lies less than ``window`` real tokens
+        before each new token (counted by the mask's running sum, as the eager model counts)."""
+        slot_positions = g("Sub", g("CumSum", g("Cast", slot_mask, to=TensorProto.INT64), s1), s1)  # (B, S)
+        query_positions = g("Slice", slot_positions, g("Unsqueeze", position, zero),
+                            g("Unsqueeze", g("Add", position, new), zero), one)  # (B, T)  # fmt: skip
+        back = g("Sub", g("Unsqueeze", query_positions, g.const("axes_2", i64(2))), g("Unsqueeze", slot_positions, one))
+        return g("Less", back, g.scalar(window))
+
     if fused:  # GroupQueryAttention's own inputs: every row's length, and the padding as a bias
         total = g("Add", position, new)  # scalar: slots 0 .. total - 1 are read
         rows = g("Unsqueeze", batch, zero)
@@ -121,19 +132,29 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         query_lens = g("Expand", g("Cast", new, to=TensorProto.INT32), rows)
         total32 = g("Cast", total, to=TensorProto.INT32)
         read = g("Slice", "attention_mask", zero, g("Unsqueeze", total, zero), one)  # (B, total)
-        pad_bias = g("Where", g("Cast", read, to=TensorProto.BOOL), g.scalar(0.0), g.scalar(PAD_BIAS))
+        real = g("Cast", read, to=TensorProto.BOOL)
+        pad_bias = g("Where", real, g.scalar(0.0), g.scalar(PAD_BIAS))
         bias_shape = g("Concat", rows, g.const("one1", i64(1)), g("Unsqueeze", new, zero),
                        g("Unsqueeze", total, zero), axis=0)  # fmt: skip
         pad_bias = g("Expand", g("Unsqueeze", pad_bias, g.const("axes_12", i64(1, 2))), bias_shape)  # (B, 1, T, total)
+        biases = {0: pad_bias}
+        for window in set(windows) - {0}:  # the window's limit as a bias too: padding may sit inside it
+            seen = g("And", g("Unsqueeze", real, one), near(window, read))  # (B, T, total)
+            biases[window] = g("Unsqueeze", g("Where", seen, g.scalar(0.0), g.scalar(PAD_BIAS)), one)
     else:
         query_slot = g("Add", g("Range", s0, new, s1), position)  # (T,): the slot each new token is written to
         causal = g("LessOrEqual", g("Unsqueeze", g("Range", s0, slots, s1), zero),
                    g("Unsqueeze", query_slot, one))  # (T, C)  # fmt: skip
         allowed = g("And", g("Unsqueeze", causal, zero),
                     g("Cast", g("Unsqueeze", "attention_mask", one), to=TensorProto.BOOL))  # (B, T, C)  # fmt: skip
-        mask = g("Unsqueeze", g("Where", allowed, g.scalar(0.0), g.scalar(low)), one)  # (B, 1, T, C)
-        if group > 1:  # rows of a key/value head's queries: group-major, then tokens
-            mask = g("Tile", mask, g.const("mask_tile", i64(1, 1, group, 1)))
+        masks = {}
+        tile = g.const("mask_tile", i64(1, 1, group, 1)) if group > 1 else ""
+        for window in windows:
+            seen = allowed if not window else g("And", allowed, near(window, "attention_mask"))
+            mask = g("Unsqueeze", g("Where", seen, g.scalar(0.0), g.scalar(low)), one)  # (B, 1, T, C)
+            if group > 1:  # rows of a key/value head's queries: group-major, then tokens
+                mask = g("Tile", mask, tile)
+            masks[window] = mask
         # the cache write's (row, head, slot) indices, laid out (B, T, KV, 3) as the new keys are
         target = g("Concat", g("Unsqueeze", batch, zero), g("Unsqueeze", new, zero), g.const("kv_heads", i64(kv)),
                    g.const("last1", i64(1)), axis=0)  # fmt: skip
@@ -144,21 +165,26 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         write_at = g("Concat", row_index, head_index, slot_index, axis=3)
 
     x = g("Gather", g.const("embed.weight", _weight(model.embed, "weight")), "input_ids", axis=0)  # (B, T, d)
+    if c.embed_scale != 1.0:
+        x = g("Mul", x, g.scalar(float(np.float32(c.embed_scale))))
     if c.position == "learned":
         x = g("Add", x, g("Gather", g.const("pos_embed.weight", _weight(model.pos_embed, "weight")), "position_ids"))
-    tables = None
+    tables: dict[str | None, tuple[str, str, int] | None] = {None: None}  # rotation kind -> (cos, sin, rotary dims)
     if c.position == "rope":
         # the cos and sin of positions 0 .. max(capacity, the largest position fed), made at each
         # call (a table of the model's whole context weighs 2 to 8 MB on disk)
-        inv_freq = g.const("rope_inv_freq", model.inv_freq.float().numpy()[None])  # (1, rotary / 2)
         reach = g("Max", slots, g("Add", g("ReduceMax", "position_ids", keepdims=0), s1))
-        angle = g("Mul", g("Unsqueeze", g("Cast", g("Range", s0, reach, s1), to=TensorProto.FLOAT), one), inv_freq)
-        cos, sin = g("Cos", angle), g("Sin", angle)
-        if model.rope_factor != 1.0:  # YaRN's and LongRoPE's attention factor
-            factor = g.const("rope_factor", np.array([model.rope_factor], dtype=np.float32))
-            cos, sin = g("Mul", cos, factor), g("Mul", sin, factor)
-        tables = (cos, sin, 2 * int(model.inv_freq.numel()))  # (C, rotary / 2)
-    scale = 1.0 / math.sqrt(dim)
+        angles = g("Unsqueeze", g("Cast", g("Range", s0, reach, s1), to=TensorProto.FLOAT), one)
+        for kind in {c.rope_of(i) for i in range(c.n_layers)} - {None}:
+            suffix, inv, factor = ("", model.inv_freq, model.rope_factor) if kind == "global" else \
+                ("_local", model.inv_freq_local, 1.0)  # fmt: skip
+            angle = g("Mul", angles, g.const(f"rope_inv_freq{suffix}", inv.float().numpy()[None]))  # (C, rotary / 2)
+            cos, sin = g("Cos", angle), g("Sin", angle)
+            if factor != 1.0:  # YaRN's and LongRoPE's attention factor
+                scaled = g.const("rope_factor", np.array([factor], dtype=np.float32))
+                cos, sin = g("Mul", cos, scaled), g("Mul", sin, scaled)
+            tables[kind] = (cos, sin, 2 * int(inv.numel()))
+    scale = c.scale
 
     def linear(x: str, module: object, prefix: str) -> str:
         return packed(x, [module], prefix)
@@ -223,19 +249,21 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
 
     # GroupQueryAttention rotates queries and keys itself where the rotation spans the head (and the
     # head is a multiple of 16 values, which its CPU kernel's rotation requires)
-    rotate_inside = fused and tables is not None and tables[2] == dim and dim % 16 == 0
+    def rotate_inside(table: tuple[str, str, int] | None) -> bool:
+        return fused and table is not None and table[2] == dim and dim % 16 == 0
 
-    def split_heads(qkv: str, attn: object, p: str, rotate: bool, q_norm_scale: float) -> tuple[str, str, str]:
+    def split_heads(qkv: str, attn: object, p: str, table: tuple[str, str, int] | None,
+                    q_norm_scale: float) -> tuple[str, str, str]:  # fmt: skip
         """q, k, v (B, T, heads * D) of the packed product: each head's q/k norm (the queries'
-        weight times ``q_norm_scale``), then the rotation where ``rotate``."""
+        weight times ``q_norm_scale``), then the rotation by ``table`` where one is given."""
         q, k, v = g.op("Split", [qkv, qkv_sizes], outputs=3, axis=-1)
         if c.qk_norm:  # each head's own norm, then back to (B, T, heads * D) for the rotation
             q = g("Reshape", rms(g("Reshape", q, split_q), g.const(f"{p}.attn.q_norm.weight",
                                  _weight(attn.q_norm, "weight") * q_norm_scale)), flat_q)  # fmt: skip
             k = g("Reshape", rms(g("Reshape", k, split_kv), g.const(f"{p}.attn.k_norm.weight",
                                  _weight(attn.k_norm, "weight"))), flat_kv)  # fmt: skip
-        if rotate and tables is not None:
-            cos_t, sin_t, rotary = tables
+        if table is not None:
+            cos_t, sin_t, rotary = table
             q, k = (g.op("RotaryEmbedding", [t, "position_ids", cos_t, sin_t], domain="com.microsoft",
                          interleaved=int(c.rope_layout == "interleaved"), rotary_embedding_dim=rotary,
                          num_heads=n)  # fmt: skip
@@ -247,28 +275,37 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         its rotation fused where it can take it."""
         inputs, rope = [qkv, "", ""], ["", "", ""]
         attrs: dict[str, object] = {"num_heads": heads, "kv_num_heads": kv}
+        if c.attn_scale:
+            attrs["scale"] = c.attn_scale
+        if c.attn_softcap:
+            attrs["softcap"] = c.attn_softcap
+        table = tables[c.rope_of(i)]
+        inside = rotate_inside(table)
         # the CPU kernel has no q/k norm of its own (onnxruntime 1.32: CUDA and WebGPU only)
-        if c.qk_norm or (tables is not None and not rotate_inside):
-            inputs = list(split_heads(qkv, attn, p, rotate=not rotate_inside, q_norm_scale=1.0))
-        if rotate_inside:
-            assert tables is not None
-            rope = [tables[0], tables[1], "position_ids"]
+        if c.qk_norm or (table is not None and not inside):
+            inputs = list(split_heads(qkv, attn, p, None if inside else table, q_norm_scale=1.0))
+        if inside:
+            assert table is not None
+            rope = [table[0], table[1], "position_ids"]
             attrs.update(do_rotary=1, rotary_interleaved=int(c.rope_layout == "interleaved"))
         outs = g.op("GroupQueryAttention", [*inputs, f"cache_key_{i}", f"cache_value_{i}", seqlens, total32, *rope,
-                    pad_bias, "", "", "", "", "", query_lens], domain="com.microsoft",
+                    biases[c.window(i)], "", "", "", "", "", query_lens], domain="com.microsoft",
                     outputs=[f"attention_{i}", f"updated_key_{i}", f"updated_value_{i}"], **attrs)  # fmt: skip
         return outs[0]
 
     def attention(i: int, qkv: str, attn: object, p: str) -> str:
         """Self-attention over the slot cache in standard operators, the cache written by ScatterND."""
-        q, k, v = split_heads(qkv, attn, p, rotate=True, q_norm_scale=scale)
+        q, k, v = split_heads(qkv, attn, p, tables[c.rope_of(i)], q_norm_scale=scale)
         q = g("Transpose", g("Reshape", q, split_q), perm=[0, 2, 1, 3])  # (B, H, T, D)
         # keys and values stay (B, T, KV, D): the cache write's indices are laid out to match
         k, v = g("Reshape", k, split_kv), g("Reshape", v, split_kv)
         keys = g("ScatterND", f"cache_key_{i}", write_at, k, name=f"updated_key_{i}")  # (B, KV, C, D)
         values = g("ScatterND", f"cache_value_{i}", write_at, v, name=f"updated_value_{i}")
         q = g("Reshape", q, by_kv_head)  # (B, KV, group * T, D)
-        scores = g("Add", g("MatMul", q, g("Transpose", keys, perm=[0, 1, 3, 2])), mask)  # (B, KV, group * T, C)
+        scores = g("MatMul", q, g("Transpose", keys, perm=[0, 1, 3, 2]))  # (B, KV, group * T, C), scaled
+        if c.attn_softcap:
+            scores = g("Mul", g("Tanh", g("Div", scores, g.scalar(c.attn_softcap))), g.scalar(c.attn_softcap))
+        scores = g("Add", scores, masks[c.window(i)])
         out = g("Reshape", g("MatMul", g("Softmax", scores, axis=-1), values), by_head)  # (B, H, T, D)
         return g("Reshape", g("Transpose", out, perm=[0, 2, 1, 3]), merge)
 
@@ -280,15 +317,23 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         # 1 / sqrt(D) folded into the queries' projection (or their norm's weight): rotation is linear
         q_scale = (1.0,) if c.qk_norm or fused else (scale,)
         qkv = packed(h, [attn.q_proj, attn.k_proj, attn.v_proj], f"{p}.{QKV}", (*q_scale, 1.0, 1.0))
-        out = gqa(i, qkv, attn, p) if fused else attention(i, qkv, attn, p)
-        h, x = add_norm(x, linear(out, attn.o_proj, f"{p}.{OUT}"), layer.norm2, f"{p}.norm2")
+        out = linear(gqa(i, qkv, attn, p) if fused else attention(i, qkv, attn, p), attn.o_proj, f"{p}.{OUT}")
+        if c.sandwich_norm:
+            out = norm(out, layer.attn_out_norm, f"{p}.attn_out_norm")
+        h, x = add_norm(x, out, layer.norm2, f"{p}.norm2")
         branch = feed_forward(h, layer, p)
+        if c.sandwich_norm:
+            branch = norm(branch, layer.ff_out_norm, f"{p}.ff_out_norm")
 
     picked = g("Expand", g("Unsqueeze", "logits_at", g.const("axis_last", i64(2))),
                g("Concat", g("Shape", "logits_at"), g.const("width", i64(d)), axis=0))  # (B, N, d)  # fmt: skip
     x = norm(g("GatherElements", g("Add", x, branch), picked, axis=1), model.norm, "norm")
     head = model.lm_head.weight.detach().float().numpy().T
-    g.op("MatMul", [x, g.const("lm_head.weight.T", head)], name="logits")
+    if c.logit_softcap:
+        cap = g.scalar(c.logit_softcap)
+        g.op("Mul", [g("Tanh", g("Div", g("MatMul", x, g.const("lm_head.weight.T", head)), cap)), cap], name="logits")
+    else:
+        g.op("MatMul", [x, g.const("lm_head.weight.T", head)], name="logits")
 
     def value(t: object) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(t.name, _ONNX_TYPE[t.dtype], list(t.axes))  # type: ignore[attr-defined]

@@ -1,13 +1,17 @@
 """Decoder-only language models from local Hugging Face folders: GPT-2, Llama (2, 3, 3.1, 3.2,
-SmolLM2), Qwen2, Qwen3 and Phi-3, as a :class:`~edgeattn.families.causal.model.CausalLM`.
+SmolLM2), Qwen2, Qwen3, Phi-3, Mistral, SmolLM3, Gemma 2 and Gemma 3, as a
+:class:`~edgeattn.families.causal.model.CausalLM`.
 
-``config.json`` is mapped onto a :class:`~edgeattn.families.causal.model.CausalLMConfig` and every tensor
-lands on exactly one parameter with its shape asserted (``edgeattn.weights.load_state``). Facts
-the mapping encodes: GPT-2 stores its projections as ``Conv1D`` (weights transposed), packs q, k
-and v in ``c_attn``, adds learned positions and uses ``gelu_new``; Llama and Qwen use RMS norm,
-SwiGLU and rotary positions (Qwen2 with q/k/v biases, Qwen3 with an RMS norm of each head's
+``config.json`` is mapped onto a :class:`~edgeattn.families.causal.model.CausalLMConfig` and every
+tensor lands on exactly one parameter with its shape asserted (``edgeattn.weights.load_state``).
+Facts the mapping encodes: GPT-2 stores its projections as ``Conv1D`` (weights transposed), packs
+q, k and v in ``c_attn``, adds learned positions and uses ``gelu_new``; Llama and Qwen use RMS
+norm, SwiGLU and rotary positions (Qwen2 with q/k/v biases, Qwen3 with an RMS norm of each head's
 queries and keys); Phi-3 packs ``qkv_proj`` and ``gate_up_proj``; Llama 3.1 / 3.2 scale the rotary
-frequencies (``rope_scaling`` type ``llama3``). Nothing is downloaded; ``transformers`` is not needed.
+frequencies (``rope_scaling`` type ``llama3``); Mistral slides a window over every layer, others
+over the layers ``layer_types`` names; SmolLM3 leaves rotation out of the layers
+``no_rope_layers`` marks 0; Gemma's differences are :mod:`~edgeattn.families.causal.gemma`'s.
+Nothing is downloaded; ``transformers`` is not needed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.families.causal import gemma
 from edgeattn.families.causal.model import CausalLM, CausalLMConfig
 from edgeattn.runtime.families.causal.chat import load_chat_template
 from edgeattn.runtime.jsonfile import read_json_object
@@ -42,7 +47,12 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "MistralForCausalLM": "mistral",
+    "SmolLM3ForCausalLM": "smollm3",
+    **gemma.ARCHITECTURES,
 }
+#: architectures whose config ties the output layer to the embedding unless it says otherwise
+_TIED_BY_DEFAULT = ("SmolLM3ForCausalLM", *gemma.ARCHITECTURES)
 _ACTIVATIONS = {"silu": "silu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
 
@@ -182,18 +192,54 @@ def map_config(hf: dict[str, Any], architecture: str, path: Path) -> CausalLMCon
     heads = int(_need(hf, path, "num_attention_heads"))
     d = int(_need(hf, path, "hidden_size"))
     head_dim = int(hf.get("head_dim") or d // heads)
-    return CausalLMConfig(
-        vocab_size=int(_need(hf, path, "vocab_size")), d_model=d, n_layers=int(_need(hf, path, "num_hidden_layers")),
+    n_layers = int(_need(hf, path, "num_hidden_layers"))
+    is_gemma = architecture in gemma.ARCHITECTURES
+    rope_view, local_theta = gemma.rope_views(hf, path) if is_gemma else (hf, 0.0)
+    fields: dict[str, Any] = dict(
+        vocab_size=int(_need(hf, path, "vocab_size")), d_model=d, n_layers=n_layers,
         n_heads=heads, n_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=head_dim if head_dim != d // heads else 0, d_ff=int(_need(hf, path, "intermediate_size")),
         norm="rmsnorm", norm_eps=float(_need(hf, path, "rms_norm_eps")),
-        activation=_activation(hf.get("hidden_act", "silu"), path),
-        **rope_settings(hf, path, int(_need(hf, path, "max_position_embeddings"))),
+        activation=_activation(hf.get("hidden_act") or hf.get("hidden_activation") or "silu", path),
+        **rope_settings(rope_view, path, int(_need(hf, path, "max_position_embeddings"))),
         qkv_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
         out_bias=bool(hf.get("attention_bias", False)),
         mlp_bias=bool(hf.get("mlp_bias", False)), qk_norm=architecture == "Qwen3ForCausalLM",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", architecture in _TIED_BY_DEFAULT)),
+        **window_settings(hf, architecture, path, n_layers),
     )  # fmt: skip
+    if local_theta and "sliding" in fields["layer_types"]:
+        fields["local_rope_theta"] = local_theta
+    no_rope = hf.get("no_rope_layers")  # SmolLM3: 1 where a layer rotates, 0 where it does not
+    if no_rope is not None:
+        if not isinstance(no_rope, list) or len(no_rope) != n_layers:
+            raise ConfigError(f"{path}: no_rope_layers must list one 0 or 1 a layer, got {no_rope!r}")
+        fields["nope_layers"] = tuple(i for i, rotates in enumerate(no_rope) if not rotates)
+    if is_gemma:
+        fields.update(gemma.config_fields(hf, architecture, path))
+    return CausalLMConfig(**fields)
+
+
+def window_settings(hf: dict[str, Any], architecture: str, path: Path, n_layers: int) -> dict[str, Any]:
+    """``sliding_window`` and ``layer_types`` of a config.json: its ``layer_types`` where it lists
+    them (Gemma's defaults where it does not), every layer sliding for Mistral with a window."""
+    types = hf.get("layer_types")
+    if types is None and architecture in gemma.ARCHITECTURES:
+        types = gemma.default_layer_types(hf, architecture, n_layers)
+    if types is None and architecture == "MistralForCausalLM" and hf.get("sliding_window"):
+        types = ["sliding_attention"] * n_layers
+    if types is None:
+        return {}
+    names = {"full_attention": "full", "sliding_attention": "sliding"}
+    if not isinstance(types, list) or len(types) != n_layers or not set(types) <= set(names):
+        raise ConfigError(f"{path}: layer_types must name full_attention or sliding_attention for each of the "
+                          f"{n_layers} layers, got {types!r}")  # fmt: skip
+    if "sliding_attention" not in types:
+        return {}
+    window = hf.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConfigError(f"{path}: sliding layers need a positive sliding_window, got {window!r}")
+    return {"sliding_window": window, "layer_types": tuple(names[t] for t in types)}
 
 
 _LLAMA_LAYER = {
@@ -259,7 +305,9 @@ def _gpt2_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, sour
 
 
 _TENSORS: dict[str, Callable[[dict[str, torch.Tensor], CausalLMConfig, str], dict[str, torch.Tensor]]] = {
-    "GPT2LMHeadModel": _gpt2_tensors, **dict.fromkeys(list(ARCHITECTURES)[1:], _llama_tensors),
+    "GPT2LMHeadModel": _gpt2_tensors,
+    **dict.fromkeys(set(ARCHITECTURES) - {"GPT2LMHeadModel", *gemma.ARCHITECTURES}, _llama_tensors),
+    **dict.fromkeys(gemma.ARCHITECTURES, gemma.map_tensors),
 }
 
 

@@ -31,6 +31,9 @@ from edgeattn.rope import rope_frequencies
 
 __all__ = ["CausalLM", "CausalLMConfig", "RopeLayout"]
 
+#: what one layer takes beside its input: the additive attention mask and the rotation's (cos, sin)
+LayerInput = tuple[Tensor, tuple[Tensor, Tensor] | None]
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32."""
 
@@ -92,7 +95,10 @@ class CausalSelfAttention(nn.Module):
         group = c.n_heads // c.n_kv_heads
         # each key/value head's query heads side by side (B, KV, group * T, D): no copy of the cache per group
         q = q.reshape(b, c.n_kv_heads, group * t, c.dim)
-        scores = (q @ kept[0].transpose(-1, -2)) / math.sqrt(c.dim)  # (B, KV, group * T, S)
+        scores = q @ kept[0].transpose(-1, -2)  # (B, KV, group * T, S)
+        scores = scores * c.attn_scale if c.attn_scale else scores / math.sqrt(c.dim)
+        if c.attn_softcap:
+            scores = torch.tanh(scores / c.attn_softcap) * c.attn_softcap
         scores = scores.view(b, c.n_kv_heads, group, t, -1) + mask[:, :, None]  # mask (B, 1, T, S)
         weights = torch.softmax(scores, dim=-1).view(b, c.n_kv_heads, group * t, -1)
         out = (weights @ kept[1]).view(b, c.n_heads, t, c.dim)
@@ -118,18 +124,23 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attn(norm(x)), then x + ff(norm(x))."""
+    """x + attn(norm(x)), then x + ff(norm(x)); with ``sandwich_norm`` each branch normed again
+    before it is added (Gemma's post-attention and post-feed-forward norms)."""
 
     def __init__(self, config: CausalLMConfig) -> None:
         super().__init__()
         self.norm1, self.attn = _norm(config, config.d_model), CausalSelfAttention(config)
         self.norm2, self.ff = _norm(config, config.d_model), FeedForward(config)
+        if config.sandwich_norm:
+            self.attn_out_norm, self.ff_out_norm = _norm(config, config.d_model), _norm(config, config.d_model)
+        self.sandwich = config.sandwich_norm
 
     def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor] | None,
                 cache: CacheSlots | None = None) -> tuple[Tensor, KeyValue]:  # fmt: skip
         attended, kept = self.attn(self.norm1(x), mask, rope, cache)
-        x = x + attended
-        return x + self.ff(self.norm2(x)), kept
+        x = x + (self.attn_out_norm(attended) if self.sandwich else attended)
+        fed = self.ff(self.norm2(x))
+        return x + (self.ff_out_norm(fed) if self.sandwich else fed), kept
 
 
 def positions_of(attention_mask: Tensor) -> Tensor:
@@ -152,6 +163,8 @@ class CausalLM(TransformerModel):
         else:
             inv_freq, self.rope_factor = rope_frequencies(c)  # rope_factor: YaRN's and LongRoPE's cos/sin scale
             self.register_buffer("inv_freq", inv_freq, persistent=False)
+            if c.local_rope_theta:  # the sliding layers' own rotation (Gemma 3)
+                self.register_buffer("inv_freq_local", rope_frequencies(c.local_rope())[0], persistent=False)
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = _norm(c, c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -175,22 +188,27 @@ class CausalLM(TransformerModel):
         ``logits_at`` (B, N) picks the new tokens whose logits are computed (default: all T): a
         prompt's last one, say, instead of the whole vocabulary at every prompt position.
         """
-        x, mask, rope = self.layer_inputs(input_ids, attention_mask, position_ids, cache)
+        x, per_layer = self.layer_inputs(input_ids, attention_mask, position_ids, cache)
         kept = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, mask, rope, None if cache is None else cache[i])
+            x, kv = layer(x, *per_layer[i], None if cache is None else cache[i])
             kept.append(kv)
         if logits_at is not None:  # (B, N, d_model): the picked tokens alone reach the head
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x))
+        if self.lm.logit_softcap:
+            logits = torch.tanh(logits / self.lm.logit_softcap) * self.lm.logit_softcap
         return logits if cache is None else (logits, kept)
 
     def layer_inputs(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                     cache: list[CacheSlots] | None = None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
-        """What the first layer takes (arguments as :meth:`forward`'s): the embedded tokens (B, T,
-        d_model), the additive attention mask (B, 1, T, S) and the rotation's (cos, sin) (None for
-        learned positions, added to the embeddings)."""
+                     cache: list[CacheSlots] | None = None) -> tuple[Tensor, list[LayerInput]]:
+        """What the layers take (arguments as :meth:`forward`'s): the embedded tokens (B, T, d_model)
+        and each layer's additive attention mask (B, 1, T, S) and rotation's (cos, sin) (None for
+        learned positions, added to the embeddings, and for NoPE layers). A sliding layer's mask
+        also hides the slots more than its window back, counted in real tokens by the mask (the
+        running sum of the mask up to each slot: a real token's position)."""
         b, t = input_ids.shape
+        c = self.lm
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if position_ids is None:
@@ -198,19 +216,30 @@ class CausalLM(TransformerModel):
                 raise ConfigError("a call with a cache needs position_ids")
             position_ids = positions_of(attention_mask)
         x = self.embed(input_ids)  # (B, T, d_model)
-        rope = None
-        if self.lm.position == "learned":
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        ropes: dict[str | None, tuple[Tensor, Tensor] | None] = {None: None}
+        if c.position == "learned":
             x = x + self.pos_embed(position_ids)
         else:
-            angles = position_ids[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D_rot / 2)
-            rope = angles.cos() * self.rope_factor, angles.sin() * self.rope_factor
+            for kind, inv_freq, factor in (("global", self.inv_freq, self.rope_factor),
+                                           ("local", getattr(self, "inv_freq_local", None), 1.0)):  # fmt: skip
+                if inv_freq is not None:
+                    angles = position_ids[:, None, :, None].float() * inv_freq  # (B, 1, T, D_rot / 2)
+                    ropes[kind] = angles.cos() * factor, angles.sin() * factor
         start = cache[0].position if cache is not None else 0
         slots = attention_mask.shape[1]
         query_at = (start + torch.arange(t, device=x.device))[:, None]  # the slot each new token is written to
         causal = torch.arange(slots, device=x.device)[None, :] <= query_at  # (T, S)
         allowed = causal[None] & attention_mask.bool()[:, None, :]  # (B, T, S)
-        mask = torch.zeros(b, 1, t, slots, dtype=x.dtype).masked_fill(~allowed[:, None], torch.finfo(x.dtype).min)
-        return x, mask, rope
+        low = torch.finfo(x.dtype).min
+        masks = {0: torch.zeros(b, 1, t, slots, dtype=x.dtype).masked_fill(~allowed[:, None], low)}
+        for window in {c.window(i) for i in range(c.n_layers)} - {0}:
+            slot_positions = attention_mask.long().cumsum(-1) - 1  # (B, S): each slot's real-token position
+            query_positions = slot_positions[:, query_at[:, 0]]  # (B, T): the new tokens' own count
+            near = query_positions[:, :, None] - slot_positions[:, None, :] < window  # (B, T, S)
+            masks[window] = torch.zeros(b, 1, t, slots, dtype=x.dtype).masked_fill(~(allowed & near)[:, None], low)
+        return x, [(masks[c.window(i)], ropes[c.rope_of(i)]) for i in range(c.n_layers)]
 
     def empty_cache(self, batch: int, capacity: int) -> list[CacheSlots]:
         """Every layer's cache of ``capacity`` zeroed slots, to be written from slot 0."""
