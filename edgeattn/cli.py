@@ -293,6 +293,19 @@ def _precision_options(
     is_flag=True,
     help="Skip the parity checks: an imported folder against transformers, the graphs against eager PyTorch.",
 )
+@click.option(
+    "--no-check",
+    is_flag=True,
+    help="Leave out the check of an imported folder against transformers' own reading of it (the manifest "
+    "records that it was left out).",
+)
+@click.option(
+    "--check-python",
+    type=click.Path(dir_okay=False),
+    help="A Python whose transformers reads the folder (one of its generation: transformers 5 for a folder "
+    "transformers 5 saved) to check the import with, when the installed transformers cannot "
+    "(default: $EDGEATTN_TRANSFORMERS_PYTHON).",
+)
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option(
     "--precision",
@@ -321,6 +334,8 @@ def export(
     opset: int,
     seed: int,
     no_verify: bool,
+    no_check: bool,
+    check_python: str | None,
     force: bool,
     precisions: str,
     calibration_method: str,
@@ -345,12 +360,20 @@ def export(
     if task is not None and from_hf is None:
         raise click.UsageError("--task goes with --from-hf")
     source = resolve_model(preset, config_file, checkpoint, seed, from_hf=from_hf, task=task)
-    if from_hf is not None and not no_verify:
-        from edgeattn.hf_reference import require_transformers_agreement
+    import_check = None
+    if from_hf is not None:
+        from edgeattn.runtime.manifest import ImportCheck
 
-        check = require_transformers_agreement(source)
-        if check is not None:
+        if no_verify or no_check:
+            why = "left out by --no-check" if no_check else "left out by --no-verify"
+            import_check = ImportCheck("", why, None)
+            click.echo(f"import check against transformers {why}")
+        else:
+            from edgeattn.hf_reference import require_transformers_agreement
+
+            check = require_transformers_agreement(source, check_python)
             click.echo(f"import {check.line()}")
+            import_check = ImportCheck(check.transformers_version, check.line(), check.passed)
     options = _precision_options(
         _split(precisions) or [], calibration_method, calibration_file, allow_degraded, source.model.config,
         source.tokenizer, heldout_file, static_form, kv_cache, source.settings,
@@ -368,6 +391,7 @@ def export(
         precisions=_split(precisions),
         precision_options=options,
         **source.export_fields(),
+        import_check=import_check,
     )
     if result.report is not None:
         click.echo(result.report.table())

@@ -6,18 +6,25 @@ Each importer names how its family is compared (:attr:`edgeattn.hf.Importer.refe
 outputs both sides give for the same token ids); this module loads the folder with the installed
 ``transformers`` (when there is one), tokenizes :data:`SAMPLE_TEXT` with the folder's own
 tokenizer, and judges the largest difference against the reference's scale. A folder written by a
-newer ``transformers`` generation than the one installed is not checked (4.x reads 5.x's
-``rope_parameters`` as an unknown key and would itself build another model): the log says so.
+newer ``transformers`` generation than the one installed (4.x reads 5.x's ``rope_parameters`` as
+an unknown key and would itself build another model) is checked by another Python that has it
+(:class:`RemoteReference`), or the export stops and says what to install; only ``--no-check``
+leaves the check out, and the manifest records that.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import pickle
 import re
+import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
@@ -103,33 +110,103 @@ def sample_ids(hf: Imported, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]
     return batch, torch.ones_like(batch)
 
 
-def check_against_transformers(hf: Imported) -> ReferenceCheck | None:
-    """The imported model against ``transformers``' own reading of the same folder, or None when
-    ``transformers`` is absent or older than the folder's generation (logged)."""
-    from edgeattn.hf import IMPORTERS
+#: the environment variable naming a Python whose transformers reads the folders the installed one cannot
+PYTHON_ENV = "EDGEATTN_TRANSFORMERS_PYTHON"
+WORKER = Path(__file__).with_name("hf_reference_worker.py")
 
+
+class RemoteReference:
+    """transformers' model of a folder, run by another Python (:mod:`edgeattn.hf_reference_worker`)
+    and called like the model itself: keyword tensors in, an object of its output tensors back."""
+
+    def __init__(self, python: str, folder: Path, architecture: str) -> None:
+        self._log = tempfile.TemporaryFile()
+        try:
+            self._process = subprocess.Popen([python, str(WORKER), str(folder), architecture], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=self._log)  # fmt: skip
+        except OSError as exc:
+            raise ExportError(f"the import check could not start {python}: {exc}") from exc
+        hello = self._answer(f"{python} could not load {folder} with transformers")
+        if "error" in hello:
+            self.close()
+            raise ExportError(f"{python} could not load {folder} with transformers: {hello['error']}")
+        self.version = str(hello["transformers"])
+
+    def _answer(self, failing: str) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        try:
+            return pickle.load(self._process.stdout)
+        except (EOFError, pickle.UnpicklingError) as exc:
+            self._process.wait(timeout=60)
+            self._log.seek(0)
+            tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-5:]
+            raise ExportError(f"{failing}: it ended (exit {self._process.returncode}): " + " / ".join(tail)) from exc
+
+    def __call__(self, **kwargs: Any) -> SimpleNamespace:
+        assert self._process.stdin is not None
+        feeds = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        pickle.dump(feeds, self._process.stdin)
+        self._process.stdin.flush()
+        out = self._answer("transformers' model failed in the import check")
+        return SimpleNamespace(**{k: tuple(map(torch.from_numpy, v)) if isinstance(v, tuple) else torch.from_numpy(v)
+                                  for k, v in out.items()})  # fmt: skip
+
+    def close(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+        self._log.close()
+
+
+def _installed_transformers() -> str | None:
     try:
         import transformers
     except ImportError:
-        log.info("transformers is not installed: %s is not checked against it", hf.folder)
         return None
+    return str(transformers.__version__)
+
+
+def check_against_transformers(hf: Imported, python: str | None = None) -> ReferenceCheck:
+    """The imported model against ``transformers``' own reading of the same folder: by ``python``
+    where one is named, else by the installed transformers where it is of the folder's generation
+    or newer, else by :data:`PYTHON_ENV`'s Python; an ExportError says what to install or name when
+    none can."""
+    from edgeattn.hf import IMPORTERS
+
     written = str(json.loads((Path(hf.folder) / "config.json").read_text(encoding="utf-8")).get(
         "transformers_version", "0"))  # fmt: skip
-    if _major(written) > _major(transformers.__version__):
-        log.warning("%s was written by transformers %s, which transformers %s cannot read as it was meant "
-                    "(install transformers %d to check the import against it)", hf.folder, written,
-                    transformers.__version__, _major(written))  # fmt: skip
-        return None
+    installed = _installed_transformers()
+    if python is None and (installed is None or _major(written) > _major(installed)):
+        python = os.environ.get(PYTHON_ENV) or None
+    if python is None and (installed is None or _major(written) > _major(installed)):
+        have = "no transformers is installed" if installed is None else f"transformers {installed} is installed"
+        raise ExportError(f"{hf.folder} was written by transformers {written} and {have}, which cannot read it as it "
+                          f"was meant, so the import cannot be checked: install transformers {_major(written)}, or "
+                          f"name a Python that has it with --check-python (or {PYTHON_ENV}), or leave the check "
+                          f"out with --no-check (the manifest records that)")  # fmt: skip
     importer = IMPORTERS[hf.architecture]
-    # transformers 4.56 renamed torch_dtype dtype (the old name warns that it is deprecated)
-    dtype_key = "dtype" if _release(transformers.__version__) >= (4, 56) else "torch_dtype"
-    # eager attention, transformers' own reference (its sdpa path leaves Gemma 2's soft-capping out)
-    reference = getattr(transformers, hf.architecture).from_pretrained(
-        str(hf.folder), attn_implementation="eager", **{dtype_key: torch.float32})
-    reference.eval()
+    if python is not None:
+        reference: Any = RemoteReference(python, Path(hf.folder), str(hf.architecture))
+        version = reference.version
+    else:
+        import transformers
+
+        # transformers 4.56 renamed torch_dtype dtype (the old name warns that it is deprecated); eager
+        # attention, transformers' own reference (its sdpa path leaves Gemma 2's soft-capping out)
+        dtype_key = "dtype" if _release(transformers.__version__) >= (4, 56) else "torch_dtype"
+        reference = getattr(transformers, hf.architecture).from_pretrained(
+            str(hf.folder), attn_implementation="eager", **{dtype_key: torch.float32}).eval()  # fmt: skip
+        version = transformers.__version__
     ids, mask = sample_ids(hf)
-    with torch.no_grad():
-        outputs = importer.reference(hf.model.eval(), reference, ids, mask)
+    try:
+        with torch.no_grad():
+            outputs = importer.reference(hf.model.eval(), reference, ids, mask)
+    finally:
+        if isinstance(reference, RemoteReference):
+            reference.close()
     worst: ReferenceCheck | None = None
     for name, (ours, theirs) in outputs.items():
         if ours.shape != theirs.shape:
@@ -137,21 +214,20 @@ def check_against_transformers(hf: Imported) -> ReferenceCheck | None:
                               f"{tuple(theirs.shape)}: the config was read into another model")  # fmt: skip
         diff = (ours.double() - theirs.double()).abs()
         at = tuple(int(i) for i in np.unravel_index(int(diff.argmax()), diff.shape))
-        check = ReferenceCheck(transformers.__version__, name, float(diff.max()), at,
-                               float(theirs.abs().max()), int(mask.sum()))  # fmt: skip
+        check = ReferenceCheck(version, name, float(diff.max()), at, float(theirs.abs().max()), int(mask.sum()))
         if worst is None or check.max_abs / check.tolerance > worst.max_abs / worst.tolerance:
             worst = check
     del reference
+    assert worst is not None, f"{hf.architecture}'s importer compares no outputs"
     return worst
 
 
-def require_transformers_agreement(hf: Imported) -> ReferenceCheck | None:
+def require_transformers_agreement(hf: Imported, python: str | None = None) -> ReferenceCheck:
     """:func:`check_against_transformers`, raising an ExportError that names the largest
     difference when the two models disagree."""
-    check = check_against_transformers(hf)
-    if check is not None:
-        log.info("%s", check.line())
-        if not check.passed:
-            raise ExportError(f"{hf.folder}: edgeattn's model disagrees with transformers' reading of the folder, "
-                              f"so its config.json was misread; {check.line()}")  # fmt: skip
+    check = check_against_transformers(hf, python)
+    log.info("%s", check.line())
+    if not check.passed:
+        raise ExportError(f"{hf.folder}: edgeattn's model disagrees with transformers' reading of the folder, "
+                          f"so its config.json was misread; {check.line()}")  # fmt: skip
     return check

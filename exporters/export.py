@@ -46,7 +46,15 @@ from edgeattn.runtime.layout import (
     partial_prefix,
     previous_prefix,
 )
-from edgeattn.runtime.manifest import EmbeddingPooling, FileEntry, GraphEntry, GreedyParity, Manifest, Parity
+from edgeattn.runtime.manifest import (
+    EmbeddingPooling,
+    FileEntry,
+    GraphEntry,
+    GreedyParity,
+    ImportCheck,
+    Manifest,
+    Parity,
+)
 from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
 from edgeattn.weights import save_weights
@@ -89,6 +97,7 @@ def export_model(
     chat_template: ChatTemplate | None = None,
     stop_ids: list[int] | None = None,
     settings: dict[str, Any] | None = None,
+    import_check: ImportCheck | None = None,
 ) -> ExportResult:
     """Export ``model``'s graphs to ``out_dir`` with a manifest, verified unless ``verify=False``.
 
@@ -97,7 +106,8 @@ def export_model(
     token id lists, or random sequences from the model's vocabulary). ``architecture``, ``labels``,
     ``pooling`` and ``source_folder`` describe an imported checkpoint in the manifest, and for a
     language model ``chat_template`` and ``stop_ids`` (the tokens that end its answers); ``settings``
-    are what a family's runtime reads besides the graphs (written as ``settings.json``). ``compact``
+    are what a family's runtime reads besides the graphs (written as ``settings.json``);
+    ``import_check`` how an imported folder was checked against transformers. ``compact``
     (the default) keeps the graphs' float32 weights in the export's checkpoint, each stored once
     (see :mod:`edgeattn.exporters.compact`); without it each graph holds its own.
 
@@ -135,6 +145,7 @@ def export_model(
                 pooling=pooling,
                 source_folder=None if source_folder is None else str(Path(source_folder).resolve()),
                 stop_ids=stop_ids,
+                import_check=import_check,
             )
             if tokenizer is not None:
                 tokenizer.save(tmp / TOKENIZER)

@@ -200,6 +200,18 @@ class EmbeddingPooling:
     normalize: bool = True
 
 
+@dataclass
+class ImportCheck:
+    """How an imported checkpoint was checked against transformers' own reading of its folder."""
+
+    #: the transformers version that read the folder ("" where the check was left out)
+    transformers: str
+    #: the check's line (the largest difference and its tolerance), or why it was left out
+    result: str
+    #: None where the check was left out
+    passed: bool | None
+
+
 @dataclass(kw_only=True)
 class Manifest:
     """What an export directory holds."""
@@ -237,9 +249,12 @@ class Manifest:
     #: a family's own settings its runtime reads (``settings.json``; a speech model's features and
     #: decoding settings)
     settings: FileEntry | None = None
+    #: an imported checkpoint's check against transformers
+    import_check: ImportCheck | None = None
 
     OMIT_EMPTY: ClassVar[frozenset[str]] = frozenset({"family", "architecture", "labels", "pooling", "source_folder",
-                                                      "chat_template", "stop_ids", "settings"})  # fmt: skip
+                                                      "chat_template", "stop_ids", "settings",
+                                                      "import_check"})  # fmt: skip
     #: keys a version-1 manifest may lack (older writers left them out until they had a value)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"gates", "greedy_parity"})
 

@@ -19,6 +19,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ[name] = "1"
     torch.set_num_threads(1)
 
+# folders saved by transformers 5 are checked on export by the transformers 5 environment .ci/run makes
+# (the project's own environment has 4.x)
+_TF5 = os.path.join(os.environ.get("EDGEATTN_TF5", os.path.expanduser("~/.cache/edgeattn-tf5")), "bin", "python")
+if os.path.isfile(_TF5):
+    os.environ.setdefault("EDGEATTN_TRANSFORMERS_PYTHON", _TF5)
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

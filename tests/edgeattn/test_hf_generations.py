@@ -121,20 +121,38 @@ def test_the_export_check_stops_a_folder_edgeattn_misreads(tmp_path, monkeypatch
     folder = tmp_path / "llama"
     generations.build("llama-theta-tied").save_pretrained(folder)
     right = check_against_transformers(import_folder(folder))
-    assert right is not None and right.passed and right.max_abs < 1e-4, right.line()
+    assert right.passed and right.max_abs < 1e-4, right.line()
     real = hf_causal.rope_settings
     monkeypatch.setattr(hf_causal, "rope_settings", lambda hf, path, n: {**real(hf, path, n), "rope_theta": 10000.0})
     with pytest.raises(ExportError, match=r"disagrees with transformers.*logits max abs diff .* FAIL"):
         require_transformers_agreement(import_folder(folder))
 
 
-def test_a_folder_of_a_newer_generation_is_not_checked_by_an_older_one(folders5, caplog):
-    from edgeattn.hf_reference import check_against_transformers
+def test_a_folder_of_a_newer_generation_is_checked_by_a_python_that_reads_it(folders5, monkeypatch):
+    """transformers 4.x cannot read a 5.x folder as it was meant: without a Python that can, the
+    check stops the export and says what to do; with transformers 5's Python it checks, and still
+    catches a misreading."""
+    from edgeattn.families.causal import hf as hf_causal
+    from edgeattn.hf_reference import PYTHON_ENV, check_against_transformers, require_transformers_agreement
 
     if transformers.__version__.startswith("5."):
         pytest.skip("transformers 5 is installed here")
-    assert check_against_transformers(import_folder(folders5 / "llama-theta-tied")) is None
-    assert "cannot read as it was meant" in caplog.text
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    imported = import_folder(folders5 / "gemma3-sliding")
+    with pytest.raises(ExportError, match="written by transformers 5.* install transformers 5, .*--check-python.*"
+                                          "--no-check"):  # fmt: skip
+        check_against_transformers(imported)
+    python = str(transformers5_python())
+    check = check_against_transformers(imported, python)
+    assert check.transformers_version.startswith("5.") and check.passed and check.max_abs < 1e-4, check.line()
+    monkeypatch.setenv(PYTHON_ENV, python)
+    assert check_against_transformers(import_folder(folders5 / "llama-theta-tied")).passed
+    real = hf_causal.rope_settings
+    monkeypatch.setattr(hf_causal, "rope_settings", lambda hf, path, n: {**real(hf, path, n), "rope_theta": 10000.0})
+    with pytest.raises(ExportError, match=r"disagrees with transformers.*against transformers 5.*FAIL"):
+        require_transformers_agreement(import_folder(folders5 / "llama-theta-tied"))
+    with pytest.raises(ExportError, match="could not start"):
+        check_against_transformers(imported, str(Path(python).parent / "no-such-python"))
 
 
 def test_cli_export_shows_the_check(tmp_path):
@@ -147,3 +165,10 @@ def test_cli_export_shows_the_check(tmp_path):
     result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     assert "import against transformers" in result.output and " ok" in result.output
+    check = json.loads((tmp_path / "out" / "manifest.json").read_text())["import_check"]
+    assert check["passed"] and check["transformers"] == transformers.__version__ and "max abs diff" in check["result"]
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(tmp_path / "unchecked"),
+                                      "--no-check"])  # fmt: skip
+    assert result.exit_code == 0 and "left out by --no-check" in result.output, result.output
+    check = json.loads((tmp_path / "unchecked" / "manifest.json").read_text())["import_check"]
+    assert check == {"transformers": "", "result": "left out by --no-check", "passed": None}
