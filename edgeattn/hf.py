@@ -96,10 +96,11 @@ def _importer(hf: dict[str, Any], path: Path) -> Importer:
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's weights: safetensors (single or sharded) first, else a pickle
-    checkpoint read with ``torch.load(weights_only=True)`` (no code runs)."""
+    """Every tensor of the folder's weights: safetensors (single or sharded, mapped: read as used)
+    first, else a pickle checkpoint read with ``torch.load(weights_only=True)`` (no code runs)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+
+    from edgeattn.weights import map_safetensors
 
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     shards: list[Path] = []
@@ -114,7 +115,7 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
         tensors: dict[str, torch.Tensor] = {}
         for shard in shards:
             try:
-                tensors.update(load_file(str(shard)))
+                tensors.update(map_safetensors(shard))
             except (SafetensorError, OSError) as exc:
                 raise CheckpointError(f"{shard} is not a readable safetensors file: {exc}") from exc
         return tensors

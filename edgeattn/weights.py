@@ -50,6 +50,47 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         raise CheckpointError(f"checkpoint {path} is not a readable safetensors file: {exc}") from exc
 
 
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}  # fmt: skip
+
+
+def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a view of the file mapped copy-on-write, in its own
+    dtype: nothing is read until a tensor is used, and what is read stays the page cache's, which
+    the system may drop again (a folder of several GB costs no memory of its own to open). The
+    file is checked by safetensors' own parser first; a tensor whose dtype torch cannot view, or
+    whose offset is not aligned to its element, is copied out instead."""
+    import json
+    import mmap
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:  # refuses a malformed header, overlaps, bad offsets
+        names = list(f.keys())
+    if not names:
+        return {}
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        start = f.tell()  # the data's first byte, past the length and the header
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    tensors: dict[str, torch.Tensor] = {}
+    for name in names:
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        dtype = _DTYPES.get(entry["dtype"])
+        itemsize = None if dtype is None else torch.empty((), dtype=dtype).element_size()
+        if dtype is None or (start + begin) % itemsize:
+            with safe_open(str(path), framework="pt") as f:
+                tensors[name] = f.get_tensor(name)
+            continue
+        count = (end - begin) // itemsize
+        flat = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin) if count else \
+            torch.empty(0, dtype=dtype)  # fmt: skip
+        tensors[name] = flat.reshape(entry["shape"])
+    return tensors
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The config of a checkpoint: from its metadata, else from ``config.json`` beside it."""
     path = Path(path)
@@ -68,7 +109,8 @@ def read_config(path: str | Path) -> ModelConfig:
 def load_state(
     model: nn.Module, tensors: dict[str, torch.Tensor], source: str, aliases: dict[str, str] | None = None
 ) -> None:
-    """Copy ``tensors`` into ``model``, asserting the key and shape mapping first.
+    """Copy ``tensors`` into ``model``, asserting the key and shape mapping first; each tensor leaves
+    ``tensors`` as it is copied (cast to its parameter's dtype).
 
     Every parameter and buffer of the model must be present with its exact shape, and every
     tensor in the file must be used; errors name the offending tensors.
@@ -91,12 +133,11 @@ def load_state(
             raise CheckpointError(
                 f"{source}: tensor {key} has shape {tuple(got.shape)}, the model expects {tuple(ref.shape)}"
             )
-        if got.dtype != ref.dtype:
-            tensors[key] = got.to(ref.dtype)
-    full = dict(tensors)
-    for alias, src in aliases.items():
-        full[alias] = tensors[src]
-    model.load_state_dict(full, strict=True)
+    # each tensor copied into its parameter (cast on the way) and let go of, so that the source (mapped,
+    # or read in its own dtype) and a converted copy of the whole model never sit in memory together
+    with torch.no_grad():
+        for key, ref in expected.items():
+            ref.copy_(tensors.pop(key))
 
 
 def load_weights(model: TransformerModel, path: str | Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,8 @@ class CheckpointIndex:
         self.path = path
         self.exact: dict[tuple[int, tuple[int, ...], str], Region] = {}
         self.transposed: dict[tuple[int, tuple[int, ...], str], tuple[Region, tuple[int, ...]]] = {}
-        raw = path.read_bytes()
+        with open(path, "rb") as f:  # mapped: each tensor's bytes are read as it is hashed, none kept
+            raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         (size,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8 : 8 + size])
         start = 8 + size
@@ -83,17 +85,21 @@ def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
         entry.key, entry.value = k, v
 
 
-def share_weights(proto: onnx.ModelProto, index: CheckpointIndex) -> int:
+def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: Path | None = None) -> int:
     """Point ``proto``'s initializers at the checkpoint where they equal one of its tensors, as
-    stored or transposed (see the module docstring); returns the bytes no longer in the graph."""
+    stored or transposed (see the module docstring); returns the bytes no longer in the graph.
+    With ``external_dir``, initializers kept in external data files there are compared too (read a
+    tensor at a time), and those that match nothing are read back into the graph."""
     location = index.path.name
     moved = 0
     transposes = []
     kept = []
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            kept.append(tensor)
-            continue
+            if external_dir is None:
+                kept.append(tensor)
+                continue
+            _read_back(tensor, external_dir)
         array = numpy_helper.to_array(tensor)
         if array.nbytes < MIN_SHARED_BYTES:
             kept.append(tensor)
@@ -118,6 +124,16 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex) -> int:
     for node in reversed(transposes):
         proto.graph.node.insert(0, node)
     return moved
+
+
+def _read_back(tensor: onnx.TensorProto, folder: Path) -> None:
+    """Load an external initializer's bytes into the tensor itself (mapped: only its own are read)."""
+    info = {e.key: e.value for e in tensor.external_data}
+    offset, length = int(info.get("offset", 0)), int(info["length"])
+    with open(folder / info["location"], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        tensor.raw_data = data[offset : offset + length]
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, int]:

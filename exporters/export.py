@@ -199,8 +199,8 @@ def check_gated(config: ModelConfig, precisions: list[str]) -> None:
 def share_file_weights(path: Path, index: CheckpointIndex, external_threshold: int = PROTOBUF_LIMIT) -> bool:
     """Rewrite the graph at ``path`` to keep its weights in the checkpoint ``index`` describes
     (see :mod:`edgeattn.exporters.compact`), checked again; True when it keeps any there."""
-    proto = onnx.load(str(path))
-    if not share_weights(proto, index):
+    proto = onnx.load(str(path), load_external_data=False)  # each external weight read as it is compared
+    if not share_weights(proto, index, path.parent):
         return False
     path.with_name(external_data_file(path.name)).unlink(missing_ok=True)
     save_checked(proto, path, external_threshold)

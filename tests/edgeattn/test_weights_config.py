@@ -174,3 +174,30 @@ def test_a_familys_section_and_fields_are_its_records_say():
         get_preset("bert-base").replace(scale_decoder_output=True)
     with pytest.raises(ConfigError, match="alignment head \\(3, 0\\) is outside the decoder's 2 layers"):
         get_preset("tiny").replace(architecture="speech-to-text", section=SpeechConfig(alignment_heads=((3, 0),)))
+
+
+def test_mapped_safetensors_read_as_the_library_does_and_hostile_files_are_refused(tmp_path):
+    """A folder's weights are mapped, not read: each tensor equals safetensors' own reading in its
+    own dtype (bfloat16 kept), a copy-on-write view, and a broken file is one CheckpointError."""
+    from safetensors.torch import load_file
+
+    from edgeattn.hf import read_tensors
+    from edgeattn.weights import map_safetensors
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    tensors = {"a.weight": torch.randn(5, 3).to(torch.bfloat16), "b.bias": torch.randn(7),
+               "c.index": torch.arange(4), "d.half": torch.randn(2, 2).half(), "e.empty": torch.zeros(0, 3),
+               "f.flag": torch.tensor([True, False])}  # fmt: skip
+    save_file(tensors, str(folder / "model.safetensors"))
+    mapped, want = map_safetensors(folder / "model.safetensors"), load_file(str(folder / "model.safetensors"))
+    assert set(mapped) == set(want)
+    for name, tensor in want.items():
+        assert mapped[name].dtype == tensor.dtype and torch.equal(mapped[name], tensor), name
+    mapped["b.bias"].add_(1.0)  # copy-on-write: the file is untouched
+    assert torch.equal(load_file(str(folder / "model.safetensors"))["b.bias"], want["b.bias"])
+    assert set(read_tensors(folder)) == set(want)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) - 7])  # truncated
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        read_tensors(folder)

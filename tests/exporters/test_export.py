@@ -145,8 +145,11 @@ def test_float32_eager_that_strays_is_settled_against_float64(exported, monkeypa
         return [o + np.float32(3e-4) if o.dtype == np.float32 else o for o in real(module, names, feeds)]
 
     monkeypatch.setattr(verify, "_eager", strayed)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     report = verify.verify_graphs(model, ExportedModel(out), greedy_tokens=4)
     assert report.passed, report.table()
+    after = model.state_dict()  # widened to float64 in place for the truth, and narrowed back exactly
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
     assert {c.against for c in report.cases} == {"float64"}
     assert all(c.max_abs < 1e-4 for c in report.cases)
     assert "vs float64" in report.table()

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from edgeattn.families.causal.model import CausalLM
 from edgeattn.runtime.specs import GraphSpec
@@ -33,22 +33,29 @@ OPSET = 17
 
 
 class _Builder:
-    """Nodes and initializers, with unique names."""
+    """Nodes and initializers, with unique names. The initializers are written straight into the
+    model the graph becomes (``self.model``): a weight is copied once, into it, and never again."""
 
     def __init__(self) -> None:
+        self.model = onnx.ModelProto()
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self._names: set[str] = set()
         self._count = 0
 
     def const(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), name))  # 0-d stays 0-d
+        array = np.asarray(array)  # 0-d stays 0-d
+        tensor = self.model.graph.initializer.add()
+        tensor.name, tensor.data_type = name, helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.raw_data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        self._names.add(name)
         return name
 
     def scalar(self, value: float | int) -> str:
         """A scalar constant (float32, or int64 for an int), one initializer per value."""
         array = np.array(value, np.int64 if isinstance(value, int) else np.float32)
         name = f"scalar_{array.dtype}_{value!r}"
-        if not any(t.name == name for t in self.initializers):
+        if name not in self._names:
             self.const(name, array)
         return name
 
@@ -338,7 +345,11 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
     def value(t: object) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(t.name, _ONNX_TYPE[t.dtype], list(t.axes))  # type: ignore[attr-defined]
 
-    graph = helper.make_graph(g.nodes, spec.name, [value(t) for t in spec.inputs], [value(t) for t in spec.outputs],
-                              g.initializers)  # fmt: skip
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    proto = g.model  # filled in place: make_graph and make_model would copy every weight twice
+    proto.ir_version = 8
+    proto.opset_import.extend([helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    proto.graph.name = spec.name
+    proto.graph.node.extend(g.nodes)
+    proto.graph.input.extend(value(t) for t in spec.inputs)
+    proto.graph.output.extend(value(t) for t in spec.outputs)
+    return proto
