@@ -135,8 +135,10 @@ def load_state(
             )
     # each tensor copied into its parameter (cast on the way) and let go of, so that the source (mapped,
     # or read in its own dtype) and a converted copy of the whole model never sit in memory together
-    with torch.no_grad():
-        for key, ref in expected.items():
+    from tqdm import tqdm
+
+    with torch.no_grad():  # a bar where stderr is a terminal (disable=None): a large folder takes seconds
+        for key, ref in tqdm(expected.items(), desc="loading weights", unit="tensor", disable=None, leave=False):
             ref.copy_(tensors.pop(key))
 
 

@@ -59,7 +59,10 @@ class CheckpointIndex:
         (size,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8 : 8 + size])
         start = 8 + size
-        for name, info in header.items():
+        from tqdm import tqdm
+
+        for name, info in tqdm(header.items(), desc="indexing the checkpoint", unit="tensor", disable=None,
+                               leave=False):  # fmt: skip
             if name == "__metadata__" or info["dtype"] not in _DTYPES:
                 continue
             elem, dims = _DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
@@ -94,7 +97,10 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
     moved = 0
     transposes = []
     kept = []
-    for tensor in proto.graph.initializer:
+    from tqdm import tqdm
+
+    for tensor in tqdm(proto.graph.initializer, desc="sharing weights with the checkpoint", unit="weight",
+                       disable=None, leave=False):  # fmt: skip
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             if external_dir is None:
                 kept.append(tensor)

@@ -317,7 +317,10 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         return g("Reshape", g("Transpose", out, perm=[0, 2, 1, 3]), merge)
 
     branch: str | None = None  # the residual branch not yet added to x
-    for i, layer in enumerate(model.layers):
+    from tqdm import tqdm
+
+    layers = tqdm(model.layers, desc=f"writing {spec.name}", unit="layer", disable=None, leave=False)
+    for i, layer in enumerate(layers):
         p = f"layers.{i}"
         attn = layer.attn
         h, x = add_norm(x, branch, layer.norm1, f"{p}.norm1")
