@@ -11,58 +11,29 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from edgeattn.runtime import load
-from tests.real import texts
-from tests.real.test_smollm2 import HELDOUT_BYTES, _perplexity
+from tests.real import folders
+from tests.real.folders import ROOT
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-HERE = Path(__file__).parent
-FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real")) / "gemma3-270m"
-
-
-def real_folder() -> Path:
-    """The folder, built first when the transformers 5 environment is there (skips without it;
-    fails in CI, whose .ci/run makes both)."""
-    venv = Path(os.environ.get("EDGEATTN_TF5", Path.home() / ".cache" / "edgeattn-tf5"))
-    if not (FOLDER / "reference.json").is_file() or not (FOLDER / "built.json").is_file():
-        if not (venv / ".edgeattn-ready-1").is_file():
-            if os.environ.get("CI"):
-                pytest.fail(f"no transformers 5 environment at {venv}: .ci/run makes it with .ci/transformers5.sh")
-            pytest.skip(f"no transformers 5 environment at {venv} (bash .ci/transformers5.sh makes it)")
-    subprocess.run([str(venv / "bin" / "python"), str(HERE / "build_gemma3.py"), str(FOLDER)], check=True,
-                   capture_output=True, timeout=1200)  # fmt: skip
-    return FOLDER
+FOLDER = ROOT / "gemma3-270m"
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    return json.loads((real_folder() / "reference.json").read_text())
+    return json.loads((folders.real_folder(FOLDER, "build_gemma3.py", timeout=1200) / "reference.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory, reference) -> tuple[Path, str, float]:
     """The CLI's export of the real folder: fp32 verified, int8 and int4 gated on 120 KB of prose."""
-    from edgeattn.cli import cli
-
-    work = tmp_path_factory.mktemp("real-gemma3")
-    heldout = work / "heldout.txt"
-    heldout.write_text("\n".join(texts.split("heldout", HELDOUT_BYTES)) + "\n", encoding="utf-8")
-    start = time.perf_counter()
-    result = CliRunner().invoke(cli, ["export", "--from-hf", str(FOLDER), "-o", str(work / "gemma3"),
-                                      "--precision", "int8,int4", "--heldout", str(heldout)])  # fmt: skip
-    seconds = time.perf_counter() - start
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return work / "gemma3", result.output, seconds
+    return folders.cli_export(FOLDER, tmp_path_factory.mktemp("real-gemma3"), "gemma3")
 
 
 def test_the_real_model_exports_verified_and_gated(export):
@@ -82,12 +53,7 @@ def test_the_real_model_exports_verified_and_gated(export):
 
 def test_logits_equal_transformers(export):
     """The fp32 graph's logits of a real paragraph against transformers 5's own on its folder."""
-    rows = json.loads((FOLDER / "reference.json").read_text())["evaluation"]["rows"]
-    want = np.load(FOLDER / "logits.npy")  # (T - 1, vocab)
-    ids = np.array([rows[0]["ids"]])
-    got = load(export[0], precision="fp32").next_token_logits(ids, np.ones_like(ids))[0, :-1]
-    assert np.abs(got - want).max() <= 1e-4 + 1e-3 * np.abs(want).max(), np.abs(got - want).max()
-    assert (got.argmax(-1) == want.argmax(-1)).mean() == 1.0
+    folders.assert_logits_equal_transformers(FOLDER, export[0])
 
 
 def test_a_text_past_twice_the_window_reads_as_transformers(export, reference):
@@ -120,12 +86,7 @@ def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, r
     """On 40 evaluation paragraphs (never in the held-out file): fp32 equal to transformers to
     0.05%; int8 within 2%, int4 within 10% (docs/language-models.md: the folder's weights are
     llama.cpp's own 4- to 8-bit grids, which its Q4_K_M reproduces nearly exactly)."""
-    rows = reference["evaluation"]["rows"][:40]
-    tokens = sum(len(r["ids"]) - 1 for r in rows)
-    want = math.exp(-sum(r["logp_sum"] for r in rows) / tokens)
-    got = {p: _perplexity(load(export[0], precision=p), rows) for p in ("fp32", "int8", "int4")}
-    print(f"\nperplexity on {tokens} tokens: transformers {want:.3f}, " +
-          ", ".join(f"{p} {v:.3f} ({100 * (v / want - 1):+.1f}%)" for p, v in got.items()))  # fmt: skip
+    want, got = folders.perplexities(export[0], reference)
     assert abs(got["fp32"] / want - 1) < 5e-4
     assert got["int8"] / want - 1 < 0.02
     assert got["int4"] / want - 1 < 0.10
@@ -133,7 +94,7 @@ def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, r
 
 def test_continuations_equal_transformers_generate(export, reference):
     """Greedy continuations (fp32) of plain prompts, token for token up to an end of text, as
-    transformers' generate gives them; int8's first tokens the same."""
+    transformers' generate gives them."""
     model = load(export[0], precision="fp32")
     stops = set(model.stop_ids)
     for case in reference["answers"]:

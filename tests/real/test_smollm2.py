@@ -10,39 +10,21 @@ evaluation texts are the standard library's documentation (:mod:`texts`). Marker
 from __future__ import annotations
 
 import json
-import math
-import os
-import subprocess
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from edgeattn.runtime import load
-from tests.real import texts
+from tests.real import folders
+from tests.real.folders import ROOT
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-HERE = Path(__file__).parent
-FOLDER = Path(os.environ.get("EDGEATTN_REAL", Path.home() / ".cache" / "edgeattn-real")) / "smollm2-135m-instruct"
-#: the gate's held-out file: 120 KB of prose
-HELDOUT_BYTES = 120_000
+FOLDER = ROOT / "smollm2-135m-instruct"
 
 
 def real_folder() -> Path:
-    """The folder, built first when the transformers 5 environment is there (skips without it;
-    fails in CI, whose .ci/run makes both)."""
-    venv = Path(os.environ.get("EDGEATTN_TF5", Path.home() / ".cache" / "edgeattn-tf5"))
-    if not (FOLDER / "reference.json").is_file() or not (FOLDER / "built.json").is_file():
-        if not (venv / ".edgeattn-ready-1").is_file():
-            if os.environ.get("CI"):
-                pytest.fail(f"no transformers 5 environment at {venv}: .ci/run makes it with .ci/transformers5.sh")
-            pytest.skip(f"no transformers 5 environment at {venv} (bash .ci/transformers5.sh makes it)")
-    subprocess.run([str(venv / "bin" / "python"), str(HERE / "build_smollm2.py"), str(FOLDER)], check=True,
-                   capture_output=True, timeout=900)  # fmt: skip
-    return FOLDER
+    return folders.real_folder(FOLDER, "build_smollm2.py")
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +35,7 @@ def reference() -> dict:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory, reference) -> tuple[Path, str, float]:
     """The CLI's export of the real folder: fp32 verified, int8 and int4 gated on 120 KB of prose."""
-    from edgeattn.cli import cli
-
-    work = tmp_path_factory.mktemp("real")
-    heldout = work / "heldout.txt"
-    heldout.write_text("\n".join(texts.split("heldout", HELDOUT_BYTES)) + "\n", encoding="utf-8")
-    start = time.perf_counter()
-    result = CliRunner().invoke(cli, ["export", "--from-hf", str(FOLDER), "-o", str(work / "smol"),
-                                      "--precision", "int8,int4", "--heldout", str(heldout)])  # fmt: skip
-    seconds = time.perf_counter() - start
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return work / "smol", result.output, seconds
+    return folders.cli_export(FOLDER, tmp_path_factory.mktemp("real"), "smol")
 
 
 def test_the_real_model_exports_verified_and_gated(export):
@@ -88,21 +60,7 @@ def test_the_real_model_exports_verified_and_gated(export):
 
 def test_logits_equal_transformers(export):
     """The fp32 graph's logits of a real paragraph against transformers 5's own on its folder."""
-    rows = json.loads((FOLDER / "reference.json").read_text())["evaluation"]["rows"]
-    want = np.load(FOLDER / "logits.npy")  # (T - 1, vocab)
-    ids = np.array([rows[0]["ids"]])
-    got = load(export[0], precision="fp32").next_token_logits(ids, np.ones_like(ids))[0, :-1]
-    assert np.abs(got - want).max() <= 1e-4 + 1e-3 * np.abs(want).max(), np.abs(got - want).max()
-    assert (got.argmax(-1) == want.argmax(-1)).mean() == 1.0
-
-
-def _perplexity(model, rows: list[dict]) -> float:
-    """Over ``rows``' token ids, teacher forced in batches of rows of like length (the gate's way)."""
-    from edgeattn.exporters.gate import heldout_sources, next_tokens
-
-    held = heldout_sources(model.config, texts=[r["ids"] for r in rows])
-    scored = next_tokens(model.next_token_logits, held.ids, held.mask, model.config.vocab_size)
-    return math.exp(-scored.logp[scored.valid].mean())
+    folders.assert_logits_equal_transformers(FOLDER, export[0])
 
 
 def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, reference):
@@ -110,12 +68,7 @@ def test_perplexity_equals_transformers_and_reduced_precisions_keep_it(export, r
     0.05%; int8 within 2% (llama.cpp's Q8_0 +1.0% on all of them; per-tensor int8 was +77%), int4
     within 10% (GPTQ's +4.6% on all of them; Q4_K_M +6.7%; the same form rounded to nearest,
     +18.9%, fails)."""
-    rows = reference["evaluation"]["rows"][:40]
-    tokens = sum(len(r["ids"]) - 1 for r in rows)
-    want = math.exp(-sum(r["logp_sum"] for r in rows) / tokens)
-    got = {p: _perplexity(load(export[0], precision=p), rows) for p in ("fp32", "int8", "int4")}
-    print(f"\nperplexity on {tokens} tokens: transformers {want:.3f}, " +
-          ", ".join(f"{p} {v:.3f} ({100 * (v / want - 1):+.1f}%)" for p, v in got.items()))  # fmt: skip
+    want, got = folders.perplexities(export[0], reference)
     assert abs(got["fp32"] / want - 1) < 5e-4
     assert got["int8"] / want - 1 < 0.02
     assert got["int4"] / want - 1 < 0.10
