@@ -29,7 +29,12 @@ pytestmark = pytest.mark.quick
 _EXPORTS: dict = {}
 
 
-@pytest.fixture(scope="module", params=[(m, p) for m in causal_folders.MODELS for p in ("fp32", "fp32-opt")],
+#: architectures whose export the quick tier leaves to the full suite (Gemma 3's covers their windows)
+_FULL_SUITE_ONLY = ("gemma2-softcap", "mistral-window", "smollm3-nope")
+
+
+@pytest.fixture(scope="module", params=[pytest.param((m, p), marks=[pytest.mark.slow] if m in _FULL_SUITE_ONLY else [])
+                                        for m in causal_folders.MODELS for p in ("fp32", "fp32-opt")],
                 ids=lambda param: "-".join(param))  # fmt: skip
 def exported(request, tmp_path_factory):
     """(transformers model, edgeattn's eager model, the export loaded at one precision) of one
