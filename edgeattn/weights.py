@@ -79,12 +79,11 @@ def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
         entry = header[name]
         begin, end = entry["data_offsets"]
         dtype = _DTYPES.get(entry["dtype"])
-        itemsize = None if dtype is None else torch.empty((), dtype=dtype).element_size()
-        if dtype is None or (start + begin) % itemsize:
+        if dtype is None or (start + begin) % dtype.itemsize:
             with safe_open(str(path), framework="pt") as f:
                 tensors[name] = f.get_tensor(name)
             continue
-        count = (end - begin) // itemsize
+        count = (end - begin) // dtype.itemsize
         flat = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin) if count else \
             torch.empty(0, dtype=dtype)  # fmt: skip
         tensors[name] = flat.reshape(entry["shape"])

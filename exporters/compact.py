@@ -133,11 +133,11 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
 
 
 def _read_back(tensor: onnx.TensorProto, folder: Path) -> None:
-    """Load an external initializer's bytes into the tensor itself (mapped: only its own are read)."""
+    """Load an external initializer's bytes into the tensor itself (only its own are read)."""
     info = {e.key: e.value for e in tensor.external_data}
-    offset, length = int(info.get("offset", 0)), int(info["length"])
-    with open(folder / info["location"], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        tensor.raw_data = data[offset : offset + length]
+    with open(folder / info["location"], "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        tensor.raw_data = f.read(int(info["length"]))
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
 

@@ -49,9 +49,8 @@ def rope_views(hf: dict[str, Any], path: Path) -> tuple[dict[str, Any], float]:
     per layer type. A scaled local rotation is a ConfigError."""
     params = hf.get("rope_parameters")
     per_type = isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values())
-    if not per_type:
-        local = hf.get("rope_local_base_freq")
-        return hf, float(local) if "model_type" in hf and hf["model_type"] == "gemma3_text" else 0.0
+    if not per_type:  # Gemma 3's local base defaults to 10,000 as transformers' does; Gemma 2 has one rotation
+        return hf, float(hf.get("rope_local_base_freq") or 10000.0) if hf.get("model_type") == "gemma3_text" else 0.0
     unknown = sorted(set(params) - {"full_attention", "sliding_attention"})
     if unknown or "full_attention" not in params:
         raise ConfigError(f"{path}: rope_parameters per layer type must be full_attention and sliding_attention, "
