@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from edgeattn.errors import ExportError
+from edgeattn.exporters.experts import quantize_experts
 from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_fitted
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
@@ -391,6 +392,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     if second:
         proto = run(proto, head_bits, [], second, True, "rtn")
     written = apply_fitted(proto, fitted)
+    experts = quantize_experts(proto, bits, block_size)
     if method == "hqq":  # HQQ writes no accuracy_level: the level asked for is set on its products
         for node in proto.graph.node:
             if node.op_type == "MatMulNBits" and not any(a.name == "accuracy_level" for a in node.attribute):
@@ -415,6 +417,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
         **({"output_layer_bits": head_bits, "at_output_layer_bits": second} if second else {}),
         **({"tied_tables": shared} if shared else {}),
         **({"excluded_nodes": list(job.exclude)} if job.exclude else {}),
+        **({"experts": {"operator": "QMoE", "nodes": len(experts), "method": "rtn"}} if experts else {}),
     }
 
 

@@ -47,6 +47,10 @@ def models() -> dict[str, Any]:
                                                                        sliding_window=4)),
         "smollm3-nope": lambda: t.SmolLM3ForCausalLM(t.SmolLM3Config(**SMALL, **ids, num_key_value_heads=2,
                                                                      no_rope_layers=[1, 0])),
+        # 4 experts, 2 a token, the middle layer dense: mixtures of experts beside a plain feed-forward
+        "qwen3-moe": lambda: t.Qwen3MoeForCausalLM(t.Qwen3MoeConfig(
+            **{**SMALL, "num_hidden_layers": 3}, **ids, num_key_value_heads=2, head_dim=16, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=[1])),
         "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=128,
                                                        bos_token_id=1, eos_token_id=2)),
     }  # fmt: skip

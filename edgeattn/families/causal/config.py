@@ -89,6 +89,15 @@ class CausalLMConfig:
     #: tanh soft-capping, cap * tanh(x / cap), of the attention scores and of the logits (Gemma 2); 0: none
     attn_softcap: float = 0.0
     logit_softcap: float = 0.0
+    #: a mixture of experts in place of the feed-forward (Qwen3-MoE): how many experts, how many a
+    #: token is routed to (the router's softmax, its top ``experts_per_token``), each expert's
+    #: width, and whether the chosen weights are normalised to sum to 1; 0 experts: every layer dense
+    n_experts: int = 0
+    experts_per_token: int = 0
+    expert_d_ff: int = 0
+    norm_topk: bool = False
+    #: layers that keep the dense feed-forward (of ``d_ff``) in a mixture-of-experts model
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
@@ -119,6 +128,14 @@ class CausalLMConfig:
             raise ConfigError("sliding layers need a sliding_window of at least 1 token")
         if any(not 0 <= i < self.n_layers for i in self.nope_layers):
             raise ConfigError(f"nope_layers {list(self.nope_layers)} lie outside the {self.n_layers} layers")
+        if self.n_experts and not self.gated:
+            raise ConfigError("a mixture of experts is of gated feed-forwards: set gated")
+        if self.n_experts and not (1 <= self.experts_per_token <= self.n_experts and self.expert_d_ff >= 1):
+            raise ConfigError(f"a mixture of {self.n_experts} experts needs experts_per_token between 1 and "
+                              f"{self.n_experts} and a positive expert_d_ff, got {self.experts_per_token} and "
+                              f"{self.expert_d_ff}")  # fmt: skip
+        if any(not 0 <= i < self.n_layers for i in self.dense_layers):
+            raise ConfigError(f"dense_layers {list(self.dense_layers)} lie outside the {self.n_layers} layers")
         short = dict(self.rope_scaling).get("short_factor")
         if short is not None and (not isinstance(short, tuple) or len(short) != rotary // 2):
             raise ConfigError(f"longrope short_factor must hold {rotary // 2} values (one a rotary frequency)")
@@ -136,6 +153,10 @@ class CausalLMConfig:
     def window(self, layer: int) -> int:
         """How many tokens layer ``layer`` sees back to (its own included); 0: all of them."""
         return self.sliding_window if self.layer_types and self.layer_types[layer] == "sliding" else 0
+
+    def experts(self, layer: int) -> bool:
+        """Whether layer ``layer``'s feed-forward is a mixture of experts."""
+        return self.n_experts > 0 and layer not in self.dense_layers
 
     def rope_of(self, layer: int) -> str | None:
         """Which rotation layer ``layer`` applies: ``global``, ``local`` (the sliding layers' own base)
@@ -204,7 +225,7 @@ class CausalLMConfig:
                                           else float(v)) for k, v in items)  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"causal rope_scaling values must be numbers or lists of numbers: {exc}") from exc
-        for key, kind in (("layer_types", str), ("nope_layers", int)):
+        for key, kind in (("layer_types", str), ("nope_layers", int), ("dense_layers", int)):
             if key in data:
                 if not isinstance(data[key], list | tuple):
                     raise ConfigError(f"causal {key} must be a list, got {data[key]!r}")
@@ -221,6 +242,7 @@ class CausalLMConfig:
         d, h = self.d_model, self.dim
         attention = d * h * (2 * self.n_heads + 2 * self.n_kv_heads)
         ff = (3 if self.gated else 2) * d * self.d_ff
+        experts = self.n_experts * 3 * d * self.expert_d_ff + d * self.n_experts  # and the router
         tables = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         tables += self.max_len * d if self.position == "learned" else 0
-        return self.n_layers * (attention + ff) + tables
+        return sum(attention + (experts if self.experts(i) else ff) for i in range(self.n_layers)) + tables

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgeattn.families.causal.model import CausalLM
+from edgeattn.families.causal.model import CausalLM, Experts
 from edgeattn.runtime.specs import GraphSpec
 
 _ONNX_TYPE = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
@@ -79,6 +79,8 @@ class _Builder:
 
 #: the names of each layer's matrix products (their weights are ``layers.<i>.<name>.weight.T``)
 QKV, OUT, GATE_UP, UP, DOWN = "attn.qkv_proj", "attn.o_proj", "ff.gate_up_proj", "ff.up_proj", "ff.down_proj"
+#: a mixture of experts' router product, and its experts' stacked weights (``layers.<i>.<name>``)
+ROUTER, EXPERTS_IN, EXPERTS_OUT = "ff.router", "ff.experts_in", "ff.experts_out"
 
 
 def product_weight(layer: int, product: str) -> str:
@@ -88,8 +90,11 @@ def product_weight(layer: int, product: str) -> str:
 
 def layer_products(layer: object) -> dict[str, list[object]]:
     """One layer's matrix products in the order its forward runs them, each the projections it
-    packs side by side (their outputs concatenated; every one reads the same input)."""
+    packs side by side (their outputs concatenated; every one reads the same input); a mixture of
+    experts' router (its experts are not products of one matrix)."""
     attn, ff = layer.attn, layer.ff  # type: ignore[attr-defined]
+    if isinstance(ff, Experts):
+        return {QKV: [attn.q_proj, attn.k_proj, attn.v_proj], OUT: [attn.o_proj], ROUTER: [ff.router]}
     feed = {GATE_UP: [ff.gate_proj, ff.up_proj]} if ff.gated else {UP: [ff.up_proj]}
     return {QKV: [attn.q_proj, attn.k_proj, attn.v_proj], OUT: [attn.o_proj], **feed, DOWN: [ff.down_proj]}
 
@@ -243,9 +248,43 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) 
         x = x if branch is None else g("Add", x, branch)
         return norm(x, module, prefix), x
 
+    if c.n_experts:  # made once for every mixture-of-experts layer
+        flat_tokens, top_k = g.const("flat_tokens", i64(-1, d)), g.const("experts_k", i64(c.experts_per_token))
+        expert_sizes, last, axis2 = (g.const("expert_sizes", i64(c.expert_d_ff, c.expert_d_ff)),
+                                     g.const("axes_last", i64(-1)), g.const("axes_2b", i64(2)))  # fmt: skip
+
+    def experts(h: str, ff: Experts, p: str) -> str:
+        """A mixture of experts on the normed ``h``: ONNX Runtime's ``MoE`` in the fused form (its
+        SwiGLU reads gate and up interleaved), else every expert's product over every token, summed
+        by the routing weights (zero off a token's top k) in standard operators."""
+        flat = g("Reshape", h, flat_tokens)  # (N, d)
+        logits = linear(flat, ff.router, f"{p}.{ROUTER}")  # (N, E)
+        gate, up, down = (_weight(ff, n) for n in ("gate_proj", "up_proj", "down_proj"))
+        if fused and c.activation == "silu":
+            fc1 = np.stack([gate, up], axis=2).reshape(c.n_experts, 2 * c.expert_d_ff, d)  # g0, u0, g1, u1, ...
+            out = g.op("MoE", [flat, logits, g.const(f"{p}.{EXPERTS_IN}", fc1), "",
+                               g.const(f"{p}.{EXPERTS_OUT}", down), ""], domain="com.microsoft",
+                       k=c.experts_per_token, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
+                       activation_beta=0.0, normalize_routing_weights=int(c.norm_topk))  # fmt: skip
+        else:
+            top, chosen = g.op("TopK", [g("Softmax", logits, axis=-1), top_k], outputs=2, axis=-1)
+            if c.norm_topk:
+                top = g("Div", top, g("ReduceSum", top, last, keepdims=1))
+            routed = g("ScatterElements", g("Mul", logits, g.scalar(0.0)), chosen, top, axis=-1)  # (N, E)
+            fc1 = np.concatenate([gate, up], axis=1).transpose(0, 2, 1)  # (E, d, 2 * width)
+            both = g("MatMul", g("Unsqueeze", flat, zero), g.const(f"{p}.{EXPERTS_IN}", fc1))  # (E, N, 2 * width)
+            gated, upped = g.op("Split", [both, expert_sizes], outputs=2, axis=-1)
+            each = g("MatMul", g("Mul", activation(gated), upped),
+                     g.const(f"{p}.{EXPERTS_OUT}", down.transpose(0, 2, 1)))  # (E, N, d)  # fmt: skip
+            weights = g("Unsqueeze", g("Transpose", routed, perm=[1, 0]), axis2)  # (E, N, 1)
+            out = g("ReduceSum", g("Mul", each, weights), zero, keepdims=0)
+        return g("Reshape", out, g("Shape", h))
+
     def feed_forward(h: str, layer: object, p: str) -> str:
         """The feed-forward branch of the normed ``h``."""
         ff = layer.ff
+        if isinstance(ff, Experts):
+            return experts(h, ff, p)
         if c.gated:
             gate, up = g.op("Split", [packed(h, [ff.gate_proj, ff.up_proj], f"{p}.{GATE_UP}"), ff_sizes],
                             outputs=2, axis=-1)  # fmt: skip

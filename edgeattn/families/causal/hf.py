@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from edgeattn.errors import CheckpointError, ConfigError
-from edgeattn.families.causal import gemma
+from edgeattn.families.causal import gemma, moe
 from edgeattn.families.causal.model import CausalLM, CausalLMConfig
 from edgeattn.runtime.families.causal.chat import load_chat_template
 from edgeattn.runtime.jsonfile import read_json_object
@@ -50,6 +50,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "SmolLM3ForCausalLM": "smollm3",
     **gemma.ARCHITECTURES,
+    **moe.ARCHITECTURES,
 }
 #: architectures whose config ties the output layer to the embedding unless it says otherwise
 _TIED_BY_DEFAULT = ("SmolLM3ForCausalLM", *gemma.ARCHITECTURES)
@@ -204,7 +205,7 @@ def map_config(hf: dict[str, Any], architecture: str, path: Path) -> CausalLMCon
         **rope_settings(rope_view, path, int(_need(hf, path, "max_position_embeddings"))),
         qkv_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
         out_bias=bool(hf.get("attention_bias", False)),
-        mlp_bias=bool(hf.get("mlp_bias", False)), qk_norm=architecture == "Qwen3ForCausalLM",
+        mlp_bias=bool(hf.get("mlp_bias", False)), qk_norm=architecture in ("Qwen3ForCausalLM", *moe.ARCHITECTURES),
         tie_embeddings=bool(hf.get("tie_word_embeddings", architecture in _TIED_BY_DEFAULT)),
         **window_settings(hf, architecture, path, n_layers),
     )  # fmt: skip
@@ -217,6 +218,8 @@ def map_config(hf: dict[str, Any], architecture: str, path: Path) -> CausalLMCon
         fields["nope_layers"] = tuple(i for i, rotates in enumerate(no_rope) if not rotates)
     if is_gemma:
         fields.update(gemma.config_fields(hf, architecture, path))
+    if architecture in moe.ARCHITECTURES:
+        fields.update(moe.config_fields(hf, path, n_layers))
     return CausalLMConfig(**fields)
 
 
@@ -254,6 +257,7 @@ _GPT2_LAYER = {"ln_1": "norm1", "ln_2": "norm2", "attn.c_proj": "attn.o_proj", "
 
 def _llama_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, source: str) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, torch.Tensor]] = {}  # layer -> its router's and experts' tensors
     for key, value in tensors.items():
         if key in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
             out[{"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight"}.get(key, key)] = value
@@ -262,6 +266,9 @@ def _llama_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, sou
         if m is None:
             raise CheckpointError(f"{source}: tensor {key} is not one edgeattn maps")
         layer, rest = m.groups()
+        if config.n_experts and moe.is_expert_tensor(rest):
+            experts.setdefault(layer, {})[rest] = value
+            continue
         if rest in ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"):  # Phi-3 packs them
             if rest.startswith("self_attn"):
                 d, q, kv = config.dim, config.n_heads, config.n_kv_heads
@@ -274,7 +281,7 @@ def _llama_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, sou
         if rest not in _LLAMA_LAYER:
             raise CheckpointError(f"{source}: tensor {key} is not one edgeattn maps")
         out[f"layers.{layer}.{_LLAMA_LAYER[rest]}"] = value
-    return out
+    return {**out, **moe.stack_experts(experts, config.n_experts, source)}
 
 
 def _gpt2_tensors(tensors: dict[str, torch.Tensor], config: CausalLMConfig, source: str) -> dict[str, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""Decoder-only language models (GPT-2, the Llama family, Qwen2 / Qwen3, Phi-3) in one readable file.
+"""Decoder-only language models (GPT-2, the Llama family, Qwen2 / Qwen3 / Qwen3-MoE, Phi-3, Gemma 2 / 3,
+Mistral, SmolLM3) in one readable file.
 
 One frozen config, :class:`CausalLMConfig` (the decoder-only family's own section of knobs, not
 new flat fields of ``ModelConfig``), drives one module, :class:`CausalLM`: token embeddings (and
@@ -123,14 +124,55 @@ class FeedForward(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * up if self.gated else self.act(up))
 
 
-class Block(nn.Module):
-    """x + attn(norm(x)), then x + ff(norm(x)); with ``sandwich_norm`` each branch normed again
-    before it is added (Gemma's post-attention and post-feed-forward norms)."""
+class Experts(nn.Module):
+    """A mixture of gated feed-forwards (Qwen3-MoE's sparse block): the router's softmax over
+    ``n_experts``, each token sent to its top ``experts_per_token`` (their weights normalised to sum
+    to 1 with ``norm_topk``), the experts' outputs summed by those weights. The experts' weights
+    are stacked: ``gate_proj`` and ``up_proj`` (E, expert_d_ff, d_model), ``down_proj`` (E, d_model,
+    expert_d_ff)."""
 
     def __init__(self, config: CausalLMConfig) -> None:
         super().__init__()
+        c = config
+        self.router = nn.Linear(c.d_model, c.n_experts, bias=False)
+        self.gate_proj = nn.Parameter(torch.empty(c.n_experts, c.expert_d_ff, c.d_model))
+        self.up_proj = nn.Parameter(torch.empty(c.n_experts, c.expert_d_ff, c.d_model))
+        self.down_proj = nn.Parameter(torch.empty(c.n_experts, c.d_model, c.expert_d_ff))
+        for weight in (self.gate_proj, self.up_proj, self.down_proj):
+            nn.init.normal_(weight, std=0.02)
+        self.top, self.normalize = c.experts_per_token, c.norm_topk
+        self.act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[c.activation]
+
+    def routing(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights, experts) (N, experts_per_token) of tokens ``x`` (N, d_model)."""
+        probs = torch.softmax(self.router(x), dim=-1, dtype=torch.float32)
+        weights, chosen = probs.topk(self.top, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), chosen
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.routing(flat)
+        out = torch.zeros_like(flat)
+        for e in chosen.unique().tolist():
+            rows, rank = (chosen == e).nonzero(as_tuple=True)
+            h = flat[rows]
+            y = F.linear(self.act(F.linear(h, self.gate_proj[e])) * F.linear(h, self.up_proj[e]), self.down_proj[e])
+            out.index_add_(0, rows, y * weights[rows, rank, None])
+        return out.view_as(x)
+
+
+class Block(nn.Module):
+    """x + attn(norm(x)), then x + ff(norm(x)); with ``sandwich_norm`` each branch normed again
+    before it is added (Gemma's post-attention and post-feed-forward norms). The feed-forward is
+    a mixture of experts where the config says so for ``layer``."""
+
+    def __init__(self, config: CausalLMConfig, layer: int = 0) -> None:
+        super().__init__()
         self.norm1, self.attn = _norm(config, config.d_model), CausalSelfAttention(config)
-        self.norm2, self.ff = _norm(config, config.d_model), FeedForward(config)
+        self.norm2 = _norm(config, config.d_model)
+        self.ff = Experts(config) if config.experts(layer) else FeedForward(config)
         if config.sandwich_norm:
             self.attn_out_norm, self.ff_out_norm = _norm(config, config.d_model), _norm(config, config.d_model)
         self.sandwich = config.sandwich_norm
@@ -165,7 +207,7 @@ class CausalLM(TransformerModel):
             self.register_buffer("inv_freq", inv_freq, persistent=False)
             if c.local_rope_theta:  # the sliding layers' own rotation (Gemma 3)
                 self.register_buffer("inv_freq_local", rope_frequencies(c.local_rope())[0], persistent=False)
-        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         self.norm = _norm(c, c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:

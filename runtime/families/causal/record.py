@@ -27,7 +27,7 @@ CAUSAL_DECODER = GraphRole(
     "causal_decoder", causal_decoder_spec, f"{_HERE}.graphs:CausalDecoderGraph", causal_sizes,
     f"{_HERE}.gate:causal_calibration", f"{_HERE}.gate:causal_metrics", lambda c: c.n_decoder_layers,
     decodes=True, in_place=True, int8_activations=True, int4_block_size=64, int4_head_bits=8,
-    int4_wide_products=("attn.qkv_proj",), int4_method="gptq", fitter=f"{_HERE}.fit:fit_causal",
+    int4_wide_products=("attn.qkv_proj", "ff.router"), int4_method="gptq", fitter=f"{_HERE}.fit:fit_causal",
     int8_form="blockwise", external_weights=True, cache_types=("float16", "int8"),
     builder=f"{_HERE}.graph_builder:build_causal_decoder",
     # docs/web.md: int4 decodes fastest on onnxruntime-node; in wasm int8 (int4 has no fast kernels there)

@@ -135,3 +135,59 @@ def _degraded_ok():
     from edgeattn.exporters.precision_builds import PrecisionOptions
 
     return PrecisionOptions(allow_degraded=True)
+
+
+@pytest.mark.parametrize("normalized", [True, False], ids=["top-k-normalised", "top-k-raw"])
+def test_a_mixture_of_experts_passes_the_gate_with_its_experts_in_qmoe(tmp_path, normalized):
+    """A trained Qwen3-MoE (two mixtures of 4 experts, a dense layer between) at int8 and int4: its
+    experts 8- and 4-bit in ONNX Runtime's QMoE (chosen weights normalised or left as the router's
+    softmax gives them), the router kept 8-bit, through the gate on held-out text; the float32
+    forms (every expert's product, and the MoE operator) equal eager PyTorch."""
+    from click.testing import CliRunner
+
+    from edgeattn.cli import cli
+
+    model = causal_folders.build("qwen3-moe")
+    model.config.norm_topk_prob = normalized
+    for layer in model.model.layers:
+        if hasattr(layer.mlp, "norm_topk_prob"):
+            layer.mlp.norm_topk_prob = normalized
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder)
+    causal_folders.write_tokenizer(folder)
+    causal_folders.train(model, folder)
+    model.save_pretrained(folder)
+    causal_folders.write_tokenizer(folder)
+    out = tmp_path / "lm"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision",
+                                      "fp32-opt,int8,int4", "--heldout",
+                                      str(causal_folders.heldout_notes(tmp_path / "notes.txt"))])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["causal"]["norm_topk"] is normalized
+    assert manifest["config"]["causal"]["dense_layers"] == [1]
+    for precision, operator in (("fp32", None), ("fp32-opt", "MoE"), ("int8", "QMoE"), ("int4", "QMoE")):
+        name = "causal_decoder.onnx" if precision == "fp32" else f"causal_decoder.{precision}.onnx"
+        ops = [n.op_type for n in onnx.load(str(out / name), load_external_data=False).graph.node]
+        assert ops.count("TopK") == (2 if operator is None else 0 if normalized or operator == "MoE" else 2)
+        if operator:
+            assert ops.count(operator) == 2, (precision, operator)
+    for precision in ("int8", "int4"):
+        gate = manifest["gates"][precision]
+        assert gate["passed"] and not gate["degraded"], gate
+        assert gate["metrics"]["causal_decoder"]["teacher_top1"] >= 0.9, gate
+        quantization = manifest["graphs"]["causal_decoder"]["precisions"][precision]["quantization"]
+        assert quantization["experts"] == {"operator": "QMoE", "nodes": 2, "method": "rtn"}
+    graph = onnx.load(str(out / "causal_decoder.int4.onnx"), load_external_data=False)
+    routers = [n for n in graph.graph.node if n.op_type == "MatMulNBits" and "ff.router" in n.input[1]]
+    assert len(routers) == 2 and all(next(a.i for a in n.attribute if a.name == "bits") == 8 for n in routers)
+    ids = np.array([[5, 9, 12, 7, 30, 41], [0, 0, 8, 14, 3, 22]])
+    mask = (ids > 0).astype(np.int64)
+    eager = import_folder(folder).model
+    with torch.no_grad():
+        want = eager(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    for precision in ("fp32", "fp32-opt"):
+        got = load(out, precision=precision).next_token_logits(ids, mask)
+        assert np.abs(got - want)[mask.astype(bool)].max() < 1e-4, precision
+    int4 = load(out, precision="int4").next_token_logits(ids, mask)
+    assert (int4.argmax(-1) == want.argmax(-1))[mask.astype(bool)].mean() >= 0.75
