@@ -33,6 +33,7 @@ from edgeattn.runtime.layout import WEIGHTS
 from edgeattn.runtime.precisions import FP32, float32_precisions
 from edgeattn.runtime.session import CPU
 from edgeattn.tables import table_lines
+from edgeattn.widening import module_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -183,15 +184,23 @@ def _eager(module: torch.nn.Module, names: list[str], feeds: dict[str, np.ndarra
 class _Float64Reference:
     """The model in float64: the truth when float32 eager itself strays (two float32 computations
     can differ by more than the tolerance while each is within it of the exact result, e.g. eager
-    on a CPU whose kernels accumulate in another order). The model itself is widened in place for
-    the cases that need it and narrowed back after (exact: every float32 is a float64), so a large
-    model never sits in memory twice."""
+    on a CPU whose kernels accumulate in another order). The model computes in float64 a module at
+    a time (:func:`~edgeattn.widening.module_at_a_time`: a module's weights widened while it runs),
+    so a large model never sits in memory twice; a model whose forward reads weights outside their
+    own module is widened whole in place for the cases that need it and narrowed back after (exact:
+    every float32 is a float64)."""
 
     def __init__(self, model: TransformerModel) -> None:
         self._model = model
+        self._whole = False
 
     @contextlib.contextmanager
     def widened(self) -> Iterator[None]:
+        with module_at_a_time(self._model, torch.float64):
+            yield
+
+    @contextlib.contextmanager
+    def _widened_whole(self) -> Iterator[None]:
         floats = [t.dtype for t in self._tensors() if t.is_floating_point()]
         if any(d != torch.float32 for d in floats):  # a model not all float32: a widened copy instead
             original, self._model = self._model, copy.deepcopy(self._model).double()
@@ -212,9 +221,17 @@ class _Float64Reference:
 
     def outputs(self, graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """``graph``'s outputs on ``feeds`` in float64 (call within :meth:`widened`)."""
-        module, spec = graph_module(graph, self._model)
         wide = {n: a.astype(np.float64) if a.dtype == np.float32 else a for n, a in feeds.items()}
-        return _eager(module, spec.input_names, wide)
+        if not self._whole:
+            module, spec = graph_module(graph, self._model)
+            try:
+                return _eager(module, spec.input_names, wide)
+            except RuntimeError as exc:  # weights read outside their module: widen the whole model
+                log.debug("%s: float64 a module at a time failed (%s); widening the whole model", graph, exc)
+                self._whole = True
+        with self._widened_whole():
+            module, spec = graph_module(graph, self._model)
+            return _eager(module, spec.input_names, wide)
 
 
 def _judge(

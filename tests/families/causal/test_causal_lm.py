@@ -102,3 +102,19 @@ def test_greedy_over_the_slot_cache_equals_transformers_generate(folder, side):
         want = reference.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
                                   pad_token_id=0)[0, prompt.shape[1] :]  # fmt: skip
         assert got[row].tolist() == want.tolist(), (row, side)
+
+
+def test_a_mixture_of_experts_config_names_its_dense_layers_and_refuses_what_it_lacks(tmp_path):
+    """transformers builds a layer dense where mlp_only_layers lists it or decoder_sparse_step skips
+    it; either major's expert count is read; a config without the expert sizes is refused by name."""
+    from edgeattn.families.causal.moe import config_fields
+
+    path = tmp_path / "config.json"
+    fields = config_fields({"num_local_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                            "decoder_sparse_step": 2, "mlp_only_layers": [3]}, path, 6)  # fmt: skip
+    assert fields == {"n_experts": 8, "experts_per_token": 2, "expert_d_ff": 16, "norm_topk": False,
+                      "dense_layers": (0, 2, 3, 4)}  # fmt: skip
+    with pytest.raises(ConfigError, match="moe_intermediate_size"):
+        config_fields({"num_experts": 8, "num_experts_per_tok": 2}, path, 2)
+    with pytest.raises(ConfigError, match="experts_per_token between 1 and 4"):
+        CausalLMConfig(n_experts=4, experts_per_token=5, expert_d_ff=8)
