@@ -90,6 +90,26 @@ def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def map_onto(model: TransformerModel, path: Path) -> int:
+    """Rebind every tensor of ``model`` that the checkpoint at ``path`` (just written by
+    :func:`save_weights`) holds, same dtype and shape, to its view in that file mapped copy-on-write
+    (:func:`map_safetensors`): the model answers the same, and its weights stop costing memory of
+    their own (the page cache's, which the system can drop and read again) while later phases load
+    graphs and sessions beside it. Returns how many tensors were rebound. Writing into a rebound
+    tensor makes a private copy of its pages; the file is never changed."""
+    mapped = map_safetensors(path)
+    aliases = model.tied_aliases()
+    rebound = 0
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        source = mapped.get(aliases.get(name, name))
+        if source is None or source.dtype != tensor.dtype or source.shape != tensor.shape:
+            continue
+        if tensor.data_ptr() != source.data_ptr():
+            tensor.data = source
+            rebound += 1
+    return rebound
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """The config of a checkpoint: from its metadata, else from ``config.json`` beside it."""
     path = Path(path)

@@ -57,7 +57,7 @@ from edgeattn.runtime.manifest import (
 )
 from edgeattn.runtime.precisions import FP32, parse_precisions
 from edgeattn.runtime.tokenizer import TextTokenizer, WordTokenizer
-from edgeattn.weights import save_weights
+from edgeattn.weights import map_onto, save_weights
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,8 @@ def export_model(
             (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
             manifest.weights = FileEntry.describe(weights)
             index = CheckpointIndex(weights)
+            map_onto(model, weights)  # the model's weights read from the file from here on, not held twice
+            release_freed_memory()
             for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
                 path = tmp / graph_file(name)
                 spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)

@@ -201,3 +201,38 @@ def test_mapped_safetensors_read_as_the_library_does_and_hostile_files_are_refus
     (folder / "model.safetensors").write_bytes(data[: len(data) - 7])  # truncated
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         read_tensors(folder)
+
+
+def _mapped_from(tensor: torch.Tensor, path) -> bool:
+    """Whether ``tensor``'s memory lies in a mapping of the file ``path`` (/proc/self/maps)."""
+    address = tensor.data_ptr()
+    for line in open("/proc/self/maps"):
+        span, *_, name = line.split(maxsplit=5) if len(line.split()) >= 6 else (line.split()[0], "")
+        low, high = (int(x, 16) for x in span.split("-"))
+        if low <= address < high:
+            return name.strip() == str(path)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_a_model_mapped_onto_its_saved_weights_answers_the_same_from_the_file(tmp_path, tiny_config):
+    """After ``map_onto`` every weight is a view of the file just written (tied ones stay tied), the
+    outputs are unchanged, and writing into a weight changes the model, never the file."""
+    from edgeattn.weights import map_onto
+
+    torch.manual_seed(0)
+    model = build_model(tiny_config).eval()
+    ids, tgt = torch.randint(0, 50, (2, 7)), torch.randint(0, 50, (2, 3))
+    with torch.no_grad():
+        before = model(ids, tgt)
+    path = save_weights(model, tmp_path / "w.safetensors")
+    saved = load_file(str(path))
+    rebound = map_onto(model, path)
+    assert rebound == len(saved)
+    assert all(_mapped_from(p, path) for p in model.parameters())
+    assert model.lm_head.weight.data_ptr() == model.embed.weight.data_ptr()
+    with torch.no_grad():
+        after = model(ids, tgt)
+        next(model.parameters()).add_(1.0)
+    assert torch.equal(before, after)
+    assert all(torch.equal(t, load_file(str(path))[k]) for k, t in saved.items())

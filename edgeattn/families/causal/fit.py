@@ -2,9 +2,9 @@
 
 Each layer's products are fitted (:func:`edgeattn.exporters.gptq.gptq`) on the inputs the layers
 already quantised hand it, so that a layer's fit also makes up for what the ones before it lost
-(GPTQ's sequential order). A layer's weights are set to their quantised values while its output
-is computed for the next, then put back: the model is the gate's float32 reference and leaves as
-it came.
+(GPTQ's sequential order). A layer's weights are swapped for their quantised values while its output
+is computed for the next, then swapped back: the model is the gate's float32 reference and leaves
+as it came (its weights, mapped from the export's checkpoint, never written).
 """
 
 from __future__ import annotations
@@ -60,14 +60,14 @@ def fit_causal(model: CausalLM, ids: np.ndarray, bits_of: dict[str, int], block:
                 else:
                     quantized = nearest(weight, bits, block)
                 row = 0
-                for m in modules:
-                    kept[m] = m.weight.detach().clone()
-                    m.weight.copy_(quantized[row : row + m.out_features])
+                for m in modules:  # swapped in, not written over: a weight mapped from a file stays clean
+                    kept[m] = m.weight.data
+                    m.weight.data = quantized[row : row + m.out_features].to(m.weight.dtype)
                     row += m.out_features
             try:
                 x = layer(x, *per_layer[i])[0]
             finally:
                 for m, weight in kept.items():
-                    m.weight.copy_(weight)
+                    m.weight.data = weight
             bar.update()
     return fitted

@@ -1,0 +1,29 @@
+"""The export memory benchmark measures a real export from outside (its peaks, its time, the
+folder's parameters) and reports a failed one with its error."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import causal_folders
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
+
+
+def test_an_export_is_measured_and_a_failed_one_reports_why(tmp_path):
+    from edgeattn.benchmark.export_memory import ExportMemoryResult, folder_parameters, measure_export
+    from edgeattn.benchmark.machine import machine_info
+
+    folder, model = causal_folders.save_folder("llama-gqa-tied", tmp_path / "hf")
+    assert folder_parameters(folder) == sum(p.numel() for p in model.parameters())  # a tied head counted once
+    run = measure_export("llama", folder, tmp_path / "out", "fp32-opt", ["--no-check"])
+    assert run.exit_code == 0, run.tail
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    assert 0.05 < run.peak_anon_gb <= run.peak_rss_gb <= run.peak_tree_rss_gb < 8 and run.seconds > 0
+    broken = measure_export("broken", tmp_path / "missing", tmp_path / "none", "fp32-opt", ["--no-check"])
+    assert broken.exit_code != 0 and "missing" in broken.tail
+    table = ExportMemoryResult([run, broken], machine_info()).table()
+    assert "llama" in table and "exit" in table
