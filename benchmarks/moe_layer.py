@@ -103,7 +103,8 @@ def main() -> None:
               f"{row['decode_tokens_per_s']:>13.1f} {row['decode_vs_expert_products']:>12.2f}x")  # fmt: skip
     result = {"benchmark": "moe-layer", "machine": machine_info(), "threads": args.threads,
               "shape": {k: getattr(args, k) for k in ("d_model", "layers", "experts", "top", "expert_width", "vocab")},
-              "prompt": args.prompt, "steps": args.steps, "rows": rows}  # fmt: skip
+              "prompt": args.prompt, "steps": args.steps,
+              "rows": [{"precision": p, **row} for p, row in rows.items()]}  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     log.info("wrote %s", args.json)

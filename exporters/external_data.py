@@ -83,6 +83,38 @@ def weight_views(model: onnx.ModelProto, min_bytes: int = ALIGN_ABOVE, only: set
     return views
 
 
+class DataSink:
+    """A graph's external data file written while the graph is made: each weight's bytes go to the
+    file as it is created (large ones at :data:`ALIGNMENT`-aligned offsets, as
+    :func:`write_external_data` lays them out), and its tensor only points at them, so a graph of
+    several GB is never held in memory whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by close)
+
+    def put(self, tensor: onnx.TensorProto, array: np.ndarray) -> None:
+        """``array``'s bytes into the file, ``tensor`` pointing at them; a tensor under
+        :data:`SIZE_THRESHOLD` bytes keeps them in the graph."""
+        data = np.ascontiguousarray(array)
+        size = data.nbytes
+        if size < SIZE_THRESHOLD:
+            tensor.raw_data = data.tobytes()
+            return
+        f = self._file
+        if size >= ALIGN_ABOVE and f.tell() % ALIGNMENT:
+            f.write(b"\0" * (ALIGNMENT - f.tell() % ALIGNMENT))
+        f.write(memoryview(data.reshape(-1)).cast("B"))
+        del tensor.external_data[:]
+        for key, value in (("location", self.path.name), ("offset", f.tell() - size), ("length", size)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+
+    def close(self) -> None:
+        self._file.close()
+
+
 def write_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> Path:
     """Move ``model``'s initializers of :data:`SIZE_THRESHOLD` bytes or more into ``data_name``
     beside ``path`` (large ones at :data:`ALIGNMENT`-aligned offsets, a view over its weight's

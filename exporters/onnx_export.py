@@ -27,7 +27,7 @@ from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
-from edgeattn.exporters.external_data import write_external_data
+from edgeattn.exporters.external_data import DataSink, write_external_data
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.host import loggers_at
@@ -216,8 +216,10 @@ def export_graph(
     path = Path(path)
     role = family_of(model.config).role(name)
     if role.builder is not None:  # written from the weights, not traced
-        proto, spec = written_graph(model, name, fused)
-        # weights outside the graph where the role keeps them so: checked without a copy in memory
+        # weights outside the graph where the role keeps them so: written as they are made, and
+        # checked without a copy in memory
+        data = path.with_name(external_data_file(path.name)) if role.external_weights else None
+        proto, spec = written_graph(model, name, fused, data)
         save_checked(proto, path, 0 if role.external_weights else external_threshold)
         return spec
     module, spec = graph_module(name, model)
@@ -236,13 +238,22 @@ def export_graph(
     return spec
 
 
-def written_graph(model: TransformerModel, name: str, fused: bool = False) -> tuple[onnx.ModelProto, GraphSpec]:
+def written_graph(model: TransformerModel, name: str, fused: bool = False, data: Path | None = None
+                  ) -> tuple[onnx.ModelProto, GraphSpec]:  # fmt: skip
     """Graph ``name`` as its role's ``builder`` writes it from the weights (``fused``: with ONNX
-    Runtime's fused operators), stamped, and its spec."""
+    Runtime's fused operators), stamped, and its spec; ``data``: the external data file its weights
+    are written to as they are made (the graph then only points at them)."""
     role = family_of(model.config).role(name)
     assert role.builder is not None, f"{name} is traced, not written"
     spec = role.spec(model.config)
-    proto = resolve(role.builder)(model, spec, fused=fused)
+    if data is None:
+        proto = resolve(role.builder)(model, spec, fused=fused)
+    else:
+        sink = DataSink(data)
+        try:
+            proto = resolve(role.builder)(model, spec, fused=fused, data=sink)
+        finally:
+            sink.close()
     finalize(proto, model.config, spec, FUSED_SOURCE if fused else FP32)
     return proto, spec
 
@@ -281,9 +292,12 @@ def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = P
     :func:`~edgeattn.exporters.external_data.write_external_data`), then run the full checker and
     strict shape inference on the saved file. Returns the files written."""
     weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
-    external = weight_bytes > external_threshold
+    written = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+    external = written or weight_bytes > external_threshold
     data_name = external_data_file(path.name)
-    if external:
+    if written:  # its weights already in their data file (a graph written as it was made)
+        onnx.save_model(proto, str(path))
+    elif external:
         write_external_data(proto, path, data_name)
     else:
         onnx.save_model(proto, str(path))

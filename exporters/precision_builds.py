@@ -296,7 +296,8 @@ class PrecisionBuilder:
         raw = self._scratch / f"{graph}.fused-raw.onnx"
         dst = self._scratch / f"{graph}.fused-{form.tag}.onnx"
         if self.family.role(graph).builder is not None:  # written fused, whatever the form
-            proto, _ = written_graph(self.model, graph, fused=True)
+            data = dst.with_name(external_data_file(dst.name)) if self.family.role(graph).external_weights else None
+            proto, _ = written_graph(self.model, graph, fused=True, data=data)
         else:
             export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
                          external_threshold=self.options.external_threshold,

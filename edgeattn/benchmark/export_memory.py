@@ -128,4 +128,5 @@ class ExportMemoryResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"benchmark": "export-memory", "machine": self.machine, "runs": [asdict(r) for r in self.runs]}
+        rows = [{k: v for k, v in asdict(r).items() if k != "tail"} for r in self.runs]  # the log holds the tail
+        return {"benchmark": "export-memory", "machine": self.machine, "rows": rows}

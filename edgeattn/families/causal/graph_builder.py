@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edgeattn.exporters.external_data import DataSink
 from edgeattn.families.causal.model import CausalLM, Experts
 from edgeattn.runtime.specs import GraphSpec
 
@@ -34,9 +35,11 @@ OPSET = 17
 
 class _Builder:
     """Nodes and initializers, with unique names. The initializers are written straight into the
-    model the graph becomes (``self.model``): a weight is copied once, into it, and never again."""
+    model the graph becomes (``self.model``): a weight is copied once, into it, and never again; or,
+    given a ``data`` file, its bytes go there as it is made and the graph only points at them."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: DataSink | None = None) -> None:
+        self.data = data
         self.model = onnx.ModelProto()
         self.nodes: list[onnx.NodeProto] = []
         self._names: set[str] = set()
@@ -47,7 +50,11 @@ class _Builder:
         tensor = self.model.graph.initializer.add()
         tensor.name, tensor.data_type = name, helper.np_dtype_to_tensor_dtype(array.dtype)
         tensor.dims.extend(array.shape)
-        tensor.raw_data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        if self.data is not None:
+            self.data.put(tensor, little)
+        else:
+            tensor.raw_data = np.ascontiguousarray(little).tobytes()
         self._names.add(name)
         return name
 
@@ -109,13 +116,15 @@ def _weight(module: object, name: str) -> np.ndarray:
 PAD_BIAS = -4096.0
 
 
-def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False) -> onnx.ModelProto:
+def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False, data: DataSink | None = None
+                         ) -> onnx.ModelProto:  # fmt: skip
     """The ``causal_decoder`` graph of ``model`` with ``spec``'s inputs and outputs; ``fused``: its
-    attention as ONNX Runtime's ``GroupQueryAttention`` (heads of a multiple of 16 values)."""
+    attention as ONNX Runtime's ``GroupQueryAttention`` (heads of a multiple of 16 values);
+    ``data``: its weights written to that external data file as they are made."""
     c = model.lm
     d, heads, kv, dim = c.d_model, c.n_heads, c.n_kv_heads, c.dim
     group = heads // kv
-    g = _Builder()
+    g = _Builder(data)
     i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
     one, zero = g.const("axes_1", i64(1)), g.const("axes_0", i64(0))  # 1-D: axes of Unsqueeze / Squeeze
     s0, s1 = g.scalar(0), g.scalar(1)
