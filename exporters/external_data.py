@@ -118,10 +118,15 @@ class DataSink:
 def write_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> Path:
     """Move ``model``'s initializers of :data:`SIZE_THRESHOLD` bytes or more into ``data_name``
     beside ``path`` (large ones at :data:`ALIGNMENT`-aligned offsets, a view over its weight's
-    region, see :func:`weight_views`) and save the graph to ``path``. Returns the data file."""
+    region, see :func:`weight_views`; after what is there when the graph already points into it)
+    and save the graph to ``path``. Returns the data file."""
     views = weight_views(model)
     data = path.with_name(data_name)
-    with open(data, "wb") as f:
+    # a graph written into its data file as it was made (:class:`DataSink`): the rest added after it
+    appending = data.is_file() and any(e.key == "location" and e.value == data_name
+                                       for t in model.graph.initializer for e in t.external_data)  # fmt: skip
+    with open(data, "r+b" if appending else "wb") as f:
+        f.seek(0, 2)
         for tensor in model.graph.initializer:
             if tensor.name in views or not tensor.HasField("raw_data") or len(tensor.raw_data) < SIZE_THRESHOLD:
                 continue

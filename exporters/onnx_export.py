@@ -292,12 +292,9 @@ def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = P
     :func:`~edgeattn.exporters.external_data.write_external_data`), then run the full checker and
     strict shape inference on the saved file. Returns the files written."""
     weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
-    written = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
-    external = written or weight_bytes > external_threshold
+    external = weight_bytes > external_threshold
     data_name = external_data_file(path.name)
-    if written:  # its weights already in their data file (a graph written as it was made)
-        onnx.save_model(proto, str(path))
-    elif external:
+    if external:  # (added to the data file where the graph was written into it as it was made)
         write_external_data(proto, path, data_name)
     else:
         onnx.save_model(proto, str(path))
@@ -311,7 +308,7 @@ def save_checked(proto: onnx.ModelProto, path: Path, external_threshold: int = P
         for leftover in path.parent.glob(path.name + ".inferred*"):
             leftover.unlink()
     files = [path]
-    if external:
+    if external or path.with_name(data_name).is_file():
         files.append(path.with_name(data_name))
     log.info("wrote %s (%s)", path.name, "external data" if external else "single file")
     return files
