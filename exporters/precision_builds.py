@@ -224,7 +224,10 @@ class PrecisionBuilder:
         self.reference: Reference = resolve(self.family.gate_reference)(self.model, heldout, options.new_tokens,
                                                                         progress)
         self.fusable, self.not_fused_because = can_fuse(self.model)
-        self._scratch = Path(tempfile.mkdtemp(prefix="edgeattn-prec-", dir=fp32_dir.resolve().parent))
+        # named after the export being built (its partial folder): a killed export's scratch is
+        # removed with its partial folder by the next writer (recover_interrupted)
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"{fp32_dir.resolve().name}.scratch-",
+                                              dir=fp32_dir.resolve().parent))  # fmt: skip
         self._sources: dict[tuple[str, FusedForm | str | None], Path] = {}
         self._auto_plain: dict[str, bool] = {}
         self._made = 0
