@@ -7,12 +7,13 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import TransformerModel, build_model
+from edgeattn.weight_file import file_backed, has_meta_parameters, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,8 @@ def save_weights(model: TransformerModel, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     aliases = model.tied_aliases()
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in aliases}
-    save_file(tensors, str(path), metadata={CONFIG_KEY: model.config.to_json()})
+    tensors = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    write_safetensors(tensors, path, metadata={CONFIG_KEY: model.config.to_json()})
     model.config.save(config_path_for(path))
     log.info("wrote %d tensors to %s", len(tensors), path)
     return path
@@ -152,6 +153,9 @@ def load_state(
             raise CheckpointError(
                 f"{source}: tensor {key} has shape {tuple(got.shape)}, the model expects {tuple(ref.shape)}"
             )
+    if has_meta_parameters(model):  # built by parameters_on_meta: storage in a file the system can page
+        file_backed(model)
+        expected = {k: v for k, v in model.state_dict().items() if k not in aliases}
     # each tensor copied into its parameter (cast on the way) and let go of, so that the source (mapped,
     # or read in its own dtype) and a converted copy of the whole model never sit in memory together
     from tqdm import tqdm

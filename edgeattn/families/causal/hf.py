@@ -30,6 +30,7 @@ from edgeattn.families.causal import gemma, moe
 from edgeattn.families.causal.model import CausalLM, CausalLMConfig
 from edgeattn.runtime.families.causal.chat import load_chat_template
 from edgeattn.runtime.jsonfile import read_json_object
+from edgeattn.weight_file import parameters_on_meta
 from edgeattn.weights import load_state
 
 log = logging.getLogger(__name__)
@@ -373,7 +374,8 @@ def import_causal(folder: Path, hf: dict[str, Any], importer: Importer, task: st
     path = folder / "config.json"
     section = map_config(hf, architecture, path)
     pad, bos, eos, stops = special_ids(hf, folder)
-    model = CausalLM(section.model_config(pad_id=pad, bos_id=bos, eos_id=eos))
+    with parameters_on_meta():  # storage given by load_state, in a file the system can page
+        model = CausalLM(section.model_config(pad_id=pad, bos_id=bos, eos_id=eos))
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), section, architecture, source), source, model.tied_aliases())
     return HFModel(model.eval(), architecture, TASK, None, None, folder, tokenizer_of(folder),

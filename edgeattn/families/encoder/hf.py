@@ -25,6 +25,7 @@ from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.families.encoder.model import EncoderModel
 from edgeattn.model import build_model
 from edgeattn.runtime.manifest import EmbeddingPooling
+from edgeattn.weight_file import parameters_on_meta
 from edgeattn.weights import load_state
 
 if TYPE_CHECKING:
@@ -237,7 +238,8 @@ def _import_encoder(folder: Path, hf: dict[str, Any], importer: Importer, task: 
         tensors = {k: v for k, v in tensors.items() if k not in head}
     has_pooler = any(re.search(r"(^|\.)(pooler\.dense|classifier\.dense|pre_classifier)\.weight$", k) for k in tensors)
     config = map_config(hf, family, task, labels, has_pooler, config_file)
-    model = build_model(config)
+    with parameters_on_meta():  # storage given by load_state, in a file the system can page
+        model = build_model(config)
     assert isinstance(model, EncoderModel)
     source = f"{folder}"
     load_state(model, map_tensors(tensors, family, config, source), source)

@@ -24,6 +24,7 @@ import torch
 
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.weight_file import parameters_on_meta
 
 if TYPE_CHECKING:
     from edgeattn.hf import HFModel, Importer
@@ -186,7 +187,8 @@ def import_t5(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -
     if not tied and "lm_head.weight" not in tensors:
         raise CheckpointError(f"{folder}: config.json unties the output layer but the weights have no lm_head.weight")
     config = map_config(hf, tied, folder / "config.json")
-    model = build_model(config)
+    with parameters_on_meta():  # storage given by load_state, in a file the system can page
+        model = build_model(config)
     assert isinstance(model, Seq2SeqTransformer)
     source = f"{folder}"
     load_state(model, map_tensors(tensors, config, source), source, model.tied_aliases())

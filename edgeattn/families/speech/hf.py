@@ -27,6 +27,7 @@ from edgeattn.families.speech.model import WhisperModel
 from edgeattn.runtime.families.speech.decoding import GENERATION_CONFIG, WhisperDecoding
 from edgeattn.runtime.families.speech.log_mel import PREPROCESSOR_CONFIG, LogMel
 from edgeattn.runtime.jsonfile import read_json_object
+from edgeattn.weight_file import parameters_on_meta
 from edgeattn.weights import load_state
 
 log = logging.getLogger(__name__)
@@ -126,10 +127,10 @@ def map_tensors(tensors: dict[str, torch.Tensor], model: WhisperModel, source: s
             raise CheckpointError(f"{source}: tensor {key} has no place in edgeattn's Whisper")
         if name == "lm_head.weight":
             continue  # the token embedding, tied
-        mapped[name] = tensor.float()
+        mapped[name] = tensor  # cast to float32 as it is copied into its parameter
     for name, parameter in model.state_dict().items():
         if name.endswith("k_proj.bias") and name not in mapped:
-            mapped[name] = torch.zeros_like(parameter)
+            mapped[name] = torch.zeros(parameter.shape, dtype=parameter.dtype)  # (parameters are on meta here)
     return mapped
 
 
@@ -158,7 +159,8 @@ def import_whisper(folder: str | Path) -> WhisperModel:
     if architecture != ARCHITECTURE or hf.get("model_type", "whisper") != "whisper":
         raise ConfigError(f"{folder / 'config.json'} describes {architecture}, not {ARCHITECTURE}")
     config = with_alignment(map_config(hf, folder / "config.json"), hf, folder)
-    model = WhisperModel(config)
+    with parameters_on_meta():  # storage given by load_state, in a file the system can page
+        model = WhisperModel(config)
     source = str(folder)
     load_state(model, map_tensors(read_tensors(folder), model, source), source, model.tied_aliases())
     log.info("imported %s (%d encoder, %d decoder layers, %d mel bins) from %s", architecture,
