@@ -43,7 +43,7 @@ class Region:
     length: int
 
 
-def _key(elem: int, dims: tuple[int, ...], data: bytes) -> tuple[int, tuple[int, ...], str]:
+def _key(elem: int, dims: tuple[int, ...], data: bytes | memoryview) -> tuple[int, tuple[int, ...], str]:
     return elem, dims, hashlib.sha256(data).hexdigest()
 
 
@@ -59,6 +59,7 @@ class CheckpointIndex:
         (size,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8 : 8 + size])
         start = 8 + size
+        view = memoryview(raw)  # slices of it are views, not copies
         from tqdm import tqdm
 
         for name, info in tqdm(header.items(), desc="indexing the checkpoint", unit="tensor", disable=None,
@@ -67,7 +68,7 @@ class CheckpointIndex:
                 continue
             elem, dims = _DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
             begin, end = info["data_offsets"]
-            data = raw[start + begin : start + end]
+            data = view[start + begin : start + end]
             if end - begin < MIN_SHARED_BYTES:
                 continue
             region = Region(start + begin, end - begin)
@@ -75,6 +76,7 @@ class CheckpointIndex:
             if len(dims) == 2 and elem == onnx.TensorProto.FLOAT:
                 flipped = np.frombuffer(data, dtype=np.float32).reshape(dims).T.tobytes()
                 self.transposed.setdefault(_key(elem, dims[::-1], flipped), (region, dims))
+                del flipped
 
 
 def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
@@ -92,7 +94,7 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
     """Point ``proto``'s initializers at the checkpoint where they equal one of its tensors, as
     stored or transposed (see the module docstring); returns the bytes no longer in the graph.
     With ``external_dir``, initializers kept in external data files there are compared too (read a
-    tensor at a time), and those that match nothing are read back into the graph."""
+    tensor at a time); those that match nothing stay where they are (see :func:`compact_data_file`)."""
     location = index.path.name
     moved = 0
     transposes = []
@@ -105,16 +107,18 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
             if external_dir is None:
                 kept.append(tensor)
                 continue
-            _read_back(tensor, external_dir)
-        array = numpy_helper.to_array(tensor)
-        if array.nbytes < MIN_SHARED_BYTES:
+            data = _external_bytes(tensor, external_dir)  # compared, not kept: a match or not, it stays outside
+        else:
+            data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
+        if len(data) < MIN_SHARED_BYTES:
             kept.append(tensor)
             continue
-        key = _key(tensor.data_type, tuple(tensor.dims), np.ascontiguousarray(array).tobytes())
+        key = _key(tensor.data_type, tuple(tensor.dims), data)
+        del data
         if key in index.exact:
             _external(tensor, location, index.exact[key])
             kept.append(tensor)
-            moved += array.nbytes
+            moved += index.exact[key].length
         elif key in index.transposed:
             region, dims = index.transposed[key]
             source = onnx.TensorProto(name=tensor.name + TRANSPOSED_SUFFIX, data_type=tensor.data_type, dims=dims)
@@ -122,7 +126,7 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
             kept.append(source)
             transposes.append(helper.make_node("Transpose", [source.name], [tensor.name], perm=[1, 0],
                                                name=f"{tensor.name}/from_checkpoint"))  # fmt: skip
-            moved += array.nbytes
+            moved += region.length
         else:
             kept.append(tensor)
     del proto.graph.initializer[:]
@@ -132,14 +136,47 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
     return moved
 
 
-def _read_back(tensor: onnx.TensorProto, folder: Path) -> None:
-    """Load an external initializer's bytes into the tensor itself (only its own are read)."""
+def _external_bytes(tensor: onnx.TensorProto, folder: Path) -> bytes:
+    """An external initializer's bytes (only its own are read)."""
     info = {e.key: e.value for e in tensor.external_data}
     with open(folder / info["location"], "rb") as f:
         f.seek(int(info.get("offset", 0)))
-        tensor.raw_data = f.read(int(info["length"]))
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.DEFAULT
+        return f.read(int(info["length"]))
+
+
+def compact_data_file(proto: onnx.ModelProto, folder: Path, data_name: str) -> int:
+    """Rewrite ``folder / data_name`` to hold only the regions ``proto``'s initializers still point
+    at (in their order, large ones page-aligned), copied a region at a time; the file is removed
+    when nothing points at it. Returns the bytes kept."""
+    path = folder / data_name
+    users: dict[tuple[int, int], list[onnx.TensorProto]] = {}
+    for tensor in proto.graph.initializer:
+        info = {e.key: e.value for e in tensor.external_data}
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and info.get("location") == data_name:
+            users.setdefault((int(info.get("offset", 0)), int(info["length"])), []).append(tensor)
+    if not users:
+        path.unlink(missing_ok=True)
+        return 0
+    fresh = path.with_name(data_name + ".compacting")
+    kept = 0
+    with open(path, "rb") as src, open(fresh, "wb") as out:
+        for (offset, length), tensors in users.items():
+            align = ALIGNMENT if length >= ALIGN_ABOVE else 64
+            out.write(b"\0" * (-out.tell() % align))
+            region = Region(out.tell(), length)
+            src.seek(offset)
+            left = length
+            while left:
+                chunk = src.read(min(left, 1 << 26))
+                if not chunk:
+                    raise OSError(f"{path} ends before the {length} bytes at {offset} a weight points at")
+                out.write(chunk)
+                left -= len(chunk)
+            for tensor in tensors:
+                _external(tensor, data_name, region)
+            kept += length
+    fresh.replace(path)
+    return kept
 
 
 def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, int]:

@@ -146,3 +146,40 @@ def write_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> P
         tensor.data_location = onnx.TensorProto.EXTERNAL
     onnx.save_model(model, str(path))
     return data
+
+
+def _region(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    info = {e.key: e.value for e in tensor.external_data}
+    return info["location"], int(info.get("offset", 0)), int(info["length"])
+
+
+def read_in_place(model: onnx.ModelProto, folder: Path, lazy: set[str]) -> None:
+    """Read every external initializer of ``model`` (a graph in ``folder``) into the graph, but
+    those named in ``lazy``: their locations become absolute paths, so that each is read from its
+    file when it is used (:func:`array_of`, ONNX Runtime's weight-only quantiser) and a graph of
+    several GB is never held whole. :func:`read_in_place` with nothing lazy reads what is left."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location, offset, length = _region(tensor)
+        path = Path(location) if Path(location).is_absolute() else folder / location
+        if tensor.name in lazy:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = str(path.resolve())
+            continue
+        with open(path, "rb") as f:
+            f.seek(offset)
+            tensor.raw_data = f.read(length)
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def array_of(tensor: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values, read from its file where :func:`read_in_place` left it outside."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    location, offset, length = _region(tensor)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    shape = tuple(tensor.dims)
+    return np.fromfile(location, dtype=dtype, count=length // dtype.itemsize, offset=offset).reshape(shape)

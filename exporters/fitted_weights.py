@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edgeattn.errors import ExportError
+from edgeattn.exporters.external_data import array_of
 
 
 @dataclass
@@ -88,7 +89,7 @@ def matching(model: onnx.ModelProto, fitted: dict[str, FittedWeight]) -> dict[st
     for name, fit in fitted.items():
         if name not in init:
             continue
-        want = numpy_helper.to_array(init[name]).T
+        want = array_of(init[name]).T
         if want.shape != fit.codes.shape:
             continue
         error = np.linalg.norm(fit.dequantized() - want) / max(float(np.linalg.norm(want)), 1e-30)

@@ -28,6 +28,7 @@ import onnx
 
 from edgeattn.errors import ExportError
 from edgeattn.exporters.experts import quantize_experts
+from edgeattn.exporters.external_data import array_of, read_in_place
 from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_fitted
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
@@ -345,8 +346,6 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
             MatMulNBitsQuantizer,
         )
 
-    from onnx.external_data_helper import load_external_data_for_model
-
     model = onnx.load(str(src), load_external_data=False)  # its weights once GPTQ's fit is made
     # the products made at head_bits in a second pass: the output layer and the role's wide ones
     weights = {n.name: n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1}
@@ -357,7 +356,9 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     products = {w: head_bits if n in second else bits for n, w in weights.items()
                 if n not in job.exclude and w in constant}  # fmt: skip
     fitted = job.fit(products, block_size) if method == "gptq" and job.fit is not None else {}
-    load_external_data_for_model(model, str(src.parent))
+    # the products' float weights are read one at a time as they are quantised, the rest now
+    # (HQQ's quantiser reads weights with onnx.numpy_helper, which takes no absolute location: all now)
+    read_in_place(model, src.parent, lazy=set() if method == "hqq" else set(products))
     check_fitted(model, fitted)
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     small_tables = [  # embeddings too small to matter for the footprint keep their precision
@@ -399,6 +400,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
                 node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
     shared = [name for name, output in tied.items() if share_tied_table(proto, name, output, block_size)]
     reduce_axes_as_inputs(proto)
+    read_in_place(proto, src.parent, lazy=set())  # float weights no product took (kept by the quantiser)
     onnx.save(proto, str(dst), save_as_external_data=proto.ByteSize() > PROTOBUF_SAFE,
               location=external_data_file(dst.name))
     fitting: dict[str, Any] = {}
@@ -428,7 +430,6 @@ PROTOBUF_SAFE = 1_800_000_000
 def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
     """{Gather node: the output of the MatMul whose constant weight is that Gather's table transposed}
     (an embedding tied to the output layer)."""
-    from onnx import numpy_helper
 
     init = {t.name: t for t in model.graph.initializer}
     tables = {n.name: n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in init
@@ -444,8 +445,8 @@ def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
         gather = shapes.get(tuple(reversed(weight.dims)))
         if gather is None or gather in out:
             continue
-        table = numpy_helper.to_array(init[tables[gather].input[0]])
-        if np.array_equal(table.T, numpy_helper.to_array(weight)):
+        table = array_of(init[tables[gather].input[0]])
+        if np.array_equal(table.T, array_of(weight)):
             out[gather] = node.output[0]
     return out
 

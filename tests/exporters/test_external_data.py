@@ -101,3 +101,85 @@ def test_a_weight_shared_between_graphs_keeps_its_view_over_one_aligned_region(t
             np.testing.assert_array_equal(got, want)
     # W and the bias once on disk
     assert (tmp_path / "shared.data").stat().st_size <= 512 * 512 * 4 + ALIGNMENT
+
+
+def _external_copy(tmp_path) -> tuple[onnx.ModelProto, str]:
+    """_graph() saved with every weight of 1 KB or more in its data file; the loaded graph, unread."""
+    path = tmp_path / "g.onnx"
+    save_checked(_graph(), path, external_threshold=0)
+    return onnx.load(str(path), load_external_data=False), "g.onnx.data"
+
+
+def test_a_compacted_data_file_keeps_only_what_the_graph_points_at(tmp_path) -> None:
+    from edgeattn.exporters.compact import compact_data_file
+
+    proto, data = _external_copy(tmp_path)
+    reference = _run(str(tmp_path / "g.onnx"))
+    size = (tmp_path / data).stat().st_size
+    bias = next(t for t in proto.graph.initializer if t.name == "bias")
+    bias.CopyFrom(numpy_helper.from_array(np.zeros(512, np.float32), "bias"))  # no longer in the file
+    kept = compact_data_file(proto, tmp_path, data)
+    assert kept == 512 * 512 * 4 and (tmp_path / data).stat().st_size < size
+    offsets = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "offset"}
+    assert all(int(o) % ALIGNMENT == 0 for o in offsets)
+    onnx.save(proto, str(tmp_path / "g.onnx"))
+    got = _run(str(tmp_path / "g.onnx"))
+    np.testing.assert_allclose(got[0], reference[0] - numpy_helper.to_array(_graph().graph.initializer[0]),
+                               rtol=1e-5, atol=1e-4)  # fmt: skip
+    np.testing.assert_array_equal(got[1], reference[1])
+    for tensor in proto.graph.initializer:  # nothing external left: the file goes
+        if tensor.data_location == TensorProto.EXTERNAL:
+            tensor.CopyFrom(numpy_helper.from_array(np.zeros(tuple(tensor.dims), np.float32), tensor.name))
+    assert compact_data_file(proto, tmp_path, data) == 0 and not (tmp_path / data).exists()
+
+
+def test_lazy_weights_are_read_from_their_file_when_used(tmp_path) -> None:
+    from edgeattn.exporters.external_data import array_of, read_in_place
+
+    proto, _ = _external_copy(tmp_path)
+    inline = {t.name: numpy_helper.to_array(t) for t in _graph().graph.initializer}
+    read_in_place(proto, tmp_path, lazy={"w"})
+    by_name = {t.name: t for t in proto.graph.initializer}
+    assert by_name["w"].data_location == TensorProto.EXTERNAL and by_name["bias"].HasField("raw_data")
+    location = next(e.value for e in by_name["w"].external_data if e.key == "location")
+    assert location == str((tmp_path / "g.onnx.data").resolve())
+    for name in ("w", "bias"):
+        np.testing.assert_array_equal(array_of(by_name[name]), inline[name])
+    read_in_place(proto, tmp_path, lazy=set())
+    assert all(t.data_location != TensorProto.EXTERNAL for t in proto.graph.initializer)
+    np.testing.assert_array_equal(numpy_helper.to_array(by_name["w"]), inline["w"])
+
+
+@pytest.mark.parametrize("head_bits", [4, 8])
+def test_block_quantising_a_graph_with_external_weights_reads_them_lazily_alike(tmp_path, head_bits) -> None:
+    """quantize_blockwise of a graph whose weights sit in its data file (read a product at a time)
+    writes the very graph it writes from the same graph held inline."""
+    from edgeattn.exporters.quantize import ConversionJob, quantize_blockwise
+
+    rng = np.random.default_rng(2)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="inner"),
+         helper.make_node("Add", ["h", "bias"], ["hb"]),
+         helper.make_node("MatMul", ["hb", "w2"], ["y"], name="head")],
+        "products",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 128])],
+        [numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.standard_normal(512).astype(np.float32), "bias"),
+         numpy_helper.from_array(rng.standard_normal((512, 128)).astype(np.float32), "w2")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inline, outside = tmp_path / "inline.onnx", tmp_path / "outside.onnx"
+    onnx.save(model, str(inline))
+    save_checked(model, outside, external_threshold=0)
+    made = []
+    for src in (inline, outside):
+        dst = tmp_path / f"q-{src.name}"
+        quantize_blockwise(src, dst, ConversionJob(), bits=4, block_size=32, accuracy_level=0,
+                           head_bits=head_bits)  # fmt: skip
+        made.append(onnx.load(str(dst)))
+    for a, b in zip(*(sorted(m.graph.initializer, key=lambda t: t.name) for m in made), strict=True):
+        assert a.name == b.name
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+    assert [n.op_type for n in made[0].graph.node] == [n.op_type for n in made[1].graph.node]
+    assert "MatMulNBits" in {n.op_type for n in made[1].graph.node}
