@@ -19,6 +19,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -110,6 +111,12 @@ def sample_ids(hf: Imported, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]
     return batch, torch.ones_like(batch)
 
 
+#: a model whose float32 weights are larger than this is checked against transformers' model
+#: offloaded to disk a layer at a time (:func:`edgeattn.hf_reference_worker.load_reference`)
+OFFLOAD_ABOVE = 2 << 30
+#: what such a model keeps in memory
+OFFLOAD_MEMORY = 1 << 30
+
 #: the environment variable naming a Python whose transformers reads the folders the installed one cannot
 PYTHON_ENV = "EDGEATTN_TRANSFORMERS_PYTHON"
 WORKER = Path(__file__).with_name("hf_reference_worker.py")
@@ -119,11 +126,11 @@ class RemoteReference:
     """transformers' model of a folder, run by another Python (:mod:`edgeattn.hf_reference_worker`)
     and called like the model itself: keyword tensors in, an object of its output tensors back."""
 
-    def __init__(self, python: str, folder: Path, architecture: str) -> None:
+    def __init__(self, python: str, folder: Path, architecture: str, memory: int | None = None) -> None:
         self._log = tempfile.TemporaryFile()
+        command = [python, str(WORKER), str(folder), architecture, *([str(memory)] if memory is not None else [])]
         try:
-            self._process = subprocess.Popen([python, str(WORKER), str(folder), architecture], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=self._log)  # fmt: skip
+            self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
         except OSError as exc:
             raise ExportError(f"the import check could not start {python}: {exc}") from exc
         hello = self._answer(f"{python} could not load {folder} with transformers")
@@ -131,6 +138,7 @@ class RemoteReference:
             self.close()
             raise ExportError(f"{python} could not load {folder} with transformers: {hello['error']}")
         self.version = str(hello["transformers"])
+        self.offloaded = int(hello.get("offloaded", 0))
 
     def _answer(self, failing: str) -> dict[str, Any]:
         assert self._process.stdout is not None
@@ -188,18 +196,23 @@ def check_against_transformers(hf: Imported, python: str | None = None) -> Refer
                           f"name a Python that has it with --check-python (or {PYTHON_ENV}), or leave the check "
                           f"out with --no-check (the manifest records that)")  # fmt: skip
     importer = IMPORTERS[hf.architecture]
+    memory = OFFLOAD_MEMORY if sum(p.numel() for p in hf.model.parameters()) * 4 > OFFLOAD_ABOVE else None
+    scratch = None
     if python is not None:
-        reference: Any = RemoteReference(python, Path(hf.folder), str(hf.architecture))
-        version = reference.version
+        reference: Any = RemoteReference(python, Path(hf.folder), str(hf.architecture), memory)
+        version, offloaded = reference.version, reference.offloaded
     else:
         import transformers
 
-        # transformers 4.56 renamed torch_dtype dtype (the old name warns that it is deprecated); eager
-        # attention, transformers' own reference (its sdpa path leaves Gemma 2's soft-capping out)
-        dtype_key = "dtype" if _release(transformers.__version__) >= (4, 56) else "torch_dtype"
-        reference = getattr(transformers, hf.architecture).from_pretrained(
-            str(hf.folder), attn_implementation="eager", **{dtype_key: torch.float32}).eval()  # fmt: skip
-        version = transformers.__version__
+        from edgeattn.hf_reference_worker import load_reference
+        from edgeattn.hf_reference_worker import offloaded as count_offloaded
+
+        scratch = tempfile.mkdtemp(prefix="edgeattn-check-")
+        reference = load_reference(str(hf.folder), str(hf.architecture), memory, scratch)
+        version, offloaded = transformers.__version__, count_offloaded(reference)
+    if offloaded:
+        log.info("transformers' model of %s: %d tensors offloaded to disk, read a layer at a time", hf.folder,
+                 offloaded)  # fmt: skip
     ids, mask = sample_ids(hf)
     try:
         with torch.no_grad():
@@ -207,6 +220,8 @@ def check_against_transformers(hf: Imported, python: str | None = None) -> Refer
     finally:
         if isinstance(reference, RemoteReference):
             reference.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     worst: ReferenceCheck | None = None
     for name, (ours, theirs) in outputs.items():
         if ours.shape != theirs.shape:

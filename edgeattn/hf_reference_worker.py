@@ -3,8 +3,9 @@ Python: the one whose transformers major wrote the folder (transformers 4.x read
 ``rope_parameters`` as an unknown key and builds another model).
 
 Run by path, so it needs neither edgeattn nor anything but numpy, torch and transformers:
-``python hf_reference_worker.py FOLDER ARCHITECTURE``. It loads the folder in float32 with eager
-attention and answers ``{"transformers": version}`` (or ``{"error": message}``) on stdout; then
+``python hf_reference_worker.py FOLDER ARCHITECTURE [MEMORY]``. It loads the folder in float32
+with eager attention (:func:`load_reference`; MEMORY: the bytes of weights to hold, the rest
+offloaded to disk) and answers ``{"transformers": version}`` (or ``{"error": message}``) on stdout; then
 each pickled dictionary of keyword arguments (numpy arrays) read from stdin is answered with the
 model's outputs (numpy arrays, tuples of them), until stdin closes. Anything else the libraries
 print goes to stderr.
@@ -15,7 +16,10 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import sys
+import tempfile
+import typing
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -23,23 +27,55 @@ def _version(text: str) -> tuple[int, int]:
     return (int(parts[1]), int(parts[2] or 0)) if parts else (0, 0)
 
 
-def main(folder: str, architecture: str) -> int:
+def load_reference(folder: str, architecture: str, memory: int | None, scratch: str) -> object:
+    """transformers' float32 model of ``folder`` with eager attention (its own reference: the sdpa
+    path leaves Gemma 2's soft-capping out). With ``memory``, about that many bytes of its weights
+    stay in memory and the rest go to ``scratch`` on disk, read as each layer runs (accelerate's
+    offload: the same float32 weights, the same answers, a model larger than memory can hold);
+    without accelerate installed, the whole model is loaded and stderr says so."""
+    import torch
+    import transformers
+
+    # transformers 4.56 renamed torch_dtype dtype (the old name warns that it is deprecated)
+    dtype_key = "dtype" if _version(transformers.__version__) >= (4, 56) else "torch_dtype"
+    kwargs: dict[str, object] = {"attn_implementation": "eager", dtype_key: torch.float32}
+    if memory is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            print("accelerate is not installed: the import check holds the whole float32 model", file=sys.stderr)
+        else:
+            kwargs.update(device_map="auto", max_memory={"cpu": memory}, offload_folder=scratch)
+    return getattr(transformers, architecture).from_pretrained(folder, **kwargs).eval()
+
+
+def offloaded(model: object) -> int:
+    """How many of the model's parameters are on disk (left on ``meta`` by the offload)."""
+    return sum(1 for p in model.parameters() if p.is_meta)  # type: ignore[attr-defined]
+
+
+def main(folder: str, architecture: str, memory: int | None = None) -> int:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever the libraries print stays off the answers
+    scratch = tempfile.mkdtemp(prefix="edgeattn-check-")
+    try:
+        return _serve(folder, architecture, memory, scratch, answers)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _serve(folder: str, architecture: str, memory: int | None, scratch: str, answers: typing.BinaryIO) -> int:
     try:
         import numpy as np
         import torch
         import transformers
 
-        dtype_key = "dtype" if _version(transformers.__version__) >= (4, 56) else "torch_dtype"
-        model = getattr(transformers, architecture).from_pretrained(
-            folder, attn_implementation="eager", **{dtype_key: torch.float32}
-        ).eval()
+        model = load_reference(folder, architecture, memory, scratch)
     except Exception as exc:  # the caller shows it with this process's stderr
         pickle.dump({"error": f"{type(exc).__name__}: {exc}"}, answers)
         answers.flush()
         return 1
-    pickle.dump({"transformers": transformers.__version__}, answers)
+    pickle.dump({"transformers": transformers.__version__, "offloaded": offloaded(model)}, answers)
     answers.flush()
     while True:
         try:
@@ -60,6 +96,6 @@ def main(folder: str, architecture: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: hf_reference_worker.py FOLDER ARCHITECTURE")
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    if len(sys.argv) not in (3, 4) or not all(a.isdigit() for a in sys.argv[3:]):
+        raise SystemExit("usage: hf_reference_worker.py FOLDER ARCHITECTURE [MEMORY]")
+    sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else None))

@@ -155,6 +155,28 @@ def test_a_folder_of_a_newer_generation_is_checked_by_a_python_that_reads_it(fol
         check_against_transformers(imported, str(Path(python).parent / "no-such-python"))
 
 
+def test_a_model_too_large_to_hold_is_checked_against_transformers_offloaded_alike(folders5, tmp_path, monkeypatch,
+                                                                                   caplog):  # fmt: skip
+    """Above the size the check offloads at, transformers' model keeps part of its float32 weights
+    on disk (read as each layer runs), in process and in transformers 5's Python: the same answers
+    to the last bit as the model held whole."""
+    import logging
+
+    from edgeattn import hf_reference
+
+    folder = tmp_path / "llama"
+    generations.build("llama-theta-tied").save_pretrained(folder)
+    cases = [(import_folder(folder), None), (import_folder(folders5 / "gemma3-sliding"), str(transformers5_python()))]
+    whole = [hf_reference.check_against_transformers(imported, python) for imported, python in cases]
+    monkeypatch.setattr(hf_reference, "OFFLOAD_ABOVE", 0)
+    monkeypatch.setattr(hf_reference, "OFFLOAD_MEMORY", 64 << 10)
+    with caplog.at_level(logging.INFO, logger="edgeattn.hf_reference"):
+        offloaded = [hf_reference.check_against_transformers(imported, python) for imported, python in cases]
+    assert caplog.text.count("offloaded to disk") == 2, caplog.text
+    for a, b in zip(whole, offloaded, strict=True):
+        assert a.passed and b.passed and a.max_abs == b.max_abs, (a.line(), b.line())
+
+
 def test_cli_export_shows_the_check(tmp_path):
     folder = tmp_path / "llama"
     generations.build("llama-theta-tied").save_pretrained(folder)
