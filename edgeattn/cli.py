@@ -18,6 +18,8 @@ import click
 from edgeattn import __version__
 from edgeattn.errors import EdgeattnError
 from edgeattn.extras import require_extra
+from edgeattn.phases import log as _phases_log
+from edgeattn.phases import phase
 from edgeattn.runtime.families import all_tasks, offered_graphs
 from edgeattn.runtime.precisions import (
     CALIBRATION_METHODS,
@@ -81,6 +83,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    if not verbose:  # long work says what it is doing, in a terminal or a log file
+        _phases_log.setLevel(logging.INFO)
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -359,7 +363,8 @@ def export(
         )
     if task is not None and from_hf is None:
         raise click.UsageError("--task goes with --from-hf")
-    source = resolve_model(preset, config_file, checkpoint, seed, from_hf=from_hf, task=task)
+    with phase(f"importing {from_hf}" if from_hf is not None else "building the model"):
+        source = resolve_model(preset, config_file, checkpoint, seed, from_hf=from_hf, task=task)
     import_check = None
     if from_hf is not None:
         from edgeattn.runtime.manifest import ImportCheck
@@ -371,7 +376,8 @@ def export(
         else:
             from edgeattn.hf_reference import require_transformers_agreement
 
-            check = require_transformers_agreement(source, check_python)
+            with phase("checking the import against transformers"):
+                check = require_transformers_agreement(source, check_python)
             click.echo(f"import {check.line()}")
             import_check = ImportCheck(check.transformers_version, check.line(), check.passed)
     options = _precision_options(

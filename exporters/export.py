@@ -23,7 +23,7 @@ import torch
 from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
-from edgeattn.exporters.compact import CheckpointIndex, share_weights
+from edgeattn.exporters.compact import CheckpointIndex, compact_data_file, share_weights
 from edgeattn.exporters.gate import GateResult, HeldOut, heldout_sources
 from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
@@ -32,6 +32,7 @@ from edgeattn.exporters.precision_builds import PrecisionBuilder, PrecisionOptio
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
+from edgeattn.phases import phase
 from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import family_of, resolve_graphs
 from edgeattn.runtime.families.causal.chat import ChatTemplate
@@ -156,23 +157,27 @@ def export_model(
             if settings is not None:
                 (tmp / SETTINGS).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
                 manifest.settings = FileEntry.describe(tmp / SETTINGS)
-            weights = save_weights(model, tmp / WEIGHTS)
-            (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
-            manifest.weights = FileEntry.describe(weights)
-            index = CheckpointIndex(weights)
-            map_onto(model, weights)  # the model's weights read from the file from here on, not held twice
-            release_freed_memory()
+            with phase("writing the weights"):
+                weights = save_weights(model, tmp / WEIGHTS)
+                (tmp / CHECKPOINT_CONFIG).unlink(missing_ok=True)  # the config lives in the manifest
+                manifest.weights = FileEntry.describe(weights)
+                index = CheckpointIndex(weights)
+                map_onto(model, weights)  # the model's weights read from the file from here on, not held twice
+                release_freed_memory()
             for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
                 path = tmp / graph_file(name)
-                spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
-                shared = compact and share_file_weights(path, index, external_threshold)
+                with phase(f"exporting the {name} graph"):
+                    spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
+                    shared = compact and share_file_weights(path, index, external_threshold)
                 release_freed_memory()
                 manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset, [manifest.weights.as_data()] if shared
                                                            else None)  # fmt: skip
             manifest.write(tmp)
             report = None
             if verify:
-                report = verify_graphs(model, ExportedModel(tmp), progress=progress)
+                # float32 weights left mapped, not repacked into memory of the process's own
+                with phase("verifying against eager PyTorch"):
+                    report = verify_graphs(model, ExportedModel(tmp, prepacking=False), progress=progress)
                 release_freed_memory()
                 for name, figures in report.summary().items():
                     manifest.graphs[name].parity = Parity(**figures)
@@ -204,7 +209,7 @@ def share_file_weights(path: Path, index: CheckpointIndex, external_threshold: i
     proto = onnx.load(str(path), load_external_data=False)  # each external weight read as it is compared
     if not share_weights(proto, index, path.parent):
         return False
-    path.with_name(external_data_file(path.name)).unlink(missing_ok=True)
+    compact_data_file(proto, path.parent, external_data_file(path.name))  # what the checkpoint does not hold
     save_checked(proto, path, external_threshold)
     return True
 
@@ -247,7 +252,9 @@ def build_precisions(
         for precision in tqdm(wanted, desc="precisions", unit="precision", disable=not progress, leave=False):
             build = builder.build(precision)
             release_freed_memory()  # the gate's sessions and arrays, before the graphs are written
-            for graph, variant in builder.commit(build, export_dir).items():
+            with phase(f"{precision}: writing"):
+                committed = builder.commit(build, export_dir)
+            for graph, variant in committed.items():
                 manifest.graphs[graph].precisions[precision] = variant
             release_freed_memory()
             if build.gate is not None:

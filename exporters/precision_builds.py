@@ -54,6 +54,7 @@ from edgeattn.exporters.sensitivity import SEARCH_SECONDS, SearchResult, Trial, 
 from edgeattn.exporters.verify import VerifyReport, verify_graphs
 from edgeattn.host import release_freed_memory
 from edgeattn.model import TransformerModel
+from edgeattn.phases import phase
 from edgeattn.runtime.engines import OPENVINO_AUTO, choose_engine, engine_emulated, engine_unavailable
 from edgeattn.runtime.exported_model import ExportedModel
 from edgeattn.runtime.families import family_of, resolve
@@ -420,7 +421,8 @@ class PrecisionBuilder:
         """``graph``'s products (its graph at ``source``) fitted by its role's fitter on :attr:`fit_data`."""
         assert self.fit_data is not None
         fitter = resolve(self.family.role(graph).fitter or "")
-        return fitter(self.model, self.fit_data[0], bits_of, block, self.progress, source)
+        with phase(f"fitting the {graph} graph's products"):
+            return fitter(self.model, self.fit_data[0], bits_of, block, self.progress, source)
 
     def runtime(self, candidates: dict[str, Candidate]) -> ExportedModel:
         """ONNX Runtime sessions over candidate graphs, built in memory (the CPU provider, or the
@@ -450,19 +452,27 @@ class PrecisionBuilder:
         from tqdm import tqdm
 
         graphs = tqdm(self.graphs, desc=f"{name}: making", unit="graph", leave=False, disable=not self.progress)
-        candidates = {g: self.candidate(precision, g) for g in graphs}
+        candidates = {}
+        for g in graphs:
+            with phase(f"{name}: making the {g} graph"):
+                candidates[g] = self.candidate(precision, g)
         runtime = self.runtime(candidates)  # one set of sessions for the parity check and the gate
         parity = None
         if precision.float32_parity:
-            parity = verify_graphs(self.model, runtime, progress=self.progress)
+            with phase(f"{name}: float32 parity"):
+                parity = verify_graphs(self.model, runtime, progress=self.progress)
             if not parity.passed:
                 raise VerificationError(f"{name} graphs disagree with eager PyTorch:\n" + parity.table())
-        result = self.gate(name, candidates, runtime) if precision.gated else None
+        result = None
+        if precision.gated:
+            with phase(f"{name}: the accuracy gate"):
+                result = self.gate(name, candidates, runtime)
         if result is not None and not result.passed and self.options.sensitive_search:
             failing = [g for g in result.failing_graphs(self.graphs, self.family)
                        if self.family.role(g).searches(precision)]  # fmt: skip
             if failing:
-                candidates, result = self.exclude_sensitive(precision, candidates, failing)
+                with phase(f"{name}: the sensitive-node search"):
+                    candidates, result = self.exclude_sensitive(precision, candidates, failing)
         build = PrecisionBuild(name, candidates, result, parity)
         if build.degraded and not self.options.allow_degraded:
             assert result is not None

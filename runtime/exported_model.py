@@ -123,7 +123,9 @@ class ExportedModel:
     trades peak memory for speed (see :func:`edgeattn.runtime.session.create_session`); by default
     the graphs a family runs once per source (an encoder-decoder's encoder, cross_kv and
     attention) go without an arena, which would otherwise keep their largest batch's activations
-    for good, and every other graph has one. Sessions are created on
+    for good, and every other graph has one. ``prepacking`` False keeps float32 weights mapped
+    rather than repacked into memory (see :func:`edgeattn.runtime.session.create_session`: the
+    export's own checks of a large model). Sessions are created on
     first use: a model builds only the graphs its calls need. :meth:`from_graphs` builds one from
     graphs that are not (yet) an export directory.
     """
@@ -144,6 +146,7 @@ class ExportedModel:
         io_binding: bool | None = None,
         tf32: bool = False,
         memory_arena: bool | None = None,
+        prepacking: bool = True,
     ) -> None:
         export_dir = Path(export_dir)
         manifest = read_manifest(export_dir)
@@ -210,7 +213,7 @@ class ExportedModel:
                 shared = None if cache is not None else shared_by_graph[name]  # a cached graph holds its own weights
                 return create_session(path, providers=engines[name].providers, threads=threads, spinning=spinning,
                                       optimized_cache=cache, tf32=tf32, initializers=shared,
-                                      memory_arena=arena(name))  # fmt: skip
+                                      memory_arena=arena(name), prepacking=prepacking)  # fmt: skip
 
             return make
 

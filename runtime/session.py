@@ -147,6 +147,7 @@ def create_session(
     fixed_dims: dict[str, int] | None = None,
     initializers: dict[str, ort.OrtValue] | None = None,
     memory_arena: bool = True,
+    prepacking: bool = True,
 ) -> ort.InferenceSession:
     """An inference session for one ONNX file, or for a serialised graph held in memory (``bytes``).
 
@@ -163,7 +164,10 @@ def create_session(
     names (each one the graph has) with values the caller keeps alive (weights shared between
     sessions). Without ``memory_arena`` the CPU provider allocates each
     intermediate tensor on its own instead of growing an arena (a lower peak, a little slower).
-    ``threads`` None is :func:`default_threads`.
+    Without ``prepacking`` the CPU provider multiplies by float32 weights as the file holds them
+    (mapped: the system's pages, shared and droppable) instead of repacking each into memory of
+    its own at load: a float32 graph then costs about its weights' size less memory, and its
+    products run slower. ``threads`` None is :func:`default_threads`.
     """
     threads = default_threads() if threads is None else threads
     if require:
@@ -194,6 +198,8 @@ def create_session(
     name = "a graph in memory" if isinstance(path, bytes) else str(path)
     opts = session_options(threads, spinning)
     opts.enable_cpu_mem_arena = memory_arena
+    if not prepacking:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     for axis, size in (fixed_dims or {}).items():
         opts.add_free_dimension_override_by_name(axis, size)
     for weight, value in (initializers or {}).items():

@@ -7,6 +7,7 @@ export's weights), which the system can drop and read again under pressure."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -15,15 +16,32 @@ from pathlib import Path
 from typing import Any
 
 from edgeattn.errors import EdgeattnError
+from edgeattn.phases import ANNOUNCE_ENV, STARTED
 
 #: seconds between samples
 INTERVAL = 0.5
 
 
+#: what the export's log says as each phase starts (:mod:`edgeattn.phases`)
+PHASE_MARK = f"edgeattn.phases: {STARTED}"
+
+
+@dataclass
+class Phase:
+    """One phase of an export as its log named it: its seconds and the peaks sampled in it (GB;
+    anonymous memory of the export with its children's)."""
+
+    name: str
+    seconds: float = 0.0
+    peak_anon_gb: float = 0.0
+    peak_rss_gb: float = 0.0
+
+
 @dataclass
 class ExportRun:
     """One export's figures: wall seconds and peaks in GB (the export's own process, and with its
-    children), the folder's parameter count, and the command's exit status and last output."""
+    children), the folder's parameter count, the command's exit status and last output, and each
+    phase's share."""
 
     name: str
     parameters: int
@@ -35,6 +53,8 @@ class ExportRun:
     exit_code: int
     tail: str = ""
     command: list[str] = field(default_factory=list)
+    peak_tree_anon_gb: float = 0.0
+    phases: list[Phase] = field(default_factory=list)
 
 
 def folder_parameters(folder: Path) -> int:
@@ -96,18 +116,40 @@ def measure_export(name: str, folder: Path, out: Path, precisions: str, extra: l
     start = time.perf_counter()
     log = out.parent / f"{out.name}.log"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as sink:
-        child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-        anon = rss = tree = 0.0
+    phases: dict[str, Phase] = {}
+    current = Phase("starting")
+    phases[current.name] = current
+    with open(log, "w", encoding="utf-8") as sink, open(log, encoding="utf-8", errors="replace") as reading:
+        env = {**os.environ, ANNOUNCE_ENV: "0"}  # every phase announced as it starts
+        child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        anon = rss = tree = tree_anon = 0.0
+        last = time.perf_counter()
         while child.poll() is None:
+            for line in reading.read().replace("\r", "\n").splitlines():  # what the export logged since
+                if PHASE_MARK in line:
+                    label = line.split(PHASE_MARK, 1)[1].strip()
+                    current = phases.setdefault(label, Phase(label))
             own = _status(child.pid)
+            kids = [_status(p) for p in _children(child.pid)]
             anon, rss = max(anon, own.get("RssAnon", 0.0)), max(rss, own.get("VmRSS", 0.0))
-            tree = max(tree, own.get("VmRSS", 0.0) + sum(_status(p).get("VmRSS", 0.0) for p in _children(child.pid)))
+            now_tree = own.get("VmRSS", 0.0) + sum(k.get("VmRSS", 0.0) for k in kids)
+            now_anon = own.get("RssAnon", 0.0) + sum(k.get("RssAnon", 0.0) for k in kids)
+            tree, tree_anon = max(tree, now_tree), max(tree_anon, now_anon)
+            current.peak_anon_gb = max(current.peak_anon_gb, now_anon)
+            current.peak_rss_gb = max(current.peak_rss_gb, now_tree)
+            now = time.perf_counter()
+            current.seconds += now - last
+            last = now
             time.sleep(INTERVAL)
     seconds = time.perf_counter() - start
     tail = "\n".join(log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()[-6:])
+    named = [p for p in phases.values() if p.seconds > 0 or p.name != "starting"]  # (a phase between samples: 0 s)
     return ExportRun(name, folder_parameters(folder), precisions, seconds, anon, rss, tree, child.returncode, tail,
-                     command)  # fmt: skip
+                     command, tree_anon, named)  # fmt: skip
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 @dataclass
@@ -119,12 +161,18 @@ class ExportMemoryResult:
 
     def table(self) -> str:
         lines = [f"{'model':<24} {'parameters':>11} {'precisions':<14} {'wall':>8} {'anon GB':>8} {'RSS GB':>7} "
-                 f"{'+children':>9}  result"]  # fmt: skip
+                 f"{'+children anon':>14} {'RSS':>6}  result"]  # fmt: skip
         for r in self.runs:
-            wall = f"{int(r.seconds // 60)}:{int(r.seconds % 60):02d}"
             result = "ok" if r.exit_code == 0 else f"exit {r.exit_code}"
-            peaks = f"{r.peak_anon_gb:>8.2f} {r.peak_rss_gb:>7.2f} {r.peak_tree_rss_gb:>9.2f}"
-            lines.append(f"{r.name:<24} {r.parameters / 1e9:>10.2f}B {r.precisions:<14} {wall:>8} {peaks}  {result}")
+            peaks = (f"{r.peak_anon_gb:>8.2f} {r.peak_rss_gb:>7.2f} {r.peak_tree_anon_gb:>14.2f} "
+                     f"{r.peak_tree_rss_gb:>6.2f}")  # fmt: skip
+            lines.append(f"{r.name:<24} {r.parameters / 1e9:>10.2f}B {r.precisions:<14} {_clock(r.seconds):>8} "
+                         f"{peaks}  {result}")  # fmt: skip
+        for r in self.runs:
+            lines += ["", f"{r.name}, by phase (with children):",
+                      f"  {'phase':<48} {'time':>8} {'anon GB':>8} {'RSS GB':>7}"]  # fmt: skip
+            lines += [f"  {p.name[:48]:<48} {_clock(p.seconds):>8} {p.peak_anon_gb:>8.2f} {p.peak_rss_gb:>7.2f}"
+                      for p in r.phases]  # fmt: skip
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,7 +23,13 @@ def test_an_export_is_measured_and_a_failed_one_reports_why(tmp_path):
     assert run.exit_code == 0, run.tail
     assert (tmp_path / "out" / "manifest.json").is_file()
     assert 0.05 < run.peak_anon_gb <= run.peak_rss_gb <= run.peak_tree_rss_gb < 8 and run.seconds > 0
+    assert run.peak_anon_gb <= run.peak_tree_anon_gb <= run.peak_tree_rss_gb
+    named = [p.name for p in run.phases]  # each phase the export announced, in order, its peaks within the run's
+    assert any(n.startswith("importing") for n in named) and "verifying against eager PyTorch" in named, named
+    assert "fp32-opt: making the causal_decoder graph" in named, named
+    assert all(p.peak_anon_gb <= run.peak_tree_anon_gb for p in run.phases)
+    assert sum(p.seconds for p in run.phases) == pytest.approx(run.seconds, rel=0.2)
     broken = measure_export("broken", tmp_path / "missing", tmp_path / "none", "fp32-opt", ["--no-check"])
     assert broken.exit_code != 0 and "missing" in broken.tail
     table = ExportMemoryResult([run, broken], machine_info()).table()
-    assert "llama" in table and "exit" in table
+    assert "llama" in table and "exit" in table and "verifying against eager PyTorch" in table
