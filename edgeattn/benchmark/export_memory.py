@@ -55,6 +55,13 @@ class ExportRun:
     command: list[str] = field(default_factory=list)
     peak_tree_anon_gb: float = 0.0
     phases: list[Phase] = field(default_factory=list)
+    #: one float32 pass over the held-out text, when measured (:func:`float32_pass`)
+    float_pass: FloatPass | None = None
+
+    @property
+    def times_float_pass(self) -> float | None:
+        """The export's wall time over one float32 pass's (the goal: at most 3)."""
+        return None if self.float_pass is None else self.seconds / self.float_pass.whole_seconds
 
 
 def folder_parameters(folder: Path) -> int:
@@ -148,6 +155,37 @@ def measure_export(name: str, folder: Path, out: Path, precisions: str, extra: l
                      command, tree_anon, named)  # fmt: skip
 
 
+@dataclass
+class FloatPass:
+    """One float32 pass of ONNX Runtime over the held-out text (every position's logits, as the
+    gate reads them), the floor of a calibrated, gated export's time: ``seconds`` for ``tokens``
+    measured, and that rate over the whole text's ``total_tokens``."""
+
+    tokens: int
+    total_tokens: int
+    seconds: float
+
+    @property
+    def whole_seconds(self) -> float:
+        return self.seconds * self.total_tokens / max(self.tokens, 1)
+
+
+def float32_pass(export_dir: Path, heldout: Path, max_tokens: int = 0) -> FloatPass:
+    """Time the export's fp32 graph over ``heldout`` (a held-out file as ``--heldout`` reads it),
+    rows spread evenly over it up to ``max_tokens`` (0: all), batched as the gate batches them."""
+    from edgeattn.exporters.calibration import read_sequences_file
+    from edgeattn.exporters.gate import heldout_sources, next_tokens
+    from edgeattn.runtime import load
+
+    model = load(export_dir)
+    texts = read_sequences_file(heldout, model.config, model.tokenizer, what="held-out")
+    rows = heldout_sources(model.config, texts=texts, max_tokens=max_tokens)
+    next_tokens(model.next_token_logits, rows.ids[:1], rows.mask[:1], model.config.vocab_size)  # warm
+    start = time.perf_counter()
+    next_tokens(model.next_token_logits, rows.ids, rows.mask, model.config.vocab_size)
+    return FloatPass(int(rows.mask.sum()), sum(len(t) for t in texts), time.perf_counter() - start)
+
+
 def _clock(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
@@ -169,6 +207,11 @@ class ExportMemoryResult:
             lines.append(f"{r.name:<24} {r.parameters / 1e9:>10.2f}B {r.precisions:<14} {_clock(r.seconds):>8} "
                          f"{peaks}  {result}")  # fmt: skip
         for r in self.runs:
+            if r.float_pass is not None:
+                f = r.float_pass
+                lines += ["", f"{r.name}: one float32 ONNX Runtime pass over the held-out text: {f.seconds:.1f} s for "
+                          f"{f.tokens:,} tokens, {f.whole_seconds:.0f} s for all {f.total_tokens:,}; the export took "
+                          f"{r.times_float_pass:.2f}x that"]  # fmt: skip
             lines += ["", f"{r.name}, by phase (with children):",
                       f"  {'phase':<48} {'time':>8} {'anon GB':>8} {'RSS GB':>7}"]  # fmt: skip
             lines += [f"  {p.name[:48]:<48} {_clock(p.seconds):>8} {p.peak_anon_gb:>8.2f} {p.peak_rss_gb:>7.2f}"
@@ -177,4 +220,8 @@ class ExportMemoryResult:
 
     def to_dict(self) -> dict[str, Any]:
         rows = [{k: v for k, v in asdict(r).items() if k != "tail"} for r in self.runs]  # the log holds the tail
+        for row, run in zip(rows, self.runs, strict=True):
+            if run.float_pass is not None:
+                row["float_pass_seconds"] = run.float_pass.whole_seconds
+                row["times_float_pass"] = run.times_float_pass
         return {"benchmark": "export-memory", "machine": self.machine, "rows": rows}

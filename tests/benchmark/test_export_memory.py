@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("
 
 
 def test_an_export_is_measured_and_a_failed_one_reports_why(tmp_path):
-    from edgeattn.benchmark.export_memory import ExportMemoryResult, folder_parameters, measure_export
+    from edgeattn.benchmark.export_memory import ExportMemoryResult, float32_pass, folder_parameters, measure_export
     from edgeattn.benchmark.machine import machine_info
 
     folder, model = causal_folders.save_folder("llama-gqa-tied", tmp_path / "hf")
@@ -31,5 +31,15 @@ def test_an_export_is_measured_and_a_failed_one_reports_why(tmp_path):
     assert sum(p.seconds for p in run.phases) == pytest.approx(run.seconds, rel=0.2)
     broken = measure_export("broken", tmp_path / "missing", tmp_path / "none", "fp32-opt", ["--no-check"])
     assert broken.exit_code != 0 and "missing" in broken.tail
-    table = ExportMemoryResult([run, broken], machine_info()).table()
+    heldout = tmp_path / "heldout.txt"  # this folder has no tokenizer: token ids a line
+    heldout.write_text("\n".join(" ".join(str(5 + (i * 7 + j) % 50) for j in range(8 + i)) for i in range(12)))
+    whole = float32_pass(tmp_path / "out", heldout)
+    assert whole.tokens == whole.total_tokens == sum(8 + i for i in range(12)) and whole.seconds > 0
+    part = float32_pass(tmp_path / "out", heldout, max_tokens=40)
+    assert part.tokens <= 40 < part.total_tokens and part.whole_seconds > part.seconds
+    run.float_pass = whole
+    result = ExportMemoryResult([run, broken], machine_info())
+    table = result.table()
     assert "llama" in table and "exit" in table and "verifying against eager PyTorch" in table
+    assert "one float32 ONNX Runtime pass" in table
+    assert result.to_dict()["rows"][0]["times_float_pass"] == pytest.approx(run.seconds / whole.seconds)
