@@ -260,6 +260,8 @@ def build_precisions(
             if build.gate is not None:
                 manifest.gates[precision] = build.gate.to_record(build.degraded)
                 gates[precision] = build.gate
+            del build, committed  # its graphs (serialised) are written: not held through the next precision
+            release_freed_memory()
     return gates
 
 

@@ -26,10 +26,27 @@ class FittedWeight:
     bits: int
     block: int
 
+    def on_disk(self) -> FittedWeight:
+        """The same fit with its arrays in an unlinked temporary file (``TMPDIR``), mapped: a
+        model's fits, made layer after layer and written into the graph at the end, cost the
+        system's pages, not memory of the process's own."""
+        return FittedWeight(_mapped(self.codes), _mapped(self.scales), self.bits, self.block)
+
     def dequantized(self) -> np.ndarray:
         """(N, K) float32: the values the graph computes with."""
         scales = np.repeat(self.scales, self.block, axis=1)[:, : self.codes.shape[1]]
         return ((self.codes.astype(np.float32) - 2 ** (self.bits - 1)) * scales).astype(np.float32)
+
+
+def _mapped(array: np.ndarray) -> np.ndarray:
+    import tempfile
+
+    if array.nbytes == 0:
+        return array
+    with tempfile.TemporaryFile(prefix="edgeattn-fit-") as f:  # unlinked: the map keeps it until let go
+        mapped = np.memmap(f, dtype=array.dtype, mode="w+", shape=array.shape)
+    mapped[...] = array
+    return mapped
 
 
 def packed_codes(fitted: FittedWeight) -> np.ndarray:

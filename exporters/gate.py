@@ -15,6 +15,7 @@ and reused for every candidate graph the gate measures.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -197,7 +198,8 @@ class Reference:
         self.ids, self.mask = heldout.ids, heldout.mask
         self.valid = heldout.mask.astype(bool)
         self._blocks: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
-        self._generated: dict[int, tuple[ExportedModel, np.ndarray]] = {}
+        #: the latest runtime's continuations, by a weak reference to it: its sessions are not kept
+        self._generated: dict[int, tuple[weakref.ref[ExportedModel], np.ndarray]] = {}
 
     @cached_property
     def hidden(self) -> torch.Tensor:
@@ -264,11 +266,11 @@ class Reference:
         per runtime at the longest length asked (a shorter one is its first steps)."""
         key = id(runtime)
         kept = self._generated.get(key)
-        if kept is None or kept[0] is not runtime or kept[1].shape[1] < steps:
+        if kept is None or kept[0]() is not runtime or kept[1].shape[1] < steps:
             steps_made = self._steps_made(steps)
-            kept = (runtime, self._by_length(lambda ids, mask: runtime.generate(ids, mask, steps_made).tokens,
-                                             steps_made, RUNTIME_GREEDY_ROWS,
-                                             f"gate: {runtime.precision} greedy x{steps_made}"))
+            tokens = self._by_length(lambda ids, mask: runtime.generate(ids, mask, steps_made).tokens, steps_made,
+                                     RUNTIME_GREEDY_ROWS, f"gate: {runtime.precision} greedy x{steps_made}")
+            kept = (weakref.ref(runtime), tokens)
             self._generated = {key: kept}  # one runtime at a time: the gate measures candidates in turn
         return kept[1][:, :steps]
 

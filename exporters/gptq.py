@@ -129,7 +129,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, bits: int, block: int) -> 
             part[i + 1 :].addr_(inv[i, i + 1 :], error, alpha=-1)
         rows[end:].addmm_(inverse[start:end, end:].T, errors, alpha=-1)
     codes = (levels.T[:, :features] + half).to(torch.uint8).numpy()
-    return FittedWeight(codes, scales.T.contiguous().numpy(), bits, block)
+    return FittedWeight(codes, scales.T.contiguous().numpy(), bits, block).on_disk()
 
 
 class Hessians:

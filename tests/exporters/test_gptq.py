@@ -162,3 +162,26 @@ def test_gptq_fits_on_the_held_out_text_the_gate_does_not_measure():
     mine = PrecisionOptions(heldout_data=held, calibration_data=held[:3], calibration_source="file calib.txt")
     assert fit_sequences(mine)[0] == held[:3] and "calib.txt" in fit_sequences(mine)[1]
     assert fit_sequences(PrecisionOptions()) is None  # the gate's random ids: nothing to fit on
+
+
+def test_the_walk_runs_its_layers_a_few_rows_at_a_time_to_the_same_fit(monkeypatch):
+    """A layer run over the calibration rows in chunks (its activations bounded) fits every product
+    as the layer run over all rows at once does, and keeps each fit on disk (mapped), not in memory."""
+    from edgeattn.families.causal import fit as walk
+    from edgeattn.families.causal.config import CausalLMConfig
+    from edgeattn.families.causal.graph_builder import layer_products, product_weight
+    from edgeattn.families.causal.model import CausalLM
+
+    torch.manual_seed(1)
+    model = CausalLM(CausalLMConfig(vocab_size=300, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+                                    max_len=64)).eval()  # fmt: skip
+    bits_of = {product_weight(i, name): 4 for i, layer in enumerate(model.layers) for name in layer_products(layer)}
+    ids = calibration_rows([list(range(3, 250))] * 2, tokens=256, width=32)
+    whole = walk.fit_causal(model, ids, bits_of, block=32)
+    monkeypatch.setattr(walk, "CHUNK_TOKENS", 70)  # two rows of 32 at a time
+    chunked = walk.fit_causal(model, ids, bits_of, block=32)
+    assert set(whole) == set(chunked) and len(ids) > 2
+    for name, fit in whole.items():
+        assert isinstance(fit.codes, np.memmap)
+        assert np.array_equal(fit.codes, chunked[name].codes), name
+        np.testing.assert_allclose(fit.scales, chunked[name].scales, rtol=1e-5)
