@@ -28,7 +28,7 @@ import onnx
 
 from edgeattn.errors import ExportError
 from edgeattn.exporters.experts import quantize_experts
-from edgeattn.exporters.external_data import array_of, read_in_place
+from edgeattn.exporters.external_data import array_of, read_in_place, write_external_data
 from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_fitted
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
@@ -401,8 +401,10 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     shared = [name for name, output in tied.items() if share_tied_table(proto, name, output, block_size)]
     reduce_axes_as_inputs(proto)
     read_in_place(proto, src.parent, lazy=set())  # float weights no product took (kept by the quantiser)
-    onnx.save(proto, str(dst), save_as_external_data=proto.ByteSize() > PROTOBUF_SAFE,
-              location=external_data_file(dst.name))
+    if sum(len(t.raw_data) for t in proto.graph.initializer) > PROTOBUF_SAFE:  # a tensor at a time, laid out to map
+        write_external_data(proto, dst, external_data_file(dst.name))
+    else:
+        onnx.save(proto, str(dst))
     fitting: dict[str, Any] = {}
     if method == "gptq":
         method = "gptq" if written else "rtn"
