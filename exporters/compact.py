@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgeattn.exporters.external_data import ALIGN_ABOVE, ALIGNMENT, weight_views
+from edgeattn.exporters.external_data import ALIGN_ABOVE, ALIGNMENT, external_bytes, external_region, weight_views
 from edgeattn.runtime.layout import TRANSPOSED_SUFFIX
 
 #: safetensors dtype -> ONNX element type, for the types weights come in
@@ -107,7 +107,7 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
             if external_dir is None:
                 kept.append(tensor)
                 continue
-            data = _external_bytes(tensor, external_dir)  # compared, not kept: a match or not, it stays outside
+            data = external_bytes(tensor, external_dir)  # compared, not kept: a match or not, it stays outside
         else:
             data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
         if len(data) < MIN_SHARED_BYTES:
@@ -136,14 +136,6 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
     return moved
 
 
-def _external_bytes(tensor: onnx.TensorProto, folder: Path) -> bytes:
-    """An external initializer's bytes (only its own are read)."""
-    info = {e.key: e.value for e in tensor.external_data}
-    with open(folder / info["location"], "rb") as f:
-        f.seek(int(info.get("offset", 0)))
-        return f.read(int(info["length"]))
-
-
 def compact_data_file(proto: onnx.ModelProto, folder: Path, data_name: str) -> int:
     """Rewrite ``folder / data_name`` to hold only the regions ``proto``'s initializers still point
     at (in their order, large ones page-aligned), copied a region at a time; the file is removed
@@ -151,9 +143,10 @@ def compact_data_file(proto: onnx.ModelProto, folder: Path, data_name: str) -> i
     path = folder / data_name
     users: dict[tuple[int, int], list[onnx.TensorProto]] = {}
     for tensor in proto.graph.initializer:
-        info = {e.key: e.value for e in tensor.external_data}
-        if tensor.data_location == onnx.TensorProto.EXTERNAL and info.get("location") == data_name:
-            users.setdefault((int(info.get("offset", 0)), int(info["length"])), []).append(tensor)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location, offset, length = external_region(tensor)
+            if location == data_name:
+                users.setdefault((offset, length), []).append(tensor)
     if not users:
         path.unlink(missing_ok=True)
         return 0

@@ -148,9 +148,18 @@ def write_external_data(model: onnx.ModelProto, path: Path, data_name: str) -> P
     return data
 
 
-def _region(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+def external_region(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    """An external initializer's file (as the graph names it), offset and length."""
     info = {e.key: e.value for e in tensor.external_data}
     return info["location"], int(info.get("offset", 0)), int(info["length"])
+
+
+def external_bytes(tensor: onnx.TensorProto, folder: Path) -> bytes:
+    """An external initializer's bytes, read from its file (relative to ``folder``, or absolute)."""
+    location, offset, length = external_region(tensor)
+    with open(folder / location, "rb") as f:  # (an absolute location stays itself under /)
+        f.seek(offset)
+        return f.read(length)
 
 
 def read_in_place(model: onnx.ModelProto, folder: Path, lazy: set[str]) -> None:
@@ -161,16 +170,12 @@ def read_in_place(model: onnx.ModelProto, folder: Path, lazy: set[str]) -> None:
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location, offset, length = _region(tensor)
-        path = Path(location) if Path(location).is_absolute() else folder / location
         if tensor.name in lazy:
             for entry in tensor.external_data:
                 if entry.key == "location":
-                    entry.value = str(path.resolve())
+                    entry.value = str((folder / entry.value).resolve())
             continue
-        with open(path, "rb") as f:
-            f.seek(offset)
-            tensor.raw_data = f.read(length)
+        tensor.raw_data = external_bytes(tensor, folder)
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
 
@@ -179,7 +184,7 @@ def array_of(tensor: onnx.TensorProto) -> np.ndarray:
     """An initializer's values, read from its file where :func:`read_in_place` left it outside."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(tensor)
-    location, offset, length = _region(tensor)
+    location, offset, length = external_region(tensor)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
     shape = tuple(tensor.dims)
     return np.fromfile(location, dtype=dtype, count=length // dtype.itemsize, offset=offset).reshape(shape)
