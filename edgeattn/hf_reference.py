@@ -104,7 +104,8 @@ def sample_ids(hf: Imported, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]
         ids = hf.tokenizer.encode(SAMPLE_TEXT)
         stream = [i for i in ids if 0 <= i < config.vocab_size]
     else:
-        stream = np.random.default_rng(0).integers(3, config.vocab_size, 2 * length).tolist()
+        low = min(3, config.vocab_size - 1)  # past the special ids, where the vocabulary has room
+        stream = np.random.default_rng(0).integers(low, config.vocab_size, 2 * length).tolist()
     while len(stream) < length + rows:
         stream = stream + stream
     batch = torch.tensor([stream[r : r + length] for r in range(rows)], dtype=torch.int64)

@@ -39,6 +39,8 @@ STREAM = click.Option(["--stream"], is_flag=True,
 TRUNCATE = click.Option(["--truncate"], is_flag=True, help="Cut texts longer than the model takes (else an error).")
 REPETITION_PENALTY = click.Option(["--repetition-penalty"], default=1.0, show_default=True,
                                   help="> 1 makes repeated tokens less likely.")  # fmt: skip
+AS_JSON = click.Option(["--json", "as_json"], is_flag=True,
+                       help="Encoders and vision models: one JSON object per input.")  # fmt: skip
 STOP = click.Option(["--stop", "stops"], multiple=True, help="End the answer before this text; repeatable.")
 
 #: what every text-generating family's run takes

@@ -22,7 +22,8 @@ BATCH, SRC_LEN, TGT_LEN, PAST_LEN, TOTAL_LEN = "batch", "src_len", "tgt_len", "p
 CAPACITY, POSITION = "capacity", "position"
 
 #: Sizes of the example inputs traced at export; verification uses other sizes on purpose.
-EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11, "picked": 4, "frames": 16}
+EXPORT_SIZES = {"batch": 2, "src_len": 8, "tgt_len": 3, "past_len": 5, "capacity": 11, "picked": 4, "frames": 16,
+                "height": 64, "width": 96}
 
 #: The encoder input of models with token types (segments).
 TOKEN_TYPE_IDS = "token_type_ids"

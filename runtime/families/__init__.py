@@ -18,7 +18,7 @@ from edgeattn.runtime.specs import GraphSpec
 __all__ = ["FAMILIES", "NAMES", "Family", "GraphRole", "family_of", "get_family", "resolve"]
 
 #: the families, in the order their graphs, tasks and architectures are listed
-NAMES = ("encoder", "seq2seq", "causal", "speech")
+NAMES = ("encoder", "seq2seq", "causal", "speech", "vision")
 
 
 def record_module(name: str) -> str:

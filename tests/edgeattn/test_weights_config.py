@@ -152,7 +152,9 @@ def test_a_familys_section_and_fields_are_its_records_say():
     from edgeattn.families.speech.config import SpeechConfig
     from edgeattn.runtime.families import FAMILIES
 
-    with pytest.raises(ConfigError, match="architecture='vision' is not one of encoder, encoder-decoder, decoder-only"):
+    with pytest.raises(ConfigError, match="architecture='retina' is not one of encoder, encoder-decoder, decoder-only"):
+        ModelConfig(architecture="retina")
+    with pytest.raises(ConfigError, match="needs its vision section"):
         ModelConfig(architecture="vision")
     lm = CausalLMConfig(max_len=64, n_kv_heads=2).model_config(pad_id=0, bos_id=1, eos_id=2)
     assert lm.family is FAMILIES["causal"] and isinstance(lm.section, CausalLMConfig)

@@ -71,15 +71,19 @@ def test_the_family_of_a_config_decides_its_graphs():
 def test_verification_never_runs_a_traced_size():
     from edgeattn.families.causal.config import CausalLMConfig
     from edgeattn.families.speech.config import SpeechConfig
+    from edgeattn.families.vision.config import VisionConfig
     from edgeattn.runtime.specs import EXPORT_SIZES
 
-    configs = {"encoder": ENCODER.replace(max_len=64), "seq2seq": SEQ2SEQ.replace(max_len=64),
+    vision = ModelConfig(architecture="vision", vocab_size=1, pad_id=0, bos_id=0, eos_id=0, norm_first=True,
+                         position="none", section=VisionConfig(image_size=64, patch_size=16))  # fmt: skip
+    configs = {"vision": vision, "encoder": ENCODER.replace(max_len=64), "seq2seq": SEQ2SEQ.replace(max_len=64),
                "causal": CausalLMConfig(max_len=64).model_config(),
                "speech": SEQ2SEQ.replace(architecture="speech-to-text", max_len=64, section=SpeechConfig(80, 100))}
     for family in FAMILIES.values():
         for role in family.roles:
             for sizes in role.sizes(configs[family.name]):
                 assert sizes.get("src_len") != EXPORT_SIZES["src_len"] or sizes.get("batch") != EXPORT_SIZES["batch"]
+                assert (sizes.get("height"), sizes.get("width")) != (EXPORT_SIZES["height"], EXPORT_SIZES["width"])
 
 
 @pytest.fixture(scope="module")

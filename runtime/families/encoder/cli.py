@@ -7,9 +7,8 @@ from typing import Any
 
 import click
 
-from edgeattn.run_options import TRUNCATE, RunHook
+from edgeattn.run_options import AS_JSON, TRUNCATE, RunHook
 
-AS_JSON = click.Option(["--json", "as_json"], is_flag=True, help="Encoders: one JSON object per input line.")
 AGGREGATION = click.Option(["--aggregation"], type=click.Choice(["simple", "first"]), default="simple",
                            show_default=True, help="Token classifiers: group tokens (simple) or label each word by its "
                            "first piece (first).")  # fmt: skip

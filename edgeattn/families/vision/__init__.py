@@ -1,0 +1,1 @@
+"""The vision family (ViT, DINOv2): its PyTorch model, config section, Hugging Face import, graphs and gate."""

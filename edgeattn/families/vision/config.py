@@ -1,0 +1,87 @@
+"""The vision family's own section of a model config (torch-free): the image side of a vision
+transformer, its patches, position grid, extra tokens and heads."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edgeattn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgeattn.config import ModelConfig
+
+#: what the pooled embedding is: the class token of the final norm's output ("cls": DINOv2, a ViT
+#: without pooler), or ViT's pooler (a dense layer and tanh over it)
+POOLED = ("cls", "pooler")
+#: what a classifier reads: the class token ("cls": ViT), or the class token beside the mean of the
+#: patch tokens ("cls+mean": DINOv2)
+CLASSIFIERS = ("none", "cls", "cls+mean")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """A vision transformer's image side. Its position table holds a square grid of
+    ``image_size / patch_size`` patches a side, interpolated (bicubic, as transformers'
+    ``interpolate_pos_encoding``) for images of other sizes; ``registers`` extra learned tokens
+    follow the class token (DINOv2 with registers); ``layer_scale``: each residual branch is
+    scaled per channel (DINOv2)."""
+
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    registers: int = 0
+    layer_scale: bool = False
+    #: the position grid's bicubic resize filters a grid it shrinks (``antialias``: DINOv2 with registers)
+    antialias: bool = False
+    pooled: str = "cls"
+    classifier: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("image_size", "patch_size", "channels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"vision config {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.registers, int) or isinstance(self.registers, bool) or self.registers < 0:
+            raise ConfigError(f"vision config registers must be a non-negative integer, got {self.registers!r}")
+        if self.image_size < self.patch_size:
+            raise ConfigError(f"vision config image_size {self.image_size} is smaller than a patch ({self.patch_size})")
+        if self.pooled not in POOLED:
+            raise ConfigError(f"vision config pooled={self.pooled!r} is not one of {', '.join(POOLED)}")
+        if self.classifier not in CLASSIFIERS:
+            raise ConfigError(f"vision config classifier={self.classifier!r} is not one of {', '.join(CLASSIFIERS)}")
+
+    def check(self, config: ModelConfig) -> None:
+        """A ConfigError where ``config`` cannot hold this section."""
+        if config.n_encoder_layers < 1:
+            raise ConfigError("config n_encoder_layers must be at least 1")
+        if not config.norm_first:
+            raise ConfigError("a vision transformer normalises before each block (norm_first)")
+
+    @property
+    def grid(self) -> int:
+        """Patches a side of the position table's grid."""
+        return self.image_size // self.patch_size
+
+    @property
+    def extra_tokens(self) -> int:
+        """Tokens before the patches: the class token and the registers."""
+        return 1 + self.registers
+
+    def tokens(self, height: int, width: int) -> int:
+        """The sequence length of an image of ``height`` x ``width`` pixels."""
+        return self.extra_tokens + (height // self.patch_size) * (width // self.patch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> VisionConfig:
+        """The section from a dictionary, refusing unknown keys by name."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"the vision config section must be a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown vision config keys: {', '.join(unknown)}")
+        return cls(**data)

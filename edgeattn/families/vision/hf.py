@@ -1,0 +1,239 @@
+"""The vision family's Hugging Face import: ViT (``ViTModel``, ``ViTForImageClassification``) and
+DINOv2 (``Dinov2Model``, ``Dinov2ForImageClassification``, and DINOv2 with registers) become an
+edgeattn :class:`~edgeattn.families.vision.model.VisionModel`; every tensor lands on exactly one
+parameter with its shape asserted, and ``preprocessor_config.json`` becomes the export's image
+preprocessing.
+
+Facts the mapping encodes: both are pre-norm encoders with exact GELU and biased projections; a
+ViT's pooled output is its pooler (a dense layer and tanh over the class token) where the folder
+has one, DINOv2's the class token after the final norm; ViT's classifier reads the class token,
+DINOv2's the class token beside the mean of the patch tokens; DINOv2 scales each residual branch
+per channel (``layer_scale1/2.lambda1``); registers follow the class token and take no position.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from edgeattn.config import ModelConfig
+from edgeattn.errors import CheckpointError, ConfigError
+from edgeattn.families.vision.config import VisionConfig
+from edgeattn.families.vision.model import VisionModel
+from edgeattn.model import build_model
+from edgeattn.runtime.families.vision.images import ImagePreprocessing
+from edgeattn.weight_file import parameters_on_meta
+from edgeattn.weights import load_state
+
+if TYPE_CHECKING:
+    from edgeattn.hf import HFModel, Importer
+
+log = logging.getLogger(__name__)
+
+#: the tasks of the family's exports (named as transformers' pipelines name them)
+EMBED, CLASSIFY = "image-feature-extraction", "image-classification"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+#: (architecture, layout, task, the model_type values it accepts)
+_ARCHITECTURES = (
+    ("ViTModel", "vit", EMBED, ("vit",)),
+    ("ViTForImageClassification", "vit", CLASSIFY, ("vit",)),
+    ("Dinov2Model", "dinov2", EMBED, ("dinov2",)),
+    ("Dinov2ForImageClassification", "dinov2", CLASSIFY, ("dinov2",)),
+    ("Dinov2WithRegistersModel", "dinov2", EMBED, ("dinov2_with_registers",)),
+    ("Dinov2WithRegistersForImageClassification", "dinov2", CLASSIFY, ("dinov2_with_registers",)),
+)
+
+
+def importers() -> list[Importer]:
+    """The vision family's architectures: ViT and DINOv2 (with registers), bare or classifying."""
+    from edgeattn.hf import Importer
+
+    return [Importer(name, "vision", layout, task, _import_vision, vision_reference, types)
+            for name, layout, task, types in _ARCHITECTURES]  # fmt: skip
+
+
+def reference_pixels(model: VisionModel, rows: int) -> torch.Tensor:
+    """Seeded pixel values at a size other than the model's own (the position table interpolated)."""
+    vision = model.config.section
+    side = vision.image_size + vision.patch_size
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(rows, vision.channels, side, side - 2 * vision.patch_size, generator=generator)
+
+
+def vision_reference(model: VisionModel, reference: Any, ids: torch.Tensor, mask: torch.Tensor
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """Hidden states, the pooled output (and logits) of seeded pixel values at a size whose grid
+    differs from the position table's, beside transformers' (its ``interpolate_pos_encoding``)."""
+    pixels = reference_pixels(model, ids.shape[0])
+    hidden, pooled, logits = model(pixels)
+    kwargs: dict[str, Any] = {"pixel_values": pixels, "output_hidden_states": True}
+    if model.config.section.registers == 0 and "ViT" in type(reference).__name__:
+        kwargs["interpolate_pos_encoding"] = True
+    theirs = reference(**kwargs)
+    out = {}
+    if getattr(theirs, "last_hidden_state", None) is not None:
+        out["hidden states"] = (hidden, theirs.last_hidden_state)
+    if getattr(theirs, "pooler_output", None) is not None:
+        out["pooled output"] = (pooled, theirs.pooler_output)
+    if logits is not None and getattr(theirs, "logits", None) is not None:
+        out["logits"] = (logits, theirs.logits)
+    return out
+
+
+def _labels(hf: dict[str, Any], path: Path) -> list[str] | None:
+    id2label = hf.get("id2label")
+    if not id2label:
+        return None
+    try:
+        return [str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in range(len(id2label))]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: id2label must map 0..{len(id2label) - 1} to names") from exc
+
+
+def map_config(hf: dict[str, Any], layout: str, task: str, labels: list[str] | None, pooler: bool,
+               registers: int, path: Path) -> ModelConfig:  # fmt: skip
+    """The edgeattn config of a ViT or DINOv2 config.json (``pooler``: the folder has ViT's pooler)."""
+
+    def need(key: str) -> Any:
+        if key not in hf:
+            raise ConfigError(f"{path} lacks {key!r}")
+        return hf[key]
+
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise ConfigError(f"{path}: hidden_act {hf['hidden_act']!r} is not supported (gelu is)")
+    if hf.get("use_swiglu_ffn"):
+        raise ConfigError(f"{path}: use_swiglu_ffn (DINOv2 giant's feed-forward) is not supported yet")
+    if hf.get("qkv_bias", True) is not True:
+        raise ConfigError(f"{path}: a model without query/key/value biases is not supported")
+    image, patch = need("image_size"), need("patch_size")
+    if not isinstance(image, int) or not isinstance(patch, int):
+        raise ConfigError(f"{path}: image_size and patch_size must be single integers (square images)")
+    d = int(need("hidden_size"))
+    d_ff = int(hf["intermediate_size"]) if layout == "vit" else int(d * float(hf.get("mlp_ratio", 4)))
+    classifier = {"vit": "cls", "dinov2": "cls+mean"}[layout] if task == CLASSIFY else "none"
+    vision = VisionConfig(image_size=image, patch_size=patch, channels=int(hf.get("num_channels", 3)),
+                          registers=registers, layer_scale=layout == "dinov2", antialias=registers > 0,
+                          pooled="pooler" if pooler else "cls", classifier=classifier)  # fmt: skip
+    grid = vision.grid
+    try:
+        return ModelConfig(
+            architecture="vision", vocab_size=1, d_model=d, n_heads=int(need("num_attention_heads")), d_ff=d_ff,
+            n_encoder_layers=int(need("num_hidden_layers")), n_decoder_layers=0, max_len=1 + registers + grid * grid,
+            dropout=0.0, activation="gelu", norm="layernorm", norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            norm_first=True, position="none", scale_embedding=False, embedding_norm=False, tie_embeddings=False,
+            num_labels=len(labels) if labels else int(hf.get("num_labels", 2)), pad_id=0, bos_id=0, eos_id=0,
+            section=vision,
+        )  # fmt: skip
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} does not describe a model edgeattn can build: {exc}") from exc
+
+
+_VIT_LAYER = {"attention.attention.query": "self_attn.q_proj", "attention.attention.key": "self_attn.k_proj",
+              "attention.attention.value": "self_attn.v_proj", "attention.output.dense": "self_attn.out_proj",
+              "layernorm_before": "norm1", "layernorm_after": "norm2", "intermediate.dense": "ff.linear1",
+              "output.dense": "ff.linear2"}  # fmt: skip
+_DINO_LAYER = {"attention.attention.query": "self_attn.q_proj", "attention.attention.key": "self_attn.k_proj",
+               "attention.attention.value": "self_attn.v_proj", "attention.output.dense": "self_attn.out_proj",
+               "norm1": "norm1", "norm2": "norm2", "mlp.fc1": "ff.linear1", "mlp.fc2": "ff.linear2"}  # fmt: skip
+_FIXED = {"embeddings.cls_token": "cls_token", "embeddings.register_tokens": "registers",
+          "embeddings.position_embeddings": "position", "embeddings.patch_embeddings.projection.weight": "patch.weight",
+          "embeddings.patch_embeddings.projection.bias": "patch.bias", "layernorm.weight": "encoder.final_norm.weight",
+          "layernorm.bias": "encoder.final_norm.bias", "pooler.dense.weight": "pooler.weight",
+          "pooler.dense.bias": "pooler.bias", "classifier.weight": "classifier.weight",
+          "classifier.bias": "classifier.bias"}  # fmt: skip
+
+
+def map_tensors(tensors: dict[str, torch.Tensor], layout: str, config: ModelConfig, source: str
+                ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The checkpoint's tensors under edgeattn's names (DINOv2's layer scales stacked into one
+    (layers, 2, d) table); a tensor with no place is an error naming it."""
+    table = _VIT_LAYER if layout == "vit" else _DINO_LAYER
+    out: dict[str, torch.Tensor] = {}
+    scales: dict[tuple[int, int], torch.Tensor] = {}
+    unknown = []
+    for key, value in tensors.items():
+        key_ = re.sub(r"^(vit|dinov2|dinov2_with_registers)\.", "", key)
+        if key_ == "embeddings.mask_token":  # masked-image training only
+            continue
+        scale = re.match(r"encoder\.layer\.(\d+)\.layer_scale([12])\.lambda1$", key_)
+        layer = re.match(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$", key_)
+        if scale:
+            scales[int(scale.group(1)), int(scale.group(2)) - 1] = value
+            continue
+        name = None
+        if key_ in _FIXED:
+            name = _FIXED[key_]
+        elif layer and layer.group(2) in table:
+            name = f"encoder.layers.{layer.group(1)}.{table[layer.group(2)]}.{layer.group(3)}"
+        if name is None:
+            unknown.append(key)
+            continue
+        if name in out:
+            raise CheckpointError(f"{source}: tensors map twice onto {name} ({key})")
+        out[name] = value
+    if unknown:
+        raise CheckpointError(f"{source} has tensor(s) edgeattn's {layout} layout does not use: "
+                              f"{', '.join(unknown[:8])}")
+    if "cls_token" in out:
+        out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+    if config.section.layer_scale:
+        layers = config.n_encoder_layers
+        missing = [f"layer {i} scale {j + 1}" for i in range(layers) for j in range(2) if (i, j) not in scales]
+        if missing:
+            raise CheckpointError(f"{source} lacks DINOv2's layer scales: {', '.join(missing[:4])}")
+        out["layer_scale"] = torch.stack([torch.stack([scales[i, 0], scales[i, 1]]) for i in range(layers)]).float()
+    elif scales:
+        raise CheckpointError(f"{source} has layer scales a {layout} model does not use")
+    return out
+
+
+def preprocessing(folder: Path, config: ModelConfig) -> ImagePreprocessing:
+    """The folder's ``preprocessor_config.json`` as the export's preprocessing; without one, a square
+    of the model's image size scaled to [-1, 1] (ViT's processor's defaults), with a warning."""
+    from edgeattn.hf import read_json
+    from edgeattn.runtime.exported_model import InputError
+
+    path = folder / PREPROCESSOR_CONFIG
+    if not path.is_file():
+        side = config.section.image_size
+        log.warning("%s has no %s: images will be resized to %d x %d and scaled to [-1, 1]", folder,
+                    PREPROCESSOR_CONFIG, side, side)  # fmt: skip
+        return ImagePreprocessing(size={"height": side, "width": side})
+    try:
+        return ImagePreprocessing.from_processor(read_json(path), str(path))
+    except InputError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
+    """A ViT or DINOv2 checkpoint as a :class:`VisionModel` for ``task`` (empty: what its head implies)."""
+    from edgeattn.hf import GENERATE, HFModel, read_tensors
+
+    config_file = folder / "config.json"
+    implied = importer.task
+    task = task or implied
+    if task not in (EMBED, CLASSIFY) or (task == CLASSIFY and implied != CLASSIFY) or task == GENERATE:
+        raise ConfigError(f"{importer.architecture}'s tasks are {EMBED}" + (f" and {CLASSIFY}" if implied == CLASSIFY
+                                                                             else "") + f", not {task}")  # fmt: skip
+    tensors = read_tensors(folder)
+    if task == EMBED and implied == CLASSIFY:
+        dropped = [k for k in tensors if k.startswith("classifier.")]
+        log.info("task %s: leaving out the classifier's tensors %s", task, dropped)
+        tensors = {k: v for k, v in tensors.items() if k not in dropped}
+    labels = _labels(hf, config_file) if task == CLASSIFY else None
+    registers = int(hf.get("num_register_tokens", 0)) if importer.model_types == ("dinov2_with_registers",) else 0
+    pooler = any(k.endswith("pooler.dense.weight") for k in tensors)
+    config = map_config(hf, importer.layout, task, labels, pooler, registers, config_file)
+    with parameters_on_meta():
+        model = build_model(config)
+    assert isinstance(model, VisionModel)
+    source = str(folder)
+    load_state(model, map_tensors(tensors, importer.layout, config, source), source)
+    log.info("imported %s from %s for %s", importer.architecture, folder, task)
+    settings = {"preprocessing": preprocessing(folder, config).to_dict()}
+    return HFModel(model.eval(), importer.architecture, task, labels, None, folder, None, settings=settings)

@@ -1,0 +1,24 @@
+"""The vision family's record: a vision transformer's image encoder (ViT, DINOv2), its tasks
+(an image's embedding, its labels) and the classes that run it."""
+
+from __future__ import annotations
+
+from edgeattn.runtime.families.vision.specs import VISION_ENCODER, image_sizes, vision_encoder_spec
+from edgeattn.runtime.records import Family, GraphRole
+
+_VISION = "edgeattn.families.vision"
+
+FAMILY = Family(
+    "vision",
+    "vision",
+    (GraphRole(VISION_ENCODER, vision_encoder_spec, f"{_VISION}.graphs:VisionEncoderGraph", image_sizes, None, None,
+               lambda c: c.n_encoder_layers, once_per_source=True),),  # fmt: skip
+    tasks={"image-feature-extraction": (VISION_ENCODER,), "image-classification": (VISION_ENCODER,)},
+    model=f"{_VISION}.model:VisionModel",
+    runtime="edgeattn.runtime.families.vision.runtime:VisionRuntime",
+    summary="a vision transformer (ViT, DINOv2): an image's embedding or labels",
+    importers=f"{_VISION}.hf:importers",
+    config_section=f"{_VISION}.config:VisionConfig",
+    run_hook="edgeattn.runtime.families.vision.cli:RUN",
+    benched=False,
+)
