@@ -379,6 +379,17 @@ _OMITTED_AT_DEFAULT = ("pooler", "token_types", "position_offset", "d_kv", "rela
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
+def checked_section_data(cls: type, data: Any, family: str) -> dict[str, Any]:
+    """``data`` for family ``family``'s config section ``cls`` (a dataclass): a ConfigError where it
+    is no JSON object or names a key the section does not have."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the {family} config section must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {family} config keys: {', '.join(unknown)}")
+    return dict(data)
+
+
 def get_preset(name: str) -> ModelConfig:
     """The named preset, or a ConfigError listing the known names."""
     try:

@@ -82,6 +82,37 @@ def read_json(path: Path) -> dict[str, Any]:
     return read_json_object(path, ConfigError)
 
 
+def renamed(tensors: dict[str, torch.Tensor], name_of: Callable[[str], str | None], source: str, layout: str
+            ) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A folder's tensors under the names ``name_of`` gives them; a CheckpointError names the tensors
+    it has no place for (``None``) and any two it puts in one place."""
+    out: dict[str, torch.Tensor] = {}
+    unknown = []
+    for key, value in tensors.items():
+        name = name_of(key)
+        if name is None:
+            unknown.append(key)
+            continue
+        if name in out:
+            raise CheckpointError(f"{source}: tensors map twice onto {name} ({key})")
+        out[name] = value
+    if unknown:
+        raise CheckpointError(f"{source} has tensor(s) edgeattn's {layout} layout does not use: "
+                              f"{', '.join(unknown[:8])}")  # fmt: skip
+    return out
+
+
+def label_names(hf: dict[str, Any], path: Path) -> list[str] | None:
+    """A config.json's ``id2label`` as the list of label names in id order, or None without one."""
+    id2label = hf.get("id2label")
+    if not id2label:
+        return None
+    try:
+        return [str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in range(len(id2label))]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: id2label must map 0..{len(id2label) - 1} to names") from exc
+
+
 def _importer(hf: dict[str, Any], path: Path) -> Importer:
     """The importer of a config.json's architecture, or a ConfigError listing what edgeattn knows."""
     known = ", ".join(KNOWN_ARCHITECTURES)

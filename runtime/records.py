@@ -208,6 +208,9 @@ class Family:
     #: continuously batched), "embed" (embeddings) or "transcribe" (audio transcriptions and
     #: translations); empty: the API does not serve them
     api: str = ""
+    #: ``"module:function"`` turning the API's input strings into what its runtime's method takes
+    #: (a vision model's images arrive as data URLs or base64); None: the strings themselves
+    api_inputs: str | None = None
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
     #: ``"module:function"`` listing the Hugging Face architectures it imports, ``() ->

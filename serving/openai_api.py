@@ -22,7 +22,7 @@ from aiohttp import web
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime.exported_model import InputError
-from edgeattn.runtime.families import FAMILIES
+from edgeattn.runtime.families import FAMILIES, resolve
 from edgeattn.runtime.families.causal.tool_calls import ToolUse, history, template_format, tool_use
 from edgeattn.runtime.precisions import FP32
 from edgeattn.serving.batching import Batcher, Finished, Generation, Piece
@@ -266,7 +266,7 @@ class OpenAIApi:
             raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(self.models)})", "model",
                            code="model_not_found")  # fmt: skip
         if does != served.does:
-            what = {"generate": "generates text", "embed": "embeds text", "transcribe": "transcribes speech"}
+            what = {"generate": "generates text", "embed": "embeds its inputs", "transcribe": "transcribes speech"}
             use = {"generate": "completions", "embed": "embeddings", "transcribe": "audio"}
             raise ApiError(400, f"the model {name!r} {what[served.does]}; use the {use[served.does]} endpoints for it",
                            "model")  # fmt: skip
@@ -335,9 +335,11 @@ class OpenAIApi:
             raise ApiError(400, "encoding_format is 'float' or 'base64'", "encoding_format")
         if body.get("dimensions") is not None:
             raise ApiError(400, "dimensions is not served (the export's vectors have their own size)", "dimensions")
-        tokenizer = served.model.tokenizer
+        tokenizer = getattr(served.model, "tokenizer", None)
         counts = sum(len(tokenizer.encode(t)) for t in texts) if hasattr(tokenizer, "encode") else 0
-        vectors = await asyncio.get_running_loop().run_in_executor(None, lambda: served.model.embed(texts))
+        family = served.model.family
+        inputs = texts if family.api_inputs is None else resolve(family.api_inputs)(texts)
+        vectors = await asyncio.get_running_loop().run_in_executor(None, lambda: served.model.embed(inputs))
         data = []
         for i, v in enumerate(np.asarray(vectors, np.float32)):
             value = base64.b64encode(v.tobytes()).decode() if encoding == "base64" else v.tolist()

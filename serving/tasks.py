@@ -94,7 +94,7 @@ def task_of(config: Any, task: str | None = None, recorded: str | None = None) -
     family = family_of(config)
     if family.served is not None:
         served = resolve(family.served).name
-        if task not in (None, "", served):
+        if task not in (None, "", served, *family.tasks):  # its one served task answers each of its tasks
             raise EdgeattnError(f"this model cannot serve task {task!r}; it serves {served}")
         return str(served)
     natural = (next(iter(family.tasks)) if len(family.tasks) == 1 else "classify" if config.head == "sequence"

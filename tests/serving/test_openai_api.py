@@ -241,7 +241,7 @@ def test_errors_are_openais_objects(client, server):
     assert bad.value.body["param"] == "tools"
     with pytest.raises(openai.BadRequestError, match="legacy") as bad:
         client.chat.completions.create(model="lm", messages=_chat("hi"), functions=[{"name": "f"}])
-    with pytest.raises(openai.BadRequestError, match="embeds text"):
+    with pytest.raises(openai.BadRequestError, match="embeds its inputs"):
         client.chat.completions.create(model="bert", messages=_chat("hi"))
     keyed = OpenAIApi(server.api.models, api_key="sesame", owns_models=False)
     with ApiThread(keyed) as locked:
@@ -451,6 +451,7 @@ def test_an_export_of_a_family_the_api_does_not_serve_is_refused_naming_those_it
     from edgeattn.runtime.families import FAMILIES
 
     served = [f.name for f in FAMILIES.values() if f.api]
-    assert served == ["encoder", "causal", "speech"]
-    with pytest.raises(EdgeattnError, match="is a seq2seq export; the OpenAI API serves encoder, causal, speech"):
+    assert served == ["encoder", "causal", "speech", "vision"]
+    refused = "is a seq2seq export; the OpenAI API serves encoder, causal, speech, vision"
+    with pytest.raises(EdgeattnError, match=refused):
         served_models([shared_export("tiny")], max_rows=2)

@@ -209,13 +209,9 @@ class CausalLMConfig:
     @classmethod
     def from_dict(cls, data: Any) -> CausalLMConfig:
         """The section from a dictionary, refusing unknown keys by name."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"the causal config section must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown causal config keys: {', '.join(unknown)}")
-        data = dict(data)
+        from edgeattn.config import checked_section_data
+
+        data = checked_section_data(cls, data, "causal")
         scaling = data.get("rope_scaling") or {}
         if not isinstance(scaling, dict | list | tuple):
             raise ConfigError(f"causal rope_scaling must be an object, got {scaling!r}")

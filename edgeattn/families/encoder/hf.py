@@ -72,16 +72,6 @@ def encoder_reference(model: EncoderModel, reference: Any, ids: torch.Tensor, ma
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
-def _labels(hf: dict[str, Any], path: Path) -> list[str] | None:
-    id2label = hf.get("id2label")
-    if not id2label:
-        return None
-    try:
-        return [str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in range(len(id2label))]
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: id2label must map 0..{len(id2label) - 1} to names") from exc
-
-
 def map_config(hf: dict[str, Any], family: str, task: str, labels: list[str] | None, pooler: bool,
                path: Path) -> ModelConfig:  # fmt: skip
     """The edgeattn config of a Hugging Face config.json (``pooler``: the checkpoint has one)."""
@@ -169,23 +159,16 @@ def map_tensors(
     tensors: dict[str, torch.Tensor], family: str, config: ModelConfig, source: str
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors under edgeattn's names; a tensor with no place is an error naming it."""
-    out: dict[str, torch.Tensor] = {}
-    unknown = []
+    from edgeattn.hf import renamed
+
+    kept = {}
     for key, value in tensors.items():
         if key.endswith("embeddings.position_ids"):  # a buffer older checkpoints saved: 0..max_len-1
             if not torch.equal(value.reshape(-1), torch.arange(value.numel(), dtype=value.dtype)):
                 raise CheckpointError(f"{source}: {key} is not the positions 0..{value.numel() - 1}")
             continue
-        name = map_key(key, family)
-        if name is None:
-            unknown.append(key)
-            continue
-        if name in out:
-            raise CheckpointError(f"{source}: tensors map twice onto {name} ({key})")
-        out[name] = value
-    if unknown:
-        names = ", ".join(unknown[:8])
-        raise CheckpointError(f"{source} has tensor(s) edgeattn's {family} layout does not use: {names}")
+        kept[key] = value
+    out = renamed(kept, lambda key: map_key(key, family), source, family)
     if family == "roberta" and not config.token_types and "token_type.weight" in out:
         rows = out.pop("token_type.weight")
         if rows.shape[0] != 1 or "encoder.position.weight" not in out:
@@ -220,7 +203,7 @@ def sentence_pooling(folder: Path) -> EmbeddingPooling | None:
 def _import_encoder(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
     """A BERT-family checkpoint as an :class:`EncoderModel` for ``task`` (empty: what its head and
     a sentence-embedding folder's pooling imply)."""
-    from edgeattn.hf import GENERATE, HFModel, read_tensors, tokenizer_of
+    from edgeattn.hf import GENERATE, HFModel, label_names, read_tensors, tokenizer_of
 
     config_file = folder / "config.json"
     architecture, family, implied = importer.architecture, importer.layout, importer.task
@@ -230,7 +213,7 @@ def _import_encoder(folder: Path, hf: dict[str, Any], importer: Importer, task: 
     task = task or implied
     if (task in ("classify", "tag") or task == GENERATE) and implied != task:
         raise ConfigError(f"{architecture} has no {task} head; its task is {implied}")
-    labels = _labels(hf, config_file) if task in ("classify", "tag") else None
+    labels = label_names(hf, config_file) if task in ("classify", "tag") else None
     tensors = read_tensors(folder)
     if task in ("encode", "embed") and implied in ("classify", "tag"):  # --task asks for the encoder alone
         head = [k for k in tensors if re.match(r"(classifier|pre_classifier)\.", k)]

@@ -62,9 +62,6 @@ class SpeechConfig:
     @classmethod
     def from_dict(cls, data: Any) -> SpeechConfig:
         """The section from a dictionary, refusing unknown keys by name."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"the speech config section must be a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown speech config keys: {', '.join(unknown)}")
-        return cls(**data)
+        from edgeattn.config import checked_section_data
+
+        return cls(**checked_section_data(cls, data, "speech"))

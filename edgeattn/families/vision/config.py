@@ -79,9 +79,6 @@ class VisionConfig:
     @classmethod
     def from_dict(cls, data: Any) -> VisionConfig:
         """The section from a dictionary, refusing unknown keys by name."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"the vision config section must be a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown vision config keys: {', '.join(unknown)}")
-        return cls(**data)
+        from edgeattn.config import checked_section_data
+
+        return cls(**checked_section_data(cls, data, "vision"))

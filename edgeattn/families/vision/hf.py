@@ -85,16 +85,6 @@ def vision_reference(model: VisionModel, reference: Any, ids: torch.Tensor, mask
     return out
 
 
-def _labels(hf: dict[str, Any], path: Path) -> list[str] | None:
-    id2label = hf.get("id2label")
-    if not id2label:
-        return None
-    try:
-        return [str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in range(len(id2label))]
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: id2label must map 0..{len(id2label) - 1} to names") from exc
-
-
 def map_config(hf: dict[str, Any], layout: str, task: str, labels: list[str] | None, pooler: bool,
                registers: int, path: Path) -> ModelConfig:  # fmt: skip
     """The edgeattn config of a ViT or DINOv2 config.json (``pooler``: the folder has ViT's pooler)."""
@@ -152,33 +142,29 @@ def map_tensors(tensors: dict[str, torch.Tensor], layout: str, config: ModelConf
                 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """The checkpoint's tensors under edgeattn's names (DINOv2's layer scales stacked into one
     (layers, 2, d) table); a tensor with no place is an error naming it."""
+    from edgeattn.hf import renamed
+
     table = _VIT_LAYER if layout == "vit" else _DINO_LAYER
-    out: dict[str, torch.Tensor] = {}
     scales: dict[tuple[int, int], torch.Tensor] = {}
-    unknown = []
+    kept = {}
     for key, value in tensors.items():
-        key_ = re.sub(r"^(vit|dinov2|dinov2_with_registers)\.", "", key)
-        if key_ == "embeddings.mask_token":  # masked-image training only
-            continue
-        scale = re.match(r"encoder\.layer\.(\d+)\.layer_scale([12])\.lambda1$", key_)
-        layer = re.match(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$", key_)
+        short = re.sub(r"^(vit|dinov2|dinov2_with_registers)\.", "", key)
+        scale = re.match(r"encoder\.layer\.(\d+)\.layer_scale([12])\.lambda1$", short)
         if scale:
             scales[int(scale.group(1)), int(scale.group(2)) - 1] = value
-            continue
-        name = None
-        if key_ in _FIXED:
-            name = _FIXED[key_]
-        elif layer and layer.group(2) in table:
-            name = f"encoder.layers.{layer.group(1)}.{table[layer.group(2)]}.{layer.group(3)}"
-        if name is None:
-            unknown.append(key)
-            continue
-        if name in out:
-            raise CheckpointError(f"{source}: tensors map twice onto {name} ({key})")
-        out[name] = value
-    if unknown:
-        raise CheckpointError(f"{source} has tensor(s) edgeattn's {layout} layout does not use: "
-                              f"{', '.join(unknown[:8])}")
+        elif short != "embeddings.mask_token":  # masked-image training only
+            kept[key] = value
+
+    def name_of(key: str) -> str | None:
+        short = re.sub(r"^(vit|dinov2|dinov2_with_registers)\.", "", key)
+        layer = re.match(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$", short)
+        if short in _FIXED:
+            return _FIXED[short]
+        if layer and layer.group(2) in table:
+            return f"encoder.layers.{layer.group(1)}.{table[layer.group(2)]}.{layer.group(3)}"
+        return None
+
+    out = renamed(kept, name_of, source, layout)
     if "cls_token" in out:
         out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
     if config.section.layer_scale:
@@ -212,7 +198,7 @@ def preprocessing(folder: Path, config: ModelConfig) -> ImagePreprocessing:
 
 def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
     """A ViT or DINOv2 checkpoint as a :class:`VisionModel` for ``task`` (empty: what its head implies)."""
-    from edgeattn.hf import GENERATE, HFModel, read_tensors
+    from edgeattn.hf import GENERATE, HFModel, label_names, read_tensors
 
     config_file = folder / "config.json"
     implied = importer.task
@@ -225,7 +211,7 @@ def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: s
         dropped = [k for k in tensors if k.startswith("classifier.")]
         log.info("task %s: leaving out the classifier's tensors %s", task, dropped)
         tensors = {k: v for k, v in tensors.items() if k not in dropped}
-    labels = _labels(hf, config_file) if task == CLASSIFY else None
+    labels = label_names(hf, config_file) if task == CLASSIFY else None
     registers = int(hf.get("num_register_tokens", 0)) if importer.model_types == ("dinov2_with_registers",) else 0
     pooler = any(k.endswith("pooler.dense.weight") for k in tensors)
     config = map_config(hf, importer.layout, task, labels, pooler, registers, config_file)

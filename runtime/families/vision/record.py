@@ -11,8 +11,9 @@ _VISION = "edgeattn.families.vision"
 FAMILY = Family(
     "vision",
     "vision",
-    (GraphRole(VISION_ENCODER, vision_encoder_spec, f"{_VISION}.graphs:VisionEncoderGraph", image_sizes, None, None,
-               lambda c: c.n_encoder_layers, once_per_source=True),),  # fmt: skip
+    (GraphRole(VISION_ENCODER, vision_encoder_spec, f"{_VISION}.graphs:VisionEncoderGraph", image_sizes,
+               f"{_VISION}.gate:encoder_calibration", f"{_VISION}.gate:encoder_metrics", lambda c: c.n_encoder_layers,
+               once_per_source=True),),  # fmt: skip
     tasks={"image-feature-extraction": (VISION_ENCODER,), "image-classification": (VISION_ENCODER,)},
     model=f"{_VISION}.model:VisionModel",
     runtime="edgeattn.runtime.families.vision.runtime:VisionRuntime",
@@ -21,4 +22,11 @@ FAMILY = Family(
     config_section=f"{_VISION}.config:VisionConfig",
     run_hook="edgeattn.runtime.families.vision.cli:RUN",
     benched=False,
+    api="embed",
+    served="edgeattn.runtime.families.vision.served:IMAGES",
+    api_inputs="edgeattn.runtime.families.vision.served:image_inputs",
+    gate_reference=f"{_VISION}.gate:VisionReference",
+    heldout_reader=f"{_VISION}.heldout:read_heldout",
+    random_caveat="held-out images of random pixel values: they cannot show what photographs do (a real model's "
+                  "embeddings of them); give --heldout with images",
 )
