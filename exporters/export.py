@@ -233,11 +233,11 @@ def build_precisions(
         return gates
     check_gated(model.config, wanted)
     options = options or PrecisionOptions()
-    if options.heldout_features is not None:
-        windows = len(options.heldout_features)
+    if options.heldout_features is not None:  # audio windows or images, as the family's reader made them
+        items = len(options.heldout_features)
         prompt = np.array(options.heldout_prompt or [model.config.bos_id], np.int64)
-        heldout = HeldOut(np.tile(prompt, (windows, 1)), np.ones((windows, len(prompt)), np.int64),
-                          f"{options.heldout_source or 'held-out audio'} ({windows} windows)",
+        heldout = HeldOut(np.tile(prompt, (items, 1)), np.ones((items, len(prompt)), np.int64),
+                          f"{options.heldout_source or 'held-out inputs'} ({items} inputs)",
                           features=options.heldout_features)  # fmt: skip
     elif options.heldout_data:
         heldout = heldout_sources(model.config, texts=options.heldout_data, source=options.heldout_source,

@@ -124,9 +124,11 @@ def choose_engine(
     # the reasons that need no OpenVINO first: asking whether it runs loads its plugin (7 MB resident)
     if role is None:
         return EngineChoice(cpu, "a graph this edgeattn has no role for: it runs where every graph can")
-    if generates or not role.openvino:
+    if generates:
         return EngineChoice(cpu, "generation spends its time in decoder steps, which OpenVINO runs no faster, "
                                  "and each graph OpenVINO compiles adds 0.5-1 s to loading")  # fmt: skip
+    if not role.openvino:
+        return EngineChoice(cpu, f"OpenVINO is not measured on the {role.name} graph: the CPU provider runs it")
     if ort_cache:
         return EngineChoice(cpu, "optimized_cache keeps ONNX Runtime's optimised graphs; OpenVINO compiles its own")
     if not openvino_usable():

@@ -67,6 +67,42 @@ def test_real_embeddings_equal_transformers(dinov2_folder: Path, dinov2_export: 
     assert near[0] == max(near) and near[0] > 0.8, near
 
 
+#: scikit-image's sample photographs: the gate's held-out images, and others it never sees
+GATE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "brick.png",
+               "hubble_deep_field.jpg")
+UNSEEN_PHOTOS = ("camera.png", "coins.png", "grass.png", "gravel.png", "retina.jpg", "ihc.png", "moon.png",
+                 "motorcycle_right.png")
+
+
+def skimage_photos(names: tuple[str, ...]) -> list[Path]:
+    """scikit-image's sample photographs (its wheel ships them; the package is not imported)."""
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        if os.environ.get("CI"):
+            pytest.fail("scikit-image is not installed: .ci/run installs it for its sample photographs")
+        pytest.skip("scikit-image is not installed (pip install --no-deps scikit-image==0.26.0)")
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return [data / name for name in names]
+
+
+def test_real_int8_keeps_the_embeddings_of_photographs_it_was_not_gated_on(dinov2_folder: Path,
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    for photo in skimage_photos(GATE_PHOTOS):
+        (gate / photo.name).write_bytes(photo.read_bytes())
+    out = tmp_path / "dino"
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(dinov2_folder), "-o", str(out), "--precision",
+                                      "int8,fp16", "--heldout", str(gate)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    unseen = [*skimage_photos(UNSEEN_PHOTOS), sample_photos()[0]]
+    want = load(out).embed(unseen)
+    for precision, least in (("int8", 0.99), ("fp16", 0.9999)):
+        got = load(out, precision=precision).embed(unseen)
+        cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+        assert cosine.min() >= least, (precision, cosine)
+
+
 def test_real_run_prints_an_embedding(dinov2_export: Path) -> None:
     result = CliRunner().invoke(cli, ["run", str(dinov2_export), str(sample_photos()[0])])
     assert result.exit_code == 0, result.output

@@ -8,12 +8,16 @@ from edgeattn.runtime.records import Family, GraphRole
 
 _VISION = "edgeattn.families.vision"
 
+#: int8: 8-bit weights in blocks of 32 with activations quantised a row at a time (MatMulNBits), not
+#: per-tensor dynamic int8, whose activation ranges over a whole batch of images lose the embedding
+#: (docs/vision.md: the real DINOv2-small's figures)
+
 FAMILY = Family(
     "vision",
     "vision",
     (GraphRole(VISION_ENCODER, vision_encoder_spec, f"{_VISION}.graphs:VisionEncoderGraph", image_sizes,
                f"{_VISION}.gate:encoder_calibration", f"{_VISION}.gate:encoder_metrics", lambda c: c.n_encoder_layers,
-               once_per_source=True),),  # fmt: skip
+               once_per_source=True, int8_form="blockwise"),),  # fmt: skip
     tasks={"image-feature-extraction": (VISION_ENCODER,), "image-classification": (VISION_ENCODER,)},
     model=f"{_VISION}.model:VisionModel",
     runtime="edgeattn.runtime.families.vision.runtime:VisionRuntime",

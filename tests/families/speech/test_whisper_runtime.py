@@ -268,7 +268,7 @@ def test_the_speech_gate_passes_int8_and_refuses_another_model(exported, tmp_pat
     result = CliRunner().invoke(cli, ["export", "--from-hf", str(folder), "-o", str(out), "--precision", "int8",
                                       "--heldout", str(clips), "--no-verify"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "precision int8: ok (held out: folder heldout (3 windows))" in result.output
+    assert "precision int8: ok (held out: folder heldout (3 inputs))" in result.output
     assert "tokens_kept" in result.output and "audio_encoder" in result.output
     heard = load(out, precision="int8").transcribe(audio(1.5, seed=2), language="fr", max_new_tokens=8)
     assert len(heard.segments) == 1 and heard.text
