@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 #: a model family's architecture (``Family.architecture``; the registry lists them)
 Architecture = str
 PositionKind = Literal["sinusoidal", "learned", "relative", "t5", "none"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "quick_gelu", "gated-gelu", "gated-gelu_tanh"]
 NormKind = Literal["layernorm", "rmsnorm"]
 HeadKind = Literal["none", "sequence", "token"]
 #: how a sequence-classification head pools the tokens (an embedding export's pooling is
@@ -31,7 +31,7 @@ Pooler = Literal["none", "tanh", "relu"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "position": ("sinusoidal", "learned", "relative", "t5", "none"),
-    "activation": ("relu", "gelu", "gelu_tanh", "gated-gelu", "gated-gelu_tanh"),
+    "activation": ("relu", "gelu", "gelu_tanh", "quick_gelu", "gated-gelu", "gated-gelu_tanh"),
     "norm": ("layernorm", "rmsnorm"),
     "head": ("none", "sequence", "token"),
     "pooling": ("mean", "first"),
@@ -56,7 +56,7 @@ class ModelConfig:
     ``t5`` adds a bucketed relative bias per head.
 
     ``gated-*`` activations multiply the activated projection by a second, linear one (T5 v1.1);
-    ``gelu_tanh`` is GELU's tanh approximation.
+    ``gelu_tanh`` is GELU's tanh approximation; ``quick_gelu`` is x·sigmoid(1.702x) (CLIP).
 
     ``architecture`` names the model's family (:mod:`edgeattn.runtime.families`). A family with
     knobs of its own keeps them in its ``section``, a dataclass it defines (its record's

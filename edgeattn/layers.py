@@ -33,6 +33,8 @@ def _activate(x: Tensor, activation: str) -> Tensor:
     activation = activation.removeprefix("gated-")
     if activation == "relu":
         return F.relu(x)
+    if activation == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
     if activation == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
     return F.gelu(x)

@@ -125,6 +125,9 @@ class GraphRole:
     bundle_precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: (target, precision) -> why it runs far below the others there: packaged when asked, with a warning
     bundle_slow: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: whether a model of this config has the graph (None: every model of the family has it), such as
+    #: a text tower only some image models have
+    applies: Callable[[ModelConfig], bool] | None = None
 
     def searches(self, precision: Precision) -> bool:
         """Whether a failing gate at ``precision`` searches this graph's sensitive nodes: where the
@@ -208,9 +211,10 @@ class Family:
     #: continuously batched), "embed" (embeddings) or "transcribe" (audio transcriptions and
     #: translations); empty: the API does not serve them
     api: str = ""
-    #: ``"module:function"`` turning the API's input strings into what its runtime's method takes
-    #: (a vision model's images arrive as data URLs or base64); None: the strings themselves
-    api_inputs: str | None = None
+    #: ``"module:function"`` embedding the OpenAI API's input strings, ``(model, inputs) -> (N, d)``, for
+    #: a family whose inputs are not only texts (a vision model's images arrive as data URLs or base64);
+    #: None: the runtime's ``embed`` of the strings
+    api_embed: str | None = None
     #: whether ``edgeattn bench`` times its exports (the engine feeds token ids of a grid of shapes)
     benched: bool = True
     #: ``"module:function"`` listing the Hugging Face architectures it imports, ``() ->

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -338,8 +339,8 @@ class OpenAIApi:
         tokenizer = getattr(served.model, "tokenizer", None)
         counts = sum(len(tokenizer.encode(t)) for t in texts) if hasattr(tokenizer, "encode") else 0
         family = served.model.family
-        inputs = texts if family.api_inputs is None else resolve(family.api_inputs)(texts)
-        vectors = await asyncio.get_running_loop().run_in_executor(None, lambda: served.model.embed(inputs))
+        embed = served.model.embed if family.api_embed is None else partial(resolve(family.api_embed), served.model)
+        vectors = await asyncio.get_running_loop().run_in_executor(None, lambda: embed(texts))
         data = []
         for i, v in enumerate(np.asarray(vectors, np.float32)):
             value = base64.b64encode(v.tobytes()).decode() if encoding == "base64" else v.tolist()

@@ -84,7 +84,7 @@ def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelC
     bringing the graphs it needs along; a graph of another family is refused."""
     family = family_of(config)
     if not requested:
-        return family.graph_names
+        return [r.name for r in family.roles if r.applies is None or r.applies(config)]
     names = [n.strip() for n in requested if n.strip()]
     everything = all_graph_names()
     for n in names:
@@ -96,6 +96,9 @@ def resolve_graphs(requested: list[str] | tuple[str, ...] | None, config: ModelC
                 f"graph {n!r} needs an {owners[0].architecture} model; this config is "
                 f"architecture={config.architecture!r}"
             )
+        role = family.graphs[n]
+        if role.applies is not None and not role.applies(config):
+            raise ConfigError(f"graph {n!r} is not one this {family.name} model has")
     wanted: set[str] = set()
     todo = list(names)
     while todo:

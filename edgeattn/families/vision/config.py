@@ -20,6 +20,39 @@ POOLED = ("cls", "pooler")
 CLASSIFIERS = ("none", "cls", "cls+mean")
 
 
+#: where the final norm goes: over every hidden state ("all": ViT, DINOv2) or over the pooled class
+#: token alone ("pooled": CLIP, whose last hidden states are the last layer's, unnormed)
+FINAL_NORMS = ("all", "pooled")
+
+
+@dataclass(frozen=True)
+class TextTowerConfig:
+    """A text tower beside the image encoder (CLIP's): a pre-norm causal transformer over token ids
+    whose pooled state is the end token's (``eos_id``; -1: the highest id in the row, as CLIP's old
+    configs find it)."""
+
+    vocab_size: int
+    d_model: int
+    n_heads: int
+    d_ff: int
+    n_layers: int
+    max_len: int = 77
+    eos_id: int = -1
+    norm_eps: float = 1e-5
+    activation: str = "quick_gelu"
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"text tower {name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"text tower d_model {self.d_model} is not divisible by its {self.n_heads} heads")
+        if not -1 <= self.eos_id < self.vocab_size:
+            raise ConfigError(f"text tower eos_id {self.eos_id} is outside its vocabulary")
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     """A vision transformer's image side. Its position table holds a square grid of
@@ -37,6 +70,16 @@ class VisionConfig:
     antialias: bool = False
     pooled: str = "cls"
     classifier: str = "none"
+    #: a norm over the embeddings before the first layer (CLIP's ``pre_layrnorm``)
+    embedding_norm: bool = False
+    final_norm: str = "all"
+    patch_bias: bool = True
+    #: the width of the space images (and texts) are projected into (CLIP's ``image_embeds``); 0: none
+    projection: int = 0
+    #: the text tower (CLIP), or None for an image encoder alone
+    text: TextTowerConfig | None = None
+    #: the zero-shot scores' scale (CLIP's ``logit_scale.exp()``)
+    logit_scale: float = 100.0
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "channels"):
@@ -51,6 +94,12 @@ class VisionConfig:
             raise ConfigError(f"vision config pooled={self.pooled!r} is not one of {', '.join(POOLED)}")
         if self.classifier not in CLASSIFIERS:
             raise ConfigError(f"vision config classifier={self.classifier!r} is not one of {', '.join(CLASSIFIERS)}")
+        if self.final_norm not in FINAL_NORMS:
+            raise ConfigError(f"vision config final_norm={self.final_norm!r} is not one of {', '.join(FINAL_NORMS)}")
+        if isinstance(self.text, dict):
+            object.__setattr__(self, "text", TextTowerConfig(**self.text))
+        if self.text is not None and not self.projection:
+            raise ConfigError("a vision config with a text tower projects both into one space: set projection")
 
     def check(self, config: ModelConfig) -> None:
         """A ConfigError where ``config`` cannot hold this section."""

@@ -59,9 +59,7 @@ class VisionReference(Reference):
 
         def eager(pixels: np.ndarray) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                hidden, pooled, logits = self.model(torch.from_numpy(pixels))
-            out = {"last_hidden_state": hidden.numpy(), "pooler_output": pooled.numpy()}
-            return out if logits is None else {**out, "logits": logits.numpy()}
+                return {name: t.numpy() for name, t in self.model.outputs(torch.from_numpy(pixels)).items()}
 
         return batched(eager, self.pixels)
 
@@ -71,11 +69,45 @@ def encoder_metrics(ref: VisionReference, runtime: Any, graph: str) -> dict[str,
     cosine, and a classifier's top-1 agreement."""
     got = batched(lambda pixels: runtime.run(graph, {PIXELS: pixels}), ref.pixels)
     want = ref.outputs
-    metrics = cosine_metrics(got["pooler_output"], want["pooler_output"])
+    embedding = "image_embeds" if "image_embeds" in want else "pooler_output"  # what embed() returns
+    metrics = cosine_metrics(got[embedding], want[embedding])
     metrics["hidden_cosine_mean"] = cosine_metrics(got["last_hidden_state"], want["last_hidden_state"])["cosine_mean"]
     if "logits" in want:
         metrics["top1"] = float((got["logits"].argmax(-1) == want["logits"].argmax(-1)).mean())
     return metrics
+
+
+#: random texts the text encoder is gated and calibrated on, and their longest length
+RANDOM_TEXTS, TEXT_TOKENS = 16, 12
+
+
+def random_texts(model: VisionModel, rows: int, seed: int) -> dict[str, np.ndarray]:
+    """Seeded token ids of the text tower's vocabulary with lengths spread over 2..TEXT_TOKENS, each row
+    ending in its end token, padded on the right."""
+    text = model.config.section.text
+    rng = np.random.default_rng(seed)
+    width = min(TEXT_TOKENS, text.max_len)
+    ids = rng.integers(0, text.vocab_size - 1 if text.eos_id < 0 else text.vocab_size, (rows, width))
+    mask = np.zeros((rows, width), np.int64)
+    for row, length in enumerate(rng.integers(2, width + 1, rows)):
+        mask[row, :length] = 1
+        ids[row, length - 1] = text.vocab_size - 1 if text.eos_id < 0 else text.eos_id
+    return {"input_ids": ids.astype(np.int64), "attention_mask": mask}
+
+
+def text_metrics(ref: VisionReference, runtime: Any, graph: str) -> dict[str, float]:
+    """The text embeddings' cosine to eager float32's on seeded random texts (mean and least)."""
+    feeds = random_texts(ref.model, RANDOM_TEXTS, 5)
+    with torch.no_grad():
+        want = ref.model.text.outputs(*(torch.from_numpy(feeds[n]) for n in ("input_ids", "attention_mask")))
+    got = runtime.run(graph, feeds)
+    return cosine_metrics(got["text_embeds"], want["text_embeds"].numpy())
+
+
+def text_calibration(model: VisionModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,
+                     rng: np.random.Generator, new_tokens: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random texts, one a row."""
+    return random_texts(model, ids.shape[0], int(rng.integers(1 << 30)))
 
 
 def encoder_calibration(model: VisionModel, spec: GraphSpec, ids: np.ndarray, mask: np.ndarray,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: the tasks of the family's exports (named as transformers' pipelines name them)
-EMBED, CLASSIFY = "image-feature-extraction", "image-classification"
+EMBED, CLASSIFY, ZERO_SHOT = "image-feature-extraction", "image-classification", "zero-shot-image-classification"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 #: (architecture, layout, task, the model_type values it accepts)
@@ -46,6 +46,7 @@ _ARCHITECTURES = (
     ("Dinov2ForImageClassification", "dinov2", CLASSIFY, ("dinov2",)),
     ("Dinov2WithRegistersModel", "dinov2", EMBED, ("dinov2_with_registers",)),
     ("Dinov2WithRegistersForImageClassification", "dinov2", CLASSIFY, ("dinov2_with_registers",)),
+    ("CLIPModel", "clip", ZERO_SHOT, ("clip",)),
 )
 
 
@@ -70,19 +71,33 @@ def vision_reference(model: VisionModel, reference: Any, ids: torch.Tensor, mask
     """Hidden states, the pooled output (and logits) of seeded pixel values at a size whose grid
     differs from the position table's, beside transformers' (its ``interpolate_pos_encoding``)."""
     pixels = reference_pixels(model, ids.shape[0])
-    hidden, pooled, logits = model(pixels)
+    ours = model.outputs(pixels)
+    if model.text is not None:  # CLIP: both towers, the embeddings normalised as CLIPModel returns them
+        ids, mask = ids[:, :model.text.text.max_len], mask[:, :model.text.text.max_len]
+        text = model.text.outputs(ids, mask)
+        theirs = reference(input_ids=ids, attention_mask=mask, pixel_values=pixels, interpolate_pos_encoding=True)
+        vision = theirs.vision_model_output
+        return {"hidden states": (ours["last_hidden_state"], vision.last_hidden_state),
+                "pooled output": (ours["pooler_output"], vision.pooler_output),
+                "image embeddings": (_unit(ours["image_embeds"]), theirs.image_embeds),
+                "text hidden states": (text["last_hidden_state"], theirs.text_model_output.last_hidden_state),
+                "text embeddings": (_unit(text["text_embeds"]), theirs.text_embeds)}  # fmt: skip
     kwargs: dict[str, Any] = {"pixel_values": pixels, "output_hidden_states": True}
     if model.config.section.registers == 0 and "ViT" in type(reference).__name__:
         kwargs["interpolate_pos_encoding"] = True
     theirs = reference(**kwargs)
     out = {}
     if getattr(theirs, "last_hidden_state", None) is not None:
-        out["hidden states"] = (hidden, theirs.last_hidden_state)
+        out["hidden states"] = (ours["last_hidden_state"], theirs.last_hidden_state)
     if getattr(theirs, "pooler_output", None) is not None:
-        out["pooled output"] = (pooled, theirs.pooler_output)
-    if logits is not None and getattr(theirs, "logits", None) is not None:
-        out["logits"] = (logits, theirs.logits)
+        out["pooled output"] = (ours["pooler_output"], theirs.pooler_output)
+    if "logits" in ours and getattr(theirs, "logits", None) is not None:
+        out["logits"] = (ours["logits"], theirs.logits)
     return out
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True)
 
 
 def map_config(hf: dict[str, Any], layout: str, task: str, labels: list[str] | None, pooler: bool,
@@ -123,6 +138,82 @@ def map_config(hf: dict[str, Any], layout: str, task: str, labels: list[str] | N
         raise ConfigError(f"{path} does not describe a model edgeattn can build: {exc}") from exc
 
 
+def map_clip_config(hf: dict[str, Any], logit_scale: float, path: Path) -> ModelConfig:
+    """The edgeattn config of a CLIPModel's config.json: the vision tower as the model, the text tower
+    in its section, both projected into ``projection_dim``."""
+    from edgeattn.families.vision.config import TextTowerConfig
+
+    vision, text = hf.get("vision_config"), hf.get("text_config")
+    if not isinstance(vision, dict) or not isinstance(text, dict):
+        raise ConfigError(f"{path} lacks vision_config or text_config")
+
+    def need(section: dict[str, Any], key: str, where: str) -> Any:
+        if key not in section:
+            raise ConfigError(f"{path} lacks {where}.{key}")
+        return section[key]
+
+    for where, part in (("vision_config", vision), ("text_config", text)):
+        if part.get("hidden_act", "quick_gelu") not in ("quick_gelu", "gelu"):
+            raise ConfigError(f"{path}: {where}.hidden_act {part['hidden_act']!r} is not supported")
+    eos = int(text.get("eos_token_id", 2))
+    tower = TextTowerConfig(
+        vocab_size=int(need(text, "vocab_size", "text_config")), d_model=int(need(text, "hidden_size", "text_config")),
+        n_heads=int(need(text, "num_attention_heads", "text_config")),
+        d_ff=int(need(text, "intermediate_size", "text_config")),
+        n_layers=int(need(text, "num_hidden_layers", "text_config")),
+        max_len=int(text.get("max_position_embeddings", 77)), eos_id=-1 if eos == 2 else eos,
+        norm_eps=float(text.get("layer_norm_eps", 1e-5)), activation=text.get("hidden_act", "quick_gelu"),
+    )  # fmt: skip
+    section = VisionConfig(image_size=int(need(vision, "image_size", "vision_config")),
+                           patch_size=int(need(vision, "patch_size", "vision_config")),
+                           channels=int(vision.get("num_channels", 3)), embedding_norm=True, final_norm="pooled",
+                           patch_bias=False, projection=int(hf.get("projection_dim", 512)), text=tower,
+                           logit_scale=logit_scale)  # fmt: skip
+    try:
+        return ModelConfig(
+            architecture="vision", vocab_size=tower.vocab_size,
+            d_model=int(need(vision, "hidden_size", "vision_config")),
+            n_heads=int(need(vision, "num_attention_heads", "vision_config")),
+            d_ff=int(need(vision, "intermediate_size", "vision_config")),
+            n_encoder_layers=int(need(vision, "num_hidden_layers", "vision_config")), n_decoder_layers=0,
+            max_len=1 + section.grid**2, dropout=0.0, activation=vision.get("hidden_act", "quick_gelu"),
+            norm="layernorm", norm_eps=float(vision.get("layer_norm_eps", 1e-5)), norm_first=True, position="none",
+            scale_embedding=False, embedding_norm=False, tie_embeddings=False, pad_id=0, bos_id=0, eos_id=0,
+            section=section,
+        )  # fmt: skip
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} does not describe a model edgeattn can build: {exc}") from exc
+
+
+_CLIP_LAYER = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
+               "self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.out_proj",
+               "layer_norm1": "norm1", "layer_norm2": "norm2", "mlp.fc1": "ff.linear1", "mlp.fc2": "ff.linear2"}
+_CLIP_FIXED = {"vision_model.embeddings.class_embedding": "cls_token",
+               "vision_model.embeddings.patch_embedding.weight": "patch.weight",
+               "vision_model.embeddings.position_embedding.weight": "position",
+               "vision_model.pre_layrnorm.weight": "embedding_norm.weight",
+               "vision_model.pre_layrnorm.bias": "embedding_norm.bias",
+               "vision_model.post_layernorm.weight": "encoder.final_norm.weight",
+               "vision_model.post_layernorm.bias": "encoder.final_norm.bias",
+               "visual_projection.weight": "projection.weight",
+               "text_model.embeddings.token_embedding.weight": "text.embed.weight",
+               "text_model.embeddings.position_embedding.weight": "text.position",
+               "text_model.final_layer_norm.weight": "text.encoder.final_norm.weight",
+               "text_model.final_layer_norm.bias": "text.encoder.final_norm.bias",
+               "text_projection.weight": "text.projection.weight"}  # fmt: skip
+
+
+def clip_name(key: str) -> str | None:
+    """The edgeattn name of a CLIPModel tensor, or None."""
+    if key in _CLIP_FIXED:
+        return _CLIP_FIXED[key]
+    layer = re.match(r"(vision|text)_model\.encoder\.layers\.(\d+)\.(.+)\.(weight|bias)$", key)
+    if layer and layer.group(3) in _CLIP_LAYER:
+        tower = "" if layer.group(1) == "vision" else "text."
+        return f"{tower}encoder.layers.{layer.group(2)}.{_CLIP_LAYER[layer.group(3)]}.{layer.group(4)}"
+    return None
+
+
 _VIT_LAYER = {"attention.attention.query": "self_attn.q_proj", "attention.attention.key": "self_attn.k_proj",
               "attention.attention.value": "self_attn.v_proj", "attention.output.dense": "self_attn.out_proj",
               "layernorm_before": "norm1", "layernorm_after": "norm2", "intermediate.dense": "ff.linear1",
@@ -144,6 +235,13 @@ def map_tensors(tensors: dict[str, torch.Tensor], layout: str, config: ModelConf
     (layers, 2, d) table); a tensor with no place is an error naming it."""
     from edgeattn.hf import renamed
 
+    if layout == "clip":
+        kept = {k: v for k, v in tensors.items() if k != "logit_scale" and not k.endswith("position_ids")}
+        out = renamed(kept, clip_name, source, layout)
+        if "position" in out:
+            out["position"] = out["position"].reshape(1, *out["position"].shape)
+        out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+        return out
     table = _VIT_LAYER if layout == "vit" else _DINO_LAYER
     scales: dict[tuple[int, int], torch.Tensor] = {}
     kept = {}
@@ -198,13 +296,13 @@ def preprocessing(folder: Path, config: ModelConfig) -> ImagePreprocessing:
 
 def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: str) -> HFModel:
     """A ViT or DINOv2 checkpoint as a :class:`VisionModel` for ``task`` (empty: what its head implies)."""
-    from edgeattn.hf import GENERATE, HFModel, label_names, read_tensors
+    from edgeattn.hf import GENERATE, HFModel, label_names, read_tensors, tokenizer_of
 
     config_file = folder / "config.json"
     implied = importer.task
     task = task or implied
-    if task not in (EMBED, CLASSIFY) or (task == CLASSIFY and implied != CLASSIFY) or task == GENERATE:
-        raise ConfigError(f"{importer.architecture}'s tasks are {EMBED}" + (f" and {CLASSIFY}" if implied == CLASSIFY
+    if task not in (EMBED, implied) or task == GENERATE:
+        raise ConfigError(f"{importer.architecture}'s tasks are {EMBED}" + (f" and {implied}" if implied != EMBED
                                                                              else "") + f", not {task}")  # fmt: skip
     tensors = read_tensors(folder)
     if task == EMBED and implied == CLASSIFY:
@@ -212,9 +310,14 @@ def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: s
         log.info("task %s: leaving out the classifier's tensors %s", task, dropped)
         tensors = {k: v for k, v in tensors.items() if k not in dropped}
     labels = label_names(hf, config_file) if task == CLASSIFY else None
-    registers = int(hf.get("num_register_tokens", 0)) if importer.model_types == ("dinov2_with_registers",) else 0
-    pooler = any(k.endswith("pooler.dense.weight") for k in tensors)
-    config = map_config(hf, importer.layout, task, labels, pooler, registers, config_file)
+    if importer.layout == "clip":
+        if "logit_scale" not in tensors:
+            raise CheckpointError(f"{folder} lacks CLIP's logit_scale")
+        config = map_clip_config(hf, float(tensors["logit_scale"].float().exp()), config_file)
+    else:
+        registers = int(hf.get("num_register_tokens", 0)) if importer.model_types == ("dinov2_with_registers",) else 0
+        pooler = any(k.endswith("pooler.dense.weight") for k in tensors)
+        config = map_config(hf, importer.layout, task, labels, pooler, registers, config_file)
     with parameters_on_meta():
         model = build_model(config)
     assert isinstance(model, VisionModel)
@@ -222,4 +325,5 @@ def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: s
     load_state(model, map_tensors(tensors, importer.layout, config, source), source)
     log.info("imported %s from %s for %s", importer.architecture, folder, task)
     settings = {"preprocessing": preprocessing(folder, config).to_dict()}
-    return HFModel(model.eval(), importer.architecture, task, labels, None, folder, None, settings=settings)
+    tokenizer = tokenizer_of(folder) if config.section.text is not None else None
+    return HFModel(model.eval(), importer.architecture, task, labels, None, folder, tokenizer, settings=settings)

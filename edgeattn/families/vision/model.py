@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edgeattn.attention import padding_mask
 from edgeattn.config import ModelConfig
+from edgeattn.families.vision.config import TextTowerConfig
+from edgeattn.layers import make_norm
 from edgeattn.model import Encoder, TransformerModel
 
 
@@ -42,16 +45,19 @@ class VisionModel(TransformerModel):
         d = config.d_model
         self.vision = vision
         self.embed = None  # an image model has no token table
-        self.patch = nn.Conv2d(vision.channels, d, vision.patch_size, stride=vision.patch_size)
+        self.patch = nn.Conv2d(vision.channels, d, vision.patch_size, stride=vision.patch_size, bias=vision.patch_bias)
         self.cls_token = nn.Parameter(torch.randn(1, 1, d) * 0.02)
         self.registers = nn.Parameter(torch.randn(1, vision.registers, d) * 0.02) if vision.registers else None
         self.position = nn.Parameter(torch.randn(1, 1 + vision.grid**2, d) * 0.02)
+        self.embedding_norm = make_norm(config) if vision.embedding_norm else None
         self.encoder = Encoder(config)
         layers = config.n_encoder_layers
         self.layer_scale = nn.Parameter(torch.ones(layers, 2, d)) if vision.layer_scale else None
         self.pooler = nn.Linear(d, d) if vision.pooled == "pooler" else None
         width = 2 * d if vision.classifier == "cls+mean" else d
         self.classifier = nn.Linear(width, config.num_labels) if vision.classifier != "none" else None
+        self.projection = nn.Linear(d, vision.projection, bias=False) if vision.projection else None
+        self.text = TextTower(vision.text, vision.projection) if vision.text is not None else None
 
     def positions(self, rows: int | Tensor, cols: int | Tensor) -> Tensor:
         """(1, 1 + rows * cols, d): the class token's position and the grid's, resized bicubically
@@ -75,25 +81,75 @@ class VisionModel(TransformerModel):
         x = torch.cat([self.cls_token.expand(batch, -1, -1), x], dim=1) + self.positions(rows, cols)
         if self.registers is not None:
             x = torch.cat([x[:, :1], self.registers.expand(batch, -1, -1), x[:, 1:]], dim=1)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
         for i, layer in enumerate(self.encoder.layers):
             branch, _, _ = layer.self_attn(layer.norm1(x))
             x = x + (branch if self.layer_scale is None else branch * self.layer_scale[i, 0])
             branch = layer.ff(layer.norm2(x))
             x = x + (branch if self.layer_scale is None else branch * self.layer_scale[i, 1])
-        return self.encoder.final_norm(x)
+        return self.encoder.final_norm(x) if self.vision.final_norm == "all" else x
 
     def pool(self, hidden: Tensor) -> Tensor:
-        """(B, N, d) -> (B, d): the class token, through the pooler where the model has one."""
+        """(B, N, d) -> (B, d): the class token, normed where the final norm is the pooled token's
+        alone, through the pooler where the model has one."""
         first = hidden[:, 0]
+        if self.vision.final_norm == "pooled":
+            first = self.encoder.final_norm(first)
         return first if self.pooler is None else torch.tanh(self.pooler(first))
 
-    def forward(self, pixel_values: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Hidden states (B, N, d), the pooled embedding (B, d), and the logits (B, labels) or None."""
+    def outputs(self, pixel_values: Tensor) -> dict[str, Tensor]:
+        """The image encoder's outputs by their graph names: ``last_hidden_state`` (B, N, d),
+        ``pooler_output`` (B, d), and ``image_embeds`` (B, projection) or ``logits`` (B, labels)
+        where the model has them."""
         hidden = self.encode(pixel_values)
-        logits = None
+        pooled = self.pool(hidden)
+        out = {"last_hidden_state": hidden, "pooler_output": pooled}
+        if self.projection is not None:
+            out["image_embeds"] = self.projection(pooled)
         if self.classifier is not None:
             first = hidden[:, 0]
             if self.vision.classifier == "cls+mean":
                 first = torch.cat([first, hidden[:, self.vision.extra_tokens:].mean(dim=1)], dim=1)
-            logits = self.classifier(first)
-        return hidden, self.pool(hidden), logits
+            out["logits"] = self.classifier(first)
+        return out
+
+    def forward(self, pixel_values: Tensor) -> tuple[Tensor, ...]:
+        """:meth:`outputs` in the graph's order."""
+        return tuple(self.outputs(pixel_values).values())
+
+
+class TextTower(nn.Module):
+    """A text tower beside an image encoder (CLIP's): token and position embeddings, pre-norm layers
+    under a causal mask and the padding mask, the final norm, the end token's state projected into
+    the space the images are projected into."""
+
+    def __init__(self, text: TextTowerConfig, projection: int) -> None:
+        super().__init__()
+        self.text = text
+        self.config = ModelConfig(
+            architecture="encoder", vocab_size=text.vocab_size, d_model=text.d_model, n_heads=text.n_heads,
+            d_ff=text.d_ff, n_encoder_layers=text.n_layers, n_decoder_layers=0, max_len=text.max_len, dropout=0.0,
+            activation=text.activation, norm="layernorm", norm_eps=text.norm_eps, norm_first=True, position="none",
+            scale_embedding=False, embedding_norm=False, tie_embeddings=False, pad_id=0, bos_id=0, eos_id=0,
+        )  # fmt: skip
+        self.embed = nn.Embedding(text.vocab_size, text.d_model)
+        self.position = nn.Parameter(torch.randn(text.max_len, text.d_model) * 0.01)
+        self.encoder = Encoder(self.config)
+        for layer in self.encoder.layers:  # each block masks what follows its queries itself (and fused)
+            layer.self_attn.causal = text.causal
+        self.projection = nn.Linear(text.d_model, projection, bias=False)
+
+    def outputs(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
+        """``last_hidden_state`` (B, T, d), ``pooler_output`` (B, d: the end token's state) and
+        ``text_embeds`` (B, projection) of (B, T) token ids and their mask."""
+        length = input_ids.shape[1]
+        x = self.embed(input_ids) + self.position[:length]
+        mask = padding_mask(attention_mask)
+        for layer in self.encoder.layers:
+            x, _ = layer(x, mask)
+        hidden = self.encoder.final_norm(x)
+        ids = input_ids.to(torch.int32)
+        end = ids.argmax(dim=-1) if self.text.eos_id < 0 else (ids == self.text.eos_id).to(torch.int32).argmax(dim=-1)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), end]
+        return {"last_hidden_state": hidden, "pooler_output": pooled, "text_embeds": self.projection(pooled)}

@@ -1,4 +1,5 @@
-"""``edgeattn run`` on a vision export: the labels of each image file, or a summary of its embedding."""
+"""``edgeattn run`` on a vision export: the labels of each image file (a classifier's, or zero-shot
+labels for a model with a text tower), or a summary of its embedding."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ import numpy as np
 
 from edgeattn.run_options import AS_JSON, RunHook
 
+LABELS = click.Option(["--labels"], default=None,
+                      help='Models with a text tower (CLIP): zero-shot labels, comma-separated ("a cat,a dog").')
 TOP = click.Option(["--top"], type=int, default=5, show_default=True, help="Vision classifiers: labels shown an image.")
 
 
 def answer(model: Any, paths: list[str], values: dict[str, Any]) -> None:
     """Labels (a classifier) or the pooled embedding (otherwise) of each image file."""
     as_json, top = values["as_json"], max(1, values["top"])
-    if model.config.section.classifier != "none":
+    labels = [label.strip() for label in (values.get("labels") or "").split(",") if label.strip()]
+    if values.get("labels") is not None and not labels:
+        raise click.UsageError("--labels names at least one label")
+    if labels and model.config.section.text is None:
+        raise click.UsageError("--labels is for models with a text tower (CLIP); this one has none")
+    if labels or model.config.section.classifier != "none":
         for path in paths:
-            found = model.classify([path])[0]
+            found = model.zero_shot([path], labels)[0] if labels else model.classify([path])[0]
             best = sorted(found.scores.items(), key=lambda kv: -kv[1])[:top]
             if as_json:
                 click.echo(json.dumps({"image": path, "labels": [{"label": k, "score": round(v, 6)} for k, v in best]}))
@@ -38,4 +46,4 @@ def answer(model: Any, paths: list[str], values: dict[str, Any]) -> None:
 
 
 
-RUN = RunHook((AS_JSON, TOP), answer)
+RUN = RunHook((AS_JSON, TOP, LABELS), answer)

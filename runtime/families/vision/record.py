@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-from edgeattn.runtime.families.vision.specs import VISION_ENCODER, image_sizes, vision_encoder_spec
+from edgeattn.runtime.families.vision.specs import (
+    TEXT_ENCODER,
+    VISION_ENCODER,
+    has_text,
+    image_sizes,
+    text_encoder_spec,
+    text_sizes,
+    vision_encoder_spec,
+)
 from edgeattn.runtime.records import Family, GraphRole
 
 _VISION = "edgeattn.families.vision"
@@ -17,8 +25,12 @@ FAMILY = Family(
     "vision",
     (GraphRole(VISION_ENCODER, vision_encoder_spec, f"{_VISION}.graphs:VisionEncoderGraph", image_sizes,
                f"{_VISION}.gate:encoder_calibration", f"{_VISION}.gate:encoder_metrics", lambda c: c.n_encoder_layers,
-               once_per_source=True, int8_form="blockwise"),),  # fmt: skip
-    tasks={"image-feature-extraction": (VISION_ENCODER,), "image-classification": (VISION_ENCODER,)},
+               once_per_source=True, int8_form="blockwise"),
+     GraphRole(TEXT_ENCODER, text_encoder_spec, f"{_VISION}.graphs:TextEncoderGraph", text_sizes,
+               f"{_VISION}.gate:text_calibration", f"{_VISION}.gate:text_metrics", lambda c: c.section.text.n_layers,
+               once_per_source=True, int8_form="blockwise", applies=has_text)),  # fmt: skip
+    tasks={"image-feature-extraction": (VISION_ENCODER,), "image-classification": (VISION_ENCODER,),
+           "zero-shot-image-classification": (VISION_ENCODER, TEXT_ENCODER)},
     model=f"{_VISION}.model:VisionModel",
     runtime="edgeattn.runtime.families.vision.runtime:VisionRuntime",
     summary="a vision transformer (ViT, DINOv2): an image's embedding or labels",
@@ -28,7 +40,7 @@ FAMILY = Family(
     benched=False,
     api="embed",
     served="edgeattn.runtime.families.vision.served:IMAGES",
-    api_inputs="edgeattn.runtime.families.vision.served:image_inputs",
+    api_embed="edgeattn.runtime.families.vision.served:embed_inputs",
     gate_reference=f"{_VISION}.gate:VisionReference",
     heldout_reader=f"{_VISION}.heldout:read_heldout",
     random_caveat="held-out images of random pixel values: they cannot show what photographs do (a real model's "

@@ -10,11 +10,12 @@ import numpy as np
 
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
-from edgeattn.runtime.exported_model import ExportedModel, InputError
+from edgeattn.runtime.exported_model import ExportedModel, InputError, batch_texts
 from edgeattn.runtime.families.vision.images import ImagePreprocessing
-from edgeattn.runtime.families.vision.specs import PIXELS, VISION_ENCODER
+from edgeattn.runtime.families.vision.specs import PIXELS, TEXT_ENCODER, VISION_ENCODER
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
+from edgeattn.runtime.tokenizer import TokenizerError
 
 
 def image_list(images: Any) -> list[Any]:
@@ -25,8 +26,8 @@ def image_list(images: Any) -> list[Any]:
 
 
 class VisionRuntime(ExportedModel):
-    """A vision export (ViT, DINOv2): :meth:`embed` and :meth:`classify` images, or :meth:`encode`
-    pixel values."""
+    """A vision export (ViT, DINOv2, CLIP): :meth:`embed` and :meth:`classify` images, or
+    :meth:`encode` pixel values; with a text tower (CLIP) :meth:`embed_text` and :meth:`zero_shot`."""
 
     @cached_property
     def preprocessing(self) -> ImagePreprocessing:
@@ -58,8 +59,69 @@ class VisionRuntime(ExportedModel):
         return self.run(VISION_ENCODER, {PIXELS: pixels.astype(np.float32, copy=False)})
 
     def embed(self, images: Any) -> np.ndarray:
-        """One pooled embedding per image (the model's ``pooler_output``), (B, d_model) float32."""
-        return self.encode(self.pixel_values(images))["pooler_output"]
+        """One embedding per image: the model's pooled output (``pooler_output``, (B, d_model)), or for
+        a model that projects it (CLIP) the projection (``image_embeds``, (B, projection)), float32."""
+        outputs = self.encode(self.pixel_values(images))
+        return outputs["image_embeds"] if "image_embeds" in outputs else outputs["pooler_output"]
+
+    def _text_tower(self) -> Any:
+        text = self.config.section.text
+        if text is None:
+            raise EdgeattnError("this vision model has no text tower: it embeds images, not texts")
+        return text
+
+    def encode_text(self, input_ids: Any, attention_mask: Any = None) -> dict[str, np.ndarray]:
+        """The text tower's outputs (hidden states, pooled state, ``text_embeds``) for (B, T) token ids."""
+        text = self._text_tower()
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise InputError(f"input_ids are (batch, tokens) integers; got {ids.dtype} {ids.shape}")
+        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
+        if mask.shape != ids.shape:
+            raise InputError(f"attention_mask has shape {mask.shape} but input_ids has {ids.shape}")
+        if ids.shape[1] > text.max_len:
+            raise InputError(f"{ids.shape[1]} tokens are more than the text tower's {text.max_len}")
+        if ((ids < 0) | (ids >= text.vocab_size)).any():
+            raise InputError(f"token ids must lie in 0..{text.vocab_size - 1}")
+        return self.run(TEXT_ENCODER, {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)})
+
+    def embed_text(self, texts: Any, *, truncate: bool = True) -> np.ndarray:
+        """One embedding per text (a string or a list of them) in the space the images are projected
+        into (``text_embeds``), (B, projection) float32; texts longer than the tower takes are cut to it
+        (its end token kept) unless ``truncate=False``."""
+        text = self._text_tower()
+        if self.tokenizer is None:
+            raise EdgeattnError(f"{self.export_dir or 'this model'} has no tokenizer.json; "
+                                "pass token ids to encode_text")
+        try:
+            batch = self.tokenizer.batch(batch_texts(texts), 1 << 20, 0, False)
+        except TokenizerError as exc:
+            raise InputError(str(exc)) from exc
+        ids, mask = batch.ids, batch.mask
+        if ids.shape[1] > text.max_len:
+            if not truncate:
+                raise InputError(f"a text of {ids.shape[1]} tokens is more than the text tower's {text.max_len}")
+            lengths = mask.sum(axis=1)
+            ends = ids[np.arange(len(ids)), lengths - 1]
+            ids, mask = ids[:, :text.max_len].copy(), mask[:, :text.max_len]
+            long = lengths > text.max_len
+            ids[long, -1] = ends[long]  # the end token the tower pools
+        return self.encode_text(ids, mask)["text_embeds"]
+
+    def zero_shot(self, images: Any, labels: list[str], template: str = "a photo of {}") -> list[Any]:
+        """Each image's probabilities over ``labels`` (CLIP's zero-shot classification: the cosine of
+        its embedding to each label's text, ``template`` filled with it, times the model's scale,
+        softmax): one :class:`~edgeattn.runtime.text.Classification` each."""
+        if not labels or not all(isinstance(label, str) and label.strip() for label in labels):
+            raise InputError("labels are a non-empty list of non-empty strings")
+        if "{}" not in template:
+            raise InputError("template must hold {} where each label goes")
+        pictures = self.embed(images)
+        words = self.embed_text([template.format(label.strip()) for label in labels])
+        pictures = pictures / np.linalg.norm(pictures, axis=-1, keepdims=True)
+        words = words / np.linalg.norm(words, axis=-1, keepdims=True)
+        logits = self.config.section.logit_scale * pictures @ words.T
+        return text.classifications(logits, [label.strip() for label in labels])
 
     def classify(self, images: Any) -> Any:
         """Images: one :class:`~edgeattn.runtime.text.Classification` each (label, probability,

@@ -22,10 +22,29 @@ MAX_IMAGE_BYTES = 20 << 20
 _DATA_URL = re.compile(r"^data:image/[a-z0-9.+-]+;base64,", re.IGNORECASE)
 
 
-def image_inputs(items: list[str]) -> list[bytes]:
-    """Each request item as the bytes of an image: ``data:image/...;base64,...`` or bare base64."""
+def embed_inputs(model: Any, items: list[str]) -> np.ndarray:
+    """The OpenAI API's embeddings of ``items`` in order: images (data URLs, or for a model without a
+    text tower bare base64 too) by :meth:`embed`, and for a model with a text tower (CLIP) every other
+    item as a text by :meth:`embed_text`, in the space the two share."""
+    texts = model.config.section.text is not None
+    is_image = [bool(_DATA_URL.match(item)) or not texts for item in items]
+    out: list[np.ndarray | None] = [None] * len(items)
+    images = [i for i, image in enumerate(is_image) if image]
+    if images:
+        for i, vector in zip(images, model.embed(image_inputs([items[i] for i in images], images)), strict=True):
+            out[i] = vector
+    words = [i for i, image in enumerate(is_image) if not image]
+    if words:
+        for i, vector in zip(words, model.embed_text([items[i] for i in words]), strict=True):
+            out[i] = vector
+    return np.stack([v for v in out if v is not None])
+
+
+def image_inputs(items: list[str], positions: list[int] | None = None) -> list[bytes]:
+    """Each request item as the bytes of an image: ``data:image/...;base64,...`` or bare base64
+    (``positions``: the items' places in the request, for messages)."""
     images = []
-    for i, item in enumerate(items):
+    for i, item in zip(positions or range(len(items)), items, strict=True):
         payload = _DATA_URL.sub("", item, count=1)
         if payload == item and re.match(r"^[a-z][a-z0-9+.-]*:", item, re.IGNORECASE):
             raise InputError(f"input {i} is a {item.split(':', 1)[0]}: URL; a vision model takes images as data URLs "
@@ -53,7 +72,7 @@ class ImageTask:
     inputs: tuple[ServedTensor, ...] = (ServedTensor("image", "bytes", (1,)),)
 
     def outputs(self, config: Any) -> tuple[ServedTensor, ...]:
-        out = (ServedTensor("embedding", "float32", (config.d_model,)),)
+        out = (ServedTensor("embedding", "float32", (config.section.projection or config.d_model,)),)
         if config.section.classifier == "none":
             return out
         return (*out, ServedTensor("label", "bytes", (1,)), ServedTensor("score", "float32", (1,)),
@@ -76,7 +95,8 @@ class ImageTask:
         if not files or not all(isinstance(f, bytes | np.bytes_) for f in files):
             raise EdgeattnError("'image' holds each image file's bytes (BYTES), one a row")
         outputs = model.encode(model.pixel_values([bytes(f) for f in files]))
-        answer = {"embedding": outputs["pooler_output"].astype(np.float32)}
+        embedding = outputs["image_embeds"] if "image_embeds" in outputs else outputs["pooler_output"]
+        answer = {"embedding": embedding.astype(np.float32)}
         if "logits" in outputs:
             found = text.classifications(outputs["logits"], text.label_names(model.labels, model.config.num_labels))
             answer["label"] = strings([c.label for c in found])

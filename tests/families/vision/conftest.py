@@ -72,3 +72,37 @@ def vision_exports(vision_folders: dict[str, Path], tmp_path_factory: pytest.Tem
                      import_check=ImportCheck(check.transformers_version, check.line(), check.passed))  # fmt: skip
         out[name] = root / name
     return out
+
+
+def save_clip(out: Path, legacy_eos: bool = False) -> Path:
+    """A tiny random CLIPModel folder with a word-level tokenizer.json (start and end tokens added,
+    the end token the highest id; ``legacy_eos``: config.json's eos_token_id 2, as CLIP's first
+    configs have it, so that the end is found as the highest id)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["a", "photo", "of", "cat", "dog", "car", "the", "sea", "red", "blue", "[UNK]", "[PAD]"]
+    vocab = {w: i for i, w in enumerate(words)}
+    start, end = len(vocab), len(vocab) + 1
+    vocab.update({"<|startoftext|>": start, "<|endoftext|>": end})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>", special_tokens=[("<|startoftext|>", start), ("<|endoftext|>", end)])
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    text = {"vocab_size": end + 1, "hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 16, "eos_token_id": 2 if legacy_eos else end,
+            "bos_token_id": start, "pad_token_id": vocab["[PAD]"]}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "image_size": 32, "patch_size": 8}
+    config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    torch.manual_seed(0)
+    model = transformers.CLIPModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(out)
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(out)
+    return out
