@@ -308,7 +308,7 @@ def write_repository(export_dir: str | Path, repo: str | Path, options: Reposito
     missing = [g for g in needed if g not in manifest.graphs]
     if missing:
         raise EdgeattnError(f"task {task!r} needs the {', '.join(missing)} graph(s), which {export_dir} lacks")
-    if manifest.tokenizer is None:
+    if manifest.tokenizer is None and not carried:  # a carried export reads its own inputs (images)
         raise EdgeattnError(f"{export_dir} has no tokenizer: the served model takes text")
     if repo.exists() and any(repo.iterdir()):
         raise EdgeattnError(f"{repo} is not empty; choose a new directory for the repository")
@@ -359,8 +359,8 @@ def _write_task_model(model_dir: Path, export_dir: Path, manifest: Manifest, tas
     version = model_dir / "1"
     version.mkdir(parents=True, exist_ok=True)
     (version / "model.py").write_text(MODEL_PY, encoding="utf-8")
-    assert manifest.tokenizer is not None
-    shutil.copy2(check_file(export_dir, manifest.tokenizer), version / "tokenizer.json")
+    if manifest.tokenizer is not None:
+        shutil.copy2(check_file(export_dir, manifest.tokenizer), version / "tokenizer.json")
     settings = {
         "task": task,
         "precision": options.precision,

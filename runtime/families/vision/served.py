@@ -72,11 +72,13 @@ class ImageTask:
     inputs: tuple[ServedTensor, ...] = (ServedTensor("image", "bytes", (1,)),)
 
     def outputs(self, config: Any) -> tuple[ServedTensor, ...]:
-        out = (ServedTensor("embedding", "float32", (config.section.projection or config.d_model,)),)
-        if config.section.classifier == "none":
+        """What a request gets back for a model of ``config`` (None: every output a model may have)."""
+        width = -1 if config is None else config.section.projection or config.d_model
+        out = (ServedTensor("embedding", "float32", (width,)),)
+        if config is not None and config.section.classifier == "none":
             return out
         return (*out, ServedTensor("label", "bytes", (1,)), ServedTensor("score", "float32", (1,)),
-                ServedTensor("probabilities", "float32", (config.num_labels,)))  # fmt: skip
+                ServedTensor("probabilities", "float32", (-1 if config is None else config.num_labels,)))  # fmt: skip
 
     def answer(self, model: Any, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
         """Each request's answers, one row an image (or the error that request alone caused)."""

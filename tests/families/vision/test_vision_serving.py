@@ -86,3 +86,17 @@ def test_reduced_precisions_pass_the_gate_on_held_out_images(vision_folders: dic
     for precision in ("fp32-opt", "int8", "fp16"):
         model = load(out, precision=precision)
         assert model.classify(sample_photos()[0])[0].label
+
+
+def test_a_triton_repository_of_a_vision_export_answers_images(vision_exports: dict[str, Path], tmp_path: Path) -> None:
+    from edgeattn.serving.repository import RepositoryOptions, write_repository
+    from edgeattn.serving.tasks import own_task
+    from edgeattn.serving.triton_backend import served_model
+
+    repo = write_repository(vision_exports["vit-classifier"], tmp_path / "repo", RepositoryOptions())
+    assert repo.models == {"vit-classifier": "python"} and "`image`" in (tmp_path / "repo" / "README.md").read_text()
+    model, settings = served_model(tmp_path / "repo" / "vit-classifier" / "1", "in-process", 8)
+    photos = [p.read_bytes() for p in sample_photos()]
+    answer = own_task(settings["task"]).answer(model, [{"image": np.array(photos, dtype=object).reshape(-1, 1)}])[0]
+    np.testing.assert_allclose(answer["embedding"], load(vision_exports["vit-classifier"]).embed(photos), atol=1e-6)
+    assert answer["probabilities"].shape == (3, 3)
