@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from edgeattn.config import ModelConfig
 
 #: what the pooled embedding is: the class token of the final norm's output ("cls": DINOv2, a ViT
-#: without pooler), or ViT's pooler (a dense layer and tanh over it)
-POOLED = ("cls", "pooler")
+#: without pooler), ViT's pooler (a dense layer and tanh over it), or a learned query attending
+#: over every token ("map": SigLIP's attention-pooling head)
+POOLED = ("cls", "pooler", "map")
 #: what a classifier reads: the class token ("cls": ViT), or the class token beside the mean of the
 #: patch tokens ("cls+mean": DINOv2)
 CLASSIFIERS = ("none", "cls", "cls+mean")
@@ -41,6 +42,13 @@ class TextTowerConfig:
     norm_eps: float = 1e-5
     activation: str = "quick_gelu"
     causal: bool = True
+    #: the state pooled: the end token's ("eos": CLIP) or the last position's ("last": SigLIP, whose
+    #: texts are padded to ``max_len``)
+    pool: str = "eos"
+    #: the projection has a bias (SigLIP's head)
+    head_bias: bool = False
+    #: the id texts are padded with (to ``max_len`` where the pooled state is the last position's)
+    pad_id: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
@@ -51,6 +59,8 @@ class TextTowerConfig:
             raise ConfigError(f"text tower d_model {self.d_model} is not divisible by its {self.n_heads} heads")
         if not -1 <= self.eos_id < self.vocab_size:
             raise ConfigError(f"text tower eos_id {self.eos_id} is outside its vocabulary")
+        if self.pool not in ("eos", "last"):
+            raise ConfigError(f"text tower pool={self.pool!r} is not eos or last")
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,15 @@ class VisionConfig:
     text: TextTowerConfig | None = None
     #: the zero-shot scores' scale (CLIP's ``logit_scale.exp()``)
     logit_scale: float = 100.0
+    #: the images' embeddings are their pooled output projected ("True": CLIP), or the pooled output
+    #: itself (SigLIP, whose pooling head ends in the shared space)
+    project_images: bool = True
+    #: a class token before the patches (SigLIP has none)
+    class_token: bool = True
+    #: how zero-shot scores become probabilities: a softmax over the labels (CLIP) or a sigmoid of
+    #: each (SigLIP, after adding ``logit_bias``)
+    scores: str = "softmax"
+    logit_bias: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "channels"):
@@ -98,6 +117,11 @@ class VisionConfig:
             raise ConfigError(f"vision config final_norm={self.final_norm!r} is not one of {', '.join(FINAL_NORMS)}")
         if isinstance(self.text, dict):
             object.__setattr__(self, "text", TextTowerConfig(**self.text))
+        if self.scores not in ("softmax", "sigmoid"):
+            raise ConfigError(f"vision config scores={self.scores!r} is not softmax or sigmoid")
+        if not self.class_token and (self.registers or self.pooled != "map" or self.classifier != "none"):
+            raise ConfigError("a vision config without a class token pools by attention (map), with no registers "
+                              "or classifier")
         if self.text is not None and not self.projection:
             raise ConfigError("a vision config with a text tower projects both into one space: set projection")
 
@@ -116,7 +140,7 @@ class VisionConfig:
     @property
     def extra_tokens(self) -> int:
         """Tokens before the patches: the class token and the registers."""
-        return 1 + self.registers
+        return int(self.class_token) + self.registers
 
     def tokens(self, height: int, width: int) -> int:
         """The sequence length of an image of ``height`` x ``width`` pixels."""

@@ -47,6 +47,7 @@ _ARCHITECTURES = (
     ("Dinov2WithRegistersModel", "dinov2", EMBED, ("dinov2_with_registers",)),
     ("Dinov2WithRegistersForImageClassification", "dinov2", CLASSIFY, ("dinov2_with_registers",)),
     ("CLIPModel", "clip", ZERO_SHOT, ("clip",)),
+    ("SiglipModel", "siglip", ZERO_SHOT, ("siglip",)),
 )
 
 
@@ -138,9 +139,11 @@ def map_config(hf: dict[str, Any], layout: str, task: str, labels: list[str] | N
         raise ConfigError(f"{path} does not describe a model edgeattn can build: {exc}") from exc
 
 
-def map_clip_config(hf: dict[str, Any], logit_scale: float, path: Path) -> ModelConfig:
-    """The edgeattn config of a CLIPModel's config.json: the vision tower as the model, the text tower
-    in its section, both projected into ``projection_dim``."""
+def map_clip_config(hf: dict[str, Any], logit_scale: float, path: Path, siglip: bool = False,
+                    logit_bias: float = 0.0) -> ModelConfig:  # fmt: skip
+    """The edgeattn config of a CLIPModel's (or ``siglip``: a SiglipModel's) config.json: the vision
+    tower as the model, the text tower in its section, both in one space (CLIP's ``projection_dim``;
+    SigLIP's text head projects into its image encoder's width)."""
     from edgeattn.families.vision.config import TextTowerConfig
 
     vision, text = hf.get("vision_config"), hf.get("text_config")
@@ -152,32 +155,47 @@ def map_clip_config(hf: dict[str, Any], logit_scale: float, path: Path) -> Model
             raise ConfigError(f"{path} lacks {where}.{key}")
         return section[key]
 
+    activations = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                   "gelu_new": "gelu_tanh"}  # fmt: skip
+    default_act = "gelu_pytorch_tanh" if siglip else "quick_gelu"
     for where, part in (("vision_config", vision), ("text_config", text)):
-        if part.get("hidden_act", "quick_gelu") not in ("quick_gelu", "gelu"):
+        if part.get("hidden_act", default_act) not in activations:
             raise ConfigError(f"{path}: {where}.hidden_act {part['hidden_act']!r} is not supported")
+    if siglip and vision.get("vision_use_head", True) is not True:
+        raise ConfigError(f"{path}: a SigLIP vision tower without its pooling head is not supported")
     eos = int(text.get("eos_token_id", 2))
+    width = int(need(vision, "hidden_size", "vision_config"))
+    projection = int(text.get("projection_size") or need(text, "hidden_size", "text_config")) if siglip else \
+        int(hf.get("projection_dim", 512))  # fmt: skip
+    if siglip and projection != width:
+        raise ConfigError(f"{path}: the text head's width {projection} is not the image tower's {width}")
     tower = TextTowerConfig(
         vocab_size=int(need(text, "vocab_size", "text_config")), d_model=int(need(text, "hidden_size", "text_config")),
         n_heads=int(need(text, "num_attention_heads", "text_config")),
         d_ff=int(need(text, "intermediate_size", "text_config")),
         n_layers=int(need(text, "num_hidden_layers", "text_config")),
-        max_len=int(text.get("max_position_embeddings", 77)), eos_id=-1 if eos == 2 else eos,
-        norm_eps=float(text.get("layer_norm_eps", 1e-5)), activation=text.get("hidden_act", "quick_gelu"),
+        max_len=int(text.get("max_position_embeddings", 64 if siglip else 77)),
+        eos_id=-1 if eos == 2 or siglip else eos, norm_eps=float(text.get("layer_norm_eps", 1e-6 if siglip else 1e-5)),
+        activation=activations[text.get("hidden_act", default_act)], causal=not siglip,
+        pool="last" if siglip else "eos", head_bias=siglip, pad_id=int(text.get("pad_token_id") or 0) if siglip else 0,
     )  # fmt: skip
+    clip = not siglip
     section = VisionConfig(image_size=int(need(vision, "image_size", "vision_config")),
                            patch_size=int(need(vision, "patch_size", "vision_config")),
-                           channels=int(vision.get("num_channels", 3)), embedding_norm=True, final_norm="pooled",
-                           patch_bias=False, projection=int(hf.get("projection_dim", 512)), text=tower,
-                           logit_scale=logit_scale)  # fmt: skip
+                           channels=int(vision.get("num_channels", 3)), embedding_norm=clip,
+                           final_norm="pooled" if clip else "all", patch_bias=siglip, projection=projection,
+                           text=tower, logit_scale=logit_scale, project_images=clip, class_token=clip,
+                           pooled="map" if siglip else "cls", scores="sigmoid" if siglip else "softmax",
+                           logit_bias=logit_bias)  # fmt: skip
     try:
         return ModelConfig(
-            architecture="vision", vocab_size=tower.vocab_size,
-            d_model=int(need(vision, "hidden_size", "vision_config")),
+            architecture="vision", vocab_size=tower.vocab_size, d_model=width,
             n_heads=int(need(vision, "num_attention_heads", "vision_config")),
             d_ff=int(need(vision, "intermediate_size", "vision_config")),
             n_encoder_layers=int(need(vision, "num_hidden_layers", "vision_config")), n_decoder_layers=0,
-            max_len=1 + section.grid**2, dropout=0.0, activation=vision.get("hidden_act", "quick_gelu"),
-            norm="layernorm", norm_eps=float(vision.get("layer_norm_eps", 1e-5)), norm_first=True, position="none",
+            max_len=section.extra_tokens + section.grid**2, dropout=0.0,
+            activation=activations[vision.get("hidden_act", default_act)], norm="layernorm",
+            norm_eps=float(vision.get("layer_norm_eps", 1e-6 if siglip else 1e-5)), norm_first=True, position="none",
             scale_embedding=False, embedding_norm=False, tie_embeddings=False, pad_id=0, bos_id=0, eos_id=0,
             section=section,
         )  # fmt: skip
@@ -203,10 +221,45 @@ _CLIP_FIXED = {"vision_model.embeddings.class_embedding": "cls_token",
                "text_projection.weight": "text.projection.weight"}  # fmt: skip
 
 
+_SIGLIP_FIXED = {"vision_model.embeddings.patch_embedding.weight": "patch.weight",
+                 "vision_model.embeddings.patch_embedding.bias": "patch.bias",
+                 "vision_model.embeddings.position_embedding.weight": "position",
+                 "vision_model.post_layernorm.weight": "encoder.final_norm.weight",
+                 "vision_model.post_layernorm.bias": "encoder.final_norm.bias",
+                 "vision_model.head.probe": "attention_pool.probe",
+                 "vision_model.head.attention.in_proj_weight": "attention_pool.in_proj.weight",
+                 "vision_model.head.attention.in_proj_bias": "attention_pool.in_proj.bias",
+                 "vision_model.head.attention.out_proj.weight": "attention_pool.out_proj.weight",
+                 "vision_model.head.attention.out_proj.bias": "attention_pool.out_proj.bias",
+                 "vision_model.head.layernorm.weight": "attention_pool.norm.weight",
+                 "vision_model.head.layernorm.bias": "attention_pool.norm.bias",
+                 "vision_model.head.mlp.fc1.weight": "attention_pool.fc1.weight",
+                 "vision_model.head.mlp.fc1.bias": "attention_pool.fc1.bias",
+                 "vision_model.head.mlp.fc2.weight": "attention_pool.fc2.weight",
+                 "vision_model.head.mlp.fc2.bias": "attention_pool.fc2.bias",
+                 "text_model.embeddings.token_embedding.weight": "text.embed.weight",
+                 "text_model.embeddings.position_embedding.weight": "text.position",
+                 "text_model.final_layer_norm.weight": "text.encoder.final_norm.weight",
+                 "text_model.final_layer_norm.bias": "text.encoder.final_norm.bias",
+                 "text_model.head.weight": "text.projection.weight", "text_model.head.bias": "text.projection.bias"}
+
+
+def siglip_name(key: str) -> str | None:
+    """The edgeattn name of a SiglipModel tensor, or None."""
+    if key in _SIGLIP_FIXED:
+        return _SIGLIP_FIXED[key]
+    return _tower_layer(key)
+
+
 def clip_name(key: str) -> str | None:
     """The edgeattn name of a CLIPModel tensor, or None."""
     if key in _CLIP_FIXED:
         return _CLIP_FIXED[key]
+    return _tower_layer(key)
+
+
+def _tower_layer(key: str) -> str | None:
+    """The edgeattn name of a tensor of a CLIP or SigLIP tower's layer, or None."""
     layer = re.match(r"(vision|text)_model\.encoder\.layers\.(\d+)\.(.+)\.(weight|bias)$", key)
     if layer and layer.group(3) in _CLIP_LAYER:
         tower = "" if layer.group(1) == "vision" else "text."
@@ -235,12 +288,14 @@ def map_tensors(tensors: dict[str, torch.Tensor], layout: str, config: ModelConf
     (layers, 2, d) table); a tensor with no place is an error naming it."""
     from edgeattn.hf import renamed
 
-    if layout == "clip":
-        kept = {k: v for k, v in tensors.items() if k != "logit_scale" and not k.endswith("position_ids")}
-        out = renamed(kept, clip_name, source, layout)
+    if layout in ("clip", "siglip"):
+        kept = {k: v for k, v in tensors.items() if k not in ("logit_scale", "logit_bias")
+                and not k.endswith("position_ids")}  # fmt: skip
+        out = renamed(kept, clip_name if layout == "clip" else siglip_name, source, layout)
         if "position" in out:
             out["position"] = out["position"].reshape(1, *out["position"].shape)
-        out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+        if "cls_token" in out:
+            out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
         return out
     table = _VIT_LAYER if layout == "vit" else _DINO_LAYER
     scales: dict[tuple[int, int], torch.Tensor] = {}
@@ -310,10 +365,12 @@ def _import_vision(folder: Path, hf: dict[str, Any], importer: Importer, task: s
         log.info("task %s: leaving out the classifier's tensors %s", task, dropped)
         tensors = {k: v for k, v in tensors.items() if k not in dropped}
     labels = label_names(hf, config_file) if task == CLASSIFY else None
-    if importer.layout == "clip":
-        if "logit_scale" not in tensors:
-            raise CheckpointError(f"{folder} lacks CLIP's logit_scale")
-        config = map_clip_config(hf, float(tensors["logit_scale"].float().exp()), config_file)
+    if importer.layout in ("clip", "siglip"):
+        if "logit_scale" not in tensors or (importer.layout == "siglip" and "logit_bias" not in tensors):
+            raise CheckpointError(f"{folder} lacks its logit scale (or SigLIP's logit bias)")
+        bias = float(tensors["logit_bias"].float().reshape(-1)[0]) if "logit_bias" in tensors else 0.0
+        config = map_clip_config(hf, float(tensors["logit_scale"].float().reshape(-1)[0].exp()), config_file,
+                                 siglip=importer.layout == "siglip", logit_bias=bias)  # fmt: skip
     else:
         registers = int(hf.get("num_register_tokens", 0)) if importer.model_types == ("dinov2_with_registers",) else 0
         pooler = any(k.endswith("pooler.dense.weight") for k in tensors)

@@ -94,10 +94,14 @@ class VisionRuntime(ExportedModel):
             raise EdgeattnError(f"{self.export_dir or 'this model'} has no tokenizer.json; "
                                 "pass token ids to encode_text")
         try:
-            batch = self.tokenizer.batch(batch_texts(texts), 1 << 20, 0, False)
+            batch = self.tokenizer.batch(batch_texts(texts), 1 << 20, text.pad_id, False)
         except TokenizerError as exc:
             raise InputError(str(exc)) from exc
         ids, mask = batch.ids, batch.mask
+        if text.pool == "last" and ids.shape[1] < text.max_len:  # padded to the tower's length, as trained
+            pad = text.max_len - ids.shape[1]
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=text.pad_id)
+            mask = np.pad(mask, ((0, 0), (0, pad)))
         if ids.shape[1] > text.max_len:
             if not truncate:
                 raise InputError(f"a text of {ids.shape[1]} tokens is more than the text tower's {text.max_len}")
@@ -105,13 +109,15 @@ class VisionRuntime(ExportedModel):
             ends = ids[np.arange(len(ids)), lengths - 1]
             ids, mask = ids[:, :text.max_len].copy(), mask[:, :text.max_len]
             long = lengths > text.max_len
-            ids[long, -1] = ends[long]  # the end token the tower pools
+            if text.pool == "eos":
+                ids[long, -1] = ends[long]  # the end token the tower pools
         return self.encode_text(ids, mask)["text_embeds"]
 
     def zero_shot(self, images: Any, labels: list[str], template: str = "a photo of {}") -> list[Any]:
-        """Each image's probabilities over ``labels`` (CLIP's zero-shot classification: the cosine of
-        its embedding to each label's text, ``template`` filled with it, times the model's scale,
-        softmax): one :class:`~edgeattn.runtime.text.Classification` each."""
+        """Each image's probabilities over ``labels`` (zero-shot classification: the cosine of its
+        embedding to each label's text, ``template`` filled with it, times the model's scale; CLIP's
+        softmax over the labels, SigLIP's sigmoid of each after its bias): one
+        :class:`~edgeattn.runtime.text.Classification` each."""
         if not labels or not all(isinstance(label, str) and label.strip() for label in labels):
             raise InputError("labels are a non-empty list of non-empty strings")
         if "{}" not in template:
@@ -120,8 +126,17 @@ class VisionRuntime(ExportedModel):
         words = self.embed_text([template.format(label.strip()) for label in labels])
         pictures = pictures / np.linalg.norm(pictures, axis=-1, keepdims=True)
         words = words / np.linalg.norm(words, axis=-1, keepdims=True)
-        logits = self.config.section.logit_scale * pictures @ words.T
-        return text.classifications(logits, [label.strip() for label in labels])
+        vision = self.config.section
+        logits = vision.logit_scale * pictures @ words.T + vision.logit_bias
+        names = [label.strip() for label in labels]
+        if vision.scores == "softmax":
+            return text.classifications(logits, names)
+        found = []  # SigLIP: each label's own probability, not a share of one
+        for row in 1.0 / (1.0 + np.exp(-logits.astype(np.float64))):
+            best = int(row.argmax())
+            scores = dict(zip(names, map(float, row), strict=True))
+            found.append(text.Classification(names[best], float(row[best]), scores))
+        return found
 
     def classify(self, images: Any) -> Any:
         """Images: one :class:`~edgeattn.runtime.text.Classification` each (label, probability,

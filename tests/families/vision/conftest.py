@@ -106,3 +106,29 @@ def save_clip(out: Path, legacy_eos: bool = False) -> Path:
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     processor.save_pretrained(out)
     return out
+
+
+def save_siglip(out: Path) -> Path:
+    """A tiny random SiglipModel folder with a word-level tokenizer.json (an end token appended)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["<pad>", "</s>", "[UNK]", "a", "photo", "of", "cat", "dog", "car", "the", "sea", "red", "blue"]
+    vocab = {w: i for i, w in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    text = {"vocab_size": len(words), "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 16, "pad_token_id": 0, "eos_token_id": 1}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "image_size": 32, "patch_size": 8}
+    torch.manual_seed(0)
+    model = transformers.SiglipModel(transformers.SiglipConfig(text_config=text, vision_config=vision)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(out)
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(out)
+    return out

@@ -1,7 +1,7 @@
-"""CLIP through the vision family on tiny random folders (both ways a config finds the end token):
-the image and text towers, zero-shot probabilities and text embeddings equal transformers', the
-command line's --labels, the OpenAI API embedding texts and images into one space, the gate over
-both graphs."""
+"""CLIP and SigLIP through the vision family on tiny random folders (CLIP both ways a config finds
+the end token): the image and text towers, zero-shot probabilities (CLIP's softmax, SigLIP's
+sigmoid) and text embeddings equal transformers', the command line's --labels, the OpenAI API
+embedding texts and images into one space, the gate over both graphs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from edgeattn.cli import cli
 from edgeattn.runtime import load
-from tests.families.vision.conftest import save_clip
+from tests.families.vision.conftest import save_clip, save_siglip
 from tests.families.vision.test_vision import sample_photos
 
 LABELS = ["cat", "dog", "red car"]
@@ -24,7 +24,8 @@ LABELS = ["cat", "dog", "red car"]
 @pytest.fixture(scope="module")
 def clip_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("clip")
-    return {"clip": save_clip(root / "clip"), "clip-legacy": save_clip(root / "clip-legacy", legacy_eos=True)}
+    return {"clip": save_clip(root / "clip"), "clip-legacy": save_clip(root / "clip-legacy", legacy_eos=True),
+            "siglip": save_siglip(root / "siglip")}
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +39,25 @@ def clip_exports(clip_folders: dict[str, Path], tmp_path_factory: pytest.TempPat
     return out
 
 
-@pytest.mark.parametrize("name", ["clip", "clip-legacy"])
+@pytest.mark.parametrize("name", ["clip", "clip-legacy", "siglip"])
 def test_zero_shot_and_text_embeddings_equal_transformers(name: str, clip_folders: dict[str, Path],
                                                          clip_exports: dict[str, Path]) -> None:  # fmt: skip
     import transformers
     from transformers.image_utils import load_image
 
     folder = clip_folders[name]
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), pad_token="[PAD]")
-    processor = transformers.CLIPImageProcessor.from_pretrained(folder)
-    theirs = transformers.CLIPModel.from_pretrained(folder, attn_implementation="eager").eval()
+    siglip = name == "siglip"
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"),
+                                                     pad_token="<pad>" if siglip else "[PAD]")  # fmt: skip
+    processor = transformers.AutoImageProcessor.from_pretrained(folder, use_fast=False)
+    model_class = transformers.SiglipModel if siglip else transformers.CLIPModel
+    theirs = model_class.from_pretrained(folder, attn_implementation="eager").eval()
     ours = load(clip_exports[name])
     photos = sample_photos()
     texts = [f"a photo of {label}" for label in LABELS]
-    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    # SigLIP's texts are padded to the tower's length, as its processor pads them (max_length)
+    padding = {"padding": "max_length", "max_length": 16} if siglip else {"padding": True}
+    encoded = tokenizer(texts, return_tensors="pt", **padding)
     pixels = processor(images=[load_image(str(p)) for p in photos], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         want = theirs(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask, pixel_values=pixels)
@@ -61,13 +67,15 @@ def test_zero_shot_and_text_embeddings_equal_transformers(name: str, clip_folder
     np.testing.assert_allclose(ours.embed(photos), image_features.numpy(), atol=1e-5)
     np.testing.assert_allclose(ours.embed_text(texts), text_features.numpy(), atol=1e-5)
     got = np.array([[found.scores[label] for label in LABELS] for found in ours.zero_shot(photos, LABELS)])
-    np.testing.assert_allclose(got, want.logits_per_image.softmax(-1).numpy(), atol=1e-5)
+    scores = want.logits_per_image.sigmoid() if siglip else want.logits_per_image.softmax(-1)
+    np.testing.assert_allclose(got, scores.numpy(), atol=1e-5)
     # the text graph at lengths and batches mixing padding, against the text tower alone
     ids, mask = encoded.input_ids.numpy(), encoded.attention_mask.numpy()
     with torch.no_grad():
         hidden = theirs.text_model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask)
-    out = ours.encode_text(ids, mask)
-    np.testing.assert_allclose(out["pooler_output"], hidden.pooler_output.numpy(), atol=1e-5)
+    out = ours.encode_text(ids, mask)  # SigLIP's text pooler output is its head's: edgeattn's text_embeds
+    np.testing.assert_allclose(out["text_embeds" if siglip else "pooler_output"], hidden.pooler_output.numpy(),
+                               atol=1e-5)  # fmt: skip
 
 
 def test_run_labels_and_the_errors_of_a_model_without_a_text_tower(
@@ -99,8 +107,9 @@ def test_openai_embeds_texts_and_images_into_one_space(clip_exports: dict[str, P
     np.testing.assert_allclose(vectors[1], ours.embed(photo)[0], atol=1e-6)
 
 
-def test_both_graphs_pass_the_gate(clip_folders: dict[str, Path], tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["export", "--from-hf", str(clip_folders["clip"]), "-o", str(tmp_path / "c"),
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_both_graphs_pass_the_gate(name: str, clip_folders: dict[str, Path], tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["export", "--from-hf", str(clip_folders[name]), "-o", str(tmp_path / "c"),
                                       "--precision", "int8,fp16"])  # fmt: skip
     assert result.exit_code == 0, result.output
     for precision in ("int8", "fp16"):
