@@ -100,3 +100,12 @@ def test_a_triton_repository_of_a_vision_export_answers_images(vision_exports: d
     answer = own_task(settings["task"]).answer(model, [{"image": np.array(photos, dtype=object).reshape(-1, 1)}])[0]
     np.testing.assert_allclose(answer["embedding"], load(vision_exports["vit-classifier"]).embed(photos), atol=1e-6)
     assert answer["probabilities"].shape == (3, 3)
+
+
+def test_a_mobile_package_of_a_vision_export_proves_its_answers(vision_exports: dict[str, Path],
+                                                                tmp_path: Path) -> None:  # fmt: skip
+    result = CliRunner().invoke(cli, ["package", str(vision_exports["dinov2"]), "--target", "mobile", "-o",
+                                      str(tmp_path / "phone")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "phone" / "vision_encoder.ort").is_file()
+    assert "vision_encoder.ort" in result.output and " ok" in result.output
