@@ -8,10 +8,30 @@ from pathlib import Path
 import numpy as np
 
 from edgeattn.config import ModelConfig
-from edgeattn.errors import ExportError
+from edgeattn.errors import ConfigError, ExportError
 from edgeattn.model import TransformerModel
 from edgeattn.runtime.families import family_of, resolve
 from edgeattn.runtime.tokenizer import TextTokenizer, TokenizerError, WordTokenizer
+
+
+def listed_files(path: Path, suffixes: tuple[str, ...], what: str) -> list[Path]:
+    """The files of a held-out set that is not text: those of a folder with one of ``suffixes``, one
+    such file, or a text file naming them a line each (relative to it); ``what`` names them in errors
+    ("audio", "images")."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in suffixes)
+    elif path.suffix.lower() in suffixes:
+        files = [path]
+    else:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--heldout {path}: held-out {what} is a folder of files ({', '.join(suffixes)}), "
+                              f"one such file, or a text file naming them ({exc})") from exc  # fmt: skip
+        files = [path.parent / line.strip() for line in lines if line.strip()]
+    if not files:
+        raise ConfigError(f"--heldout {path} holds no {what} ({', '.join(suffixes)})")
+    return files
 
 
 def read_sequences_file(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +240,18 @@ def prompts(texts: list[str], options: dict[str, Any]) -> tuple[list[Any], dict[
     if options.pop("chat", False):
         return [conversation(t) for t in texts], options
     return list(texts), options
+
+
+def each_alone(one: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], requests: list[dict[str, np.ndarray]]
+               ) -> list[dict[str, np.ndarray] | Exception]:  # fmt: skip
+    """``one(request)`` of each request in turn, or the error that request alone caused."""
+    results: list[dict[str, np.ndarray] | Exception] = []
+    for request in requests:
+        try:
+            results.append(one(request))
+        except (EdgeattnError, ValueError) as exc:
+            results.append(exc)
+    return results
 
 
 def strings(values: Sequence[str]) -> np.ndarray:

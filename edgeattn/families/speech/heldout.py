@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeattn.errors import ConfigError
+from edgeattn.exporters.calibration import listed_files
 from edgeattn.runtime.families.speech.audio import read_audio
 from edgeattn.runtime.families.speech.decoding import WhisperDecoding
 from edgeattn.runtime.families.speech.log_mel import LogMel
@@ -18,21 +18,8 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3")
 
 
 def audio_files(path: Path) -> list[Path]:
-    """The files of a folder of audio files, one audio file, or a text file naming them a line each."""
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
-    elif path.suffix.lower() in AUDIO_SUFFIXES:
-        files = [path]
-    else:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--heldout {path}: a speech model's held-out audio is a folder of audio files, "
-                              f"an audio file, or a text file naming them ({exc})") from exc  # fmt: skip
-        files = [path.parent / line.strip() for line in lines if line.strip()]
-    if not files:
-        raise ConfigError(f"--heldout {path} holds no audio ({', '.join(AUDIO_SUFFIXES)})")
-    return files
+    """The audio of a folder, one file, or a text file naming them a line each."""
+    return listed_files(path, AUDIO_SUFFIXES, "audio")
 
 
 def read_heldout(path: Path, settings: dict[str, Any] | None) -> tuple[np.ndarray, list[int] | None]:

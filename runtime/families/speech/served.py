@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.serving.tasks import ServedTensor, request_settings, strings
+from edgeattn.serving.tasks import ServedTensor, each_alone, request_settings, strings
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,7 @@ class TranscribeTask:
 
     def answer(self, model: Any, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
         """Each request's transcripts, one row a file (or the error that request alone caused)."""
-        results: list[dict[str, np.ndarray] | Exception] = []
-        for request in requests:
-            try:
-                results.append(self._one(model, request))
-            except (EdgeattnError, ValueError) as exc:
-                results.append(exc)
-        return results
+        return each_alone(lambda request: self._one(model, request), requests)
 
     def _one(self, model: Any, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "audio" not in request:

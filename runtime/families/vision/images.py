@@ -124,9 +124,10 @@ class ImagePreprocessing:
             array = array[:, :, None]
         if self.do_center_crop:
             array = center_crop(array, self.crop_size["height"], self.crop_size["width"])
-        values = array.astype(np.float32)
-        if self.do_rescale:
+        if self.do_rescale:  # in float64 first, as transformers rescales
             values = (array.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        else:
+            values = array.astype(np.float32)
         if self.do_normalize:
             channels = values.shape[-1]
             if channels != len(self.image_mean):

@@ -113,6 +113,15 @@ class VisionRuntime(ExportedModel):
                 ids[long, -1] = ends[long]  # the end token the tower pools
         return self.encode_text(ids, mask)["text_embeds"]
 
+    def _prompt_embeddings(self, prompts: tuple[str, ...]) -> np.ndarray:
+        """:meth:`embed_text` of ``prompts``, kept for the next call with the same ones (a run or a
+        server scores image after image against one set of labels)."""
+        kept = self.__dict__.get("_prompts")
+        if kept is None or kept[0] != prompts:
+            kept = (prompts, self.embed_text(list(prompts)))
+            self.__dict__["_prompts"] = kept
+        return kept[1]
+
     def zero_shot(self, images: Any, labels: list[str], template: str = "a photo of {}") -> list[Any]:
         """Each image's probabilities over ``labels`` (zero-shot classification: the cosine of its
         embedding to each label's text, ``template`` filled with it, times the model's scale; CLIP's
@@ -123,7 +132,7 @@ class VisionRuntime(ExportedModel):
         if "{}" not in template:
             raise InputError("template must hold {} where each label goes")
         pictures = self.embed(images)
-        words = self.embed_text([template.format(label.strip()) for label in labels])
+        words = self._prompt_embeddings(tuple(template.format(label.strip()) for label in labels))
         pictures = pictures / np.linalg.norm(pictures, axis=-1, keepdims=True)
         words = words / np.linalg.norm(words, axis=-1, keepdims=True)
         vision = self.config.section

@@ -15,7 +15,7 @@ import numpy as np
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
 from edgeattn.runtime.exported_model import InputError
-from edgeattn.serving.tasks import ServedTensor, strings
+from edgeattn.serving.tasks import ServedTensor, each_alone, strings
 
 #: the most bytes one image of a request may hold, decoded
 MAX_IMAGE_BYTES = 20 << 20
@@ -82,13 +82,7 @@ class ImageTask:
 
     def answer(self, model: Any, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray] | Exception]:
         """Each request's answers, one row an image (or the error that request alone caused)."""
-        results: list[dict[str, np.ndarray] | Exception] = []
-        for request in requests:
-            try:
-                results.append(self._one(model, request))
-            except (EdgeattnError, ValueError) as exc:
-                results.append(exc)
-        return results
+        return each_alone(lambda request: self._one(model, request), requests)
 
     def _one(self, model: Any, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "image" not in request:
