@@ -131,7 +131,8 @@ def test_the_openai_api_answers_json_that_validates(export):
                                                     temperature=0, max_tokens=80)  # fmt: skip
             message = called.choices[0].message
             if choice == "auto" and not message.tool_calls:  # the model's choice: then it answers in words
-                assert called.choices[0].finish_reason == "stop" and message.content, called
+                # (a 135M int4 model may ramble to the token limit: its words are what auto allows)
+                assert called.choices[0].finish_reason in ("stop", "length") and message.content.strip(), called
                 continue
             assert called.choices[0].finish_reason == "tool_calls" and message.tool_calls, called
             arguments = json.loads(message.tool_calls[0].function.arguments)
