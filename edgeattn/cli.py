@@ -478,8 +478,8 @@ def quantize(
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--target", type=click.Choice(["mobile", "web", "node"]), required=True,
               help="mobile: ORT-format files and the operator config of a reduced ONNX Runtime build; web, node: "
-              "an encoder, seq2seq or language model with its tokenizer and an ES module for onnxruntime-web / "
-              "onnxruntime-node.")
+              "an encoder, seq2seq, language, speech or vision model with its tokenizer and an ES module for "
+              "onnxruntime-web / onnxruntime-node.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the bundle.")
 @click.option("--precision", "precisions", default=None,
               help="Comma-separated precisions to package (default: mobile, every CPU precision the export holds; "

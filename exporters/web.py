@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 
 from edgeattn import __version__
+from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.mobile import cpu_precisions, worst_cosine
 from edgeattn.exporters.outdir import check_output_dir, move_into_place
@@ -99,10 +100,14 @@ def entry_bytes(entry: dict[str, Any]) -> int:
     return entry["bytes"] + sum(d["bytes"] for d in entry.get("external_data", []))
 
 
-def bundle_graphs(family_name: str) -> tuple[str, ...]:
-    """The graphs a bundle of a family carries (its record's ``bundle_graphs``; none: not run)."""
+def bundle_graphs(family_name: str, config: ModelConfig | None = None) -> tuple[str, ...]:
+    """The graphs a bundle of a family carries (its record's ``bundle_graphs``; none: not run); with
+    ``config``, those its model has (a role's ``applies``: the text tower only some image models have)."""
     family = FAMILIES.get(family_name)
-    return family.bundle_graphs if family is not None else ()
+    if family is None:
+        return ()
+    return tuple(g for g in family.bundle_graphs
+                 if config is None or family.graphs[g].applies is None or family.graphs[g].applies(config))
 
 
 def model_file(precision: str, graph: str | None = None) -> str:
@@ -128,14 +133,13 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
     export_dir, out_dir = Path(export_dir), Path(out_dir)
     manifest = read_manifest(export_dir)
     _check_runs(manifest, export_dir)
-    graphs = bundle_graphs(manifest.family_name)
+    graphs = bundle_graphs(manifest.family_name, manifest.config)
     slow = family_of(manifest.config).graphs[graphs[-1]].bundle_slow
     chosen = cpu_precisions(manifest, precisions or [default_precision(manifest, target)])
     check_output_dir(out_dir, force)
     parent = out_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir.name), dir=parent))
-    assert manifest.tokenizer is not None
     tagging = None
     if manifest.config.head == "token":
         tagging = tagging_settings(check_file(export_dir, manifest.tokenizer))
@@ -160,7 +164,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
             named = get_precision(precision).transformers_js
             bundle.files.append({**entry, "precision": precision, "graph": graph,
                                  "transformers_js_dtype": named[1] if named and len(graphs) == 1 else None})
-        shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
+        if manifest.tokenizer is not None:
+            shutil.copy2(check_file(export_dir, manifest.tokenizer, checked), tmp / "tokenizer.json")
         assets = [MODULE, *TOKENIZERS_JS, *([PAGE] if target == "web" else [])]
         if manifest.chat_template is not None:
             shutil.copy2(check_file(export_dir, manifest.chat_template, checked), tmp / CHAT_TEMPLATE)
@@ -169,8 +174,8 @@ def package_web(export_dir: str | Path, out_dir: str | Path, target: str = "web"
             shutil.copy2(check_file(export_dir, manifest.settings, checked), tmp / SETTINGS)
         for name in assets:
             shutil.copy2(ASSETS / name, tmp / name)
-        own = family_of(manifest.config).bundle_module
-        if own is not None:  # the family's own ES module, beside edgeattn.mjs
+        family = family_of(manifest.config)
+        for own in filter(None, (family.bundle_module, *family.bundle_assets)):  # the family's ES modules
             package, name = own.split(":")
             shutil.copy2(Path(str(importlib.resources.files(package).joinpath(name))), tmp / name)
         package, version = ORT_PACKAGES[target]
@@ -334,7 +339,7 @@ def write_graph(model: onnx.ModelProto, out: Path, name: str, file_limit: int = 
 def default_precision(manifest: Manifest, target: str = "web") -> str:
     """What a ``target`` bundle holds when no precision is named: the first of its last graph's
     role's ``bundle_precisions`` for the target that every graph has, not degraded; else fp32."""
-    graphs = bundle_graphs(manifest.family_name)
+    graphs = bundle_graphs(manifest.family_name, manifest.config)
     for name in family_of(manifest.config).graphs[graphs[-1]].bundle_precisions.get(target, ()):
         variants = [manifest.graphs[g].precisions.get(name) for g in graphs]
         if all(v is not None and not v.degraded for v in variants):
@@ -348,10 +353,12 @@ def _check_runs(manifest: Manifest, export_dir: Path) -> None:
         runs = ", ".join(f.name for f in FAMILIES.values() if f.bundle_graphs)
         raise ExportError(f"the web and node targets run {runs} exports; this is a {manifest.family_name} "
                           "export: package it for --target mobile, or serve it")  # fmt: skip
-    missing = [g for g in bundle_graphs(manifest.family_name) if g not in manifest.graphs]
+    missing = [g for g in bundle_graphs(manifest.family_name, manifest.config) if g not in manifest.graphs]
     if missing:
         raise ExportError(f"the web and node targets need the export's {', '.join(missing)} graph(s), which it "
                           "lacks: export it again with this edgeattn (--graphs decoder for a seq2seq model)")
+    if not family_of(manifest.config).bundle_text:
+        return
     if manifest.tokenizer is None or not _hugging_face_tokenizer(check_file(export_dir, manifest.tokenizer)):
         raise ExportError("the web and node targets take text through the export's Hugging Face tokenizer.json, "
                           "which this export lacks")  # fmt: skip
@@ -470,7 +477,7 @@ def _describe(bundle: WebBundle, manifest: Manifest, export_dir: Path, tmp: Path
         "export": {"path": str(export_dir.resolve()), "source": manifest.source, "architecture": manifest.architecture,
                    "created": manifest.created},  # fmt: skip
         "family": manifest.family_name,
-        "tokenizer": "tokenizer.json",
+        "tokenizer": "tokenizer.json" if manifest.tokenizer is not None else None,
         "tokenizer_config": {},
         "runtime": dict(zip(("package", "version"), ORT_PACKAGES[bundle.target], strict=True)),
         "inputs": [asdict(t) for t in graph.inputs],

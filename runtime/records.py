@@ -172,6 +172,11 @@ class Family:
     #: ``"package:file"`` of its own ES module, copied beside ``edgeattn.mjs`` (whose ``load`` opens
     #: the module ``bundle.json`` names), for a family whose JavaScript is not in ``edgeattn.mjs``
     bundle_module: str | None = None
+    #: ``"package:file"`` of the further ES modules its own imports, copied beside it
+    bundle_assets: tuple[str, ...] = ()
+    #: whether its bundles take text through the export's Hugging Face ``tokenizer.json`` (False: a
+    #: family whose inputs are not text; a tokenizer it has is carried all the same)
+    bundle_text: bool = True
     #: whether its bundle carries transformers.js's files too (``config.json`` and the graph where
     #: transformers.js looks for it): its decoders take ``past_key_values``, which edgeattn's
     #: generating graphs do not

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from edgeattn.config import ModelConfig
+from tests.helpers.browser import browser, chromium, driver  # noqa: F401 - Chromium for the web page's tests
 from tests.helpers.npm import node_modules  # noqa: F401 - onnxruntime-node and -web from npm, for every test
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -84,7 +84,8 @@ export async function load(base, ort, { precision, executionProviders, sessionOp
   if (executionProviders?.includes("webgpu") && file.webgpu?.runs === false) {
     throw new Error(`edgeattn: the ${file.precision} model does not run on WebGPU: ${file.webgpu.why}`);
   }
-  const tokenizer = new Tokenizer(await readJson(new URL(bundle.tokenizer, root)), bundle.tokenizer_config);
+  const tokenizer = bundle.tokenizer ? new Tokenizer(await readJson(new URL(bundle.tokenizer, root)), bundle.tokenizer_config)
+    : null; // a family whose inputs are not text may have none
   const options = createOptions(ort, executionProviders, sessionOptions);
   const session = await createSession(ort, root, file, options);
   if (bundle.task === "complete") {

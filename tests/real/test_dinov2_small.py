@@ -85,16 +85,21 @@ def skimage_photos(names: tuple[str, ...]) -> list[Path]:
     return [data / name for name in names]
 
 
-def test_real_int8_keeps_the_embeddings_of_photographs_it_was_not_gated_on(dinov2_folder: Path,
-                                                                          tmp_path: Path) -> None:  # fmt: skip
-    gate = tmp_path / "gate"
-    gate.mkdir()
+@pytest.fixture(scope="module")
+def dinov2_gated(dinov2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real export with int8 and fp16 gated on scikit-image's photographs."""
+    gate = tmp_path_factory.mktemp("gate-photos")
     for photo in skimage_photos(GATE_PHOTOS):
         (gate / photo.name).write_bytes(photo.read_bytes())
-    out = tmp_path / "dino"
+    out = tmp_path_factory.mktemp("dinov2-gated") / "dino"
     result = CliRunner().invoke(cli, ["export", "--from-hf", str(dinov2_folder), "-o", str(out), "--precision",
                                       "int8,fp16", "--heldout", str(gate)])  # fmt: skip
     assert result.exit_code == 0, result.output
+    return out
+
+
+def test_real_int8_keeps_the_embeddings_of_photographs_it_was_not_gated_on(dinov2_gated: Path) -> None:
+    out = dinov2_gated
     unseen = [*skimage_photos(UNSEEN_PHOTOS), sample_photos()[0]]
     want = load(out).embed(unseen)
     for precision, least in (("int8", 0.99), ("fp16", 0.9999)):
@@ -107,3 +112,20 @@ def test_real_run_prints_an_embedding(dinov2_export: Path) -> None:
     result = CliRunner().invoke(cli, ["run", str(dinov2_export), str(sample_photos()[0])])
     assert result.exit_code == 0, result.output
     assert "(dim 384" in result.output
+
+
+def test_real_bundle_sees_photographs_in_node_and_wasm_as_the_python_runtime(dinov2_gated: Path, node_modules: Path,
+                                                                            tmp_path: Path) -> None:  # fmt: skip
+    """The real model's node bundle (fp32 and the gated int8) over photographs it was not gated on:
+    the PNGs decoded and preprocessed in JavaScript to pixel values equal to the Python runtime's to the
+    last bit (the JPEGs given as Pillow's decoded pixels), embeddings within the float32 bar (int8:
+    cosine 0.999) on onnxruntime-node and -web's wasm."""
+    from edgeattn.exporters.web import check_and_record, package_web, parity_table
+    from edgeattn.runtime.families.vision.images import open_image
+
+    package_web(dinov2_gated, tmp_path / "node", "node", ["fp32", "int8"])
+    photos = {p.name: p.read_bytes() if p.suffix == ".png" else np.asarray(open_image(p))
+              for p in [*skimage_photos(UNSEEN_PHOTOS), sample_photos()[0]]}  # fmt: skip
+    checks = check_and_record(tmp_path / "node", dinov2_gated, node_modules, inputs=photos)
+    print("\n" + parity_table(checks))
+    assert len(checks) == 4 and all(c.passed and c.tokens_equal for c in checks)

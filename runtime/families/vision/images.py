@@ -148,6 +148,14 @@ class ImagePreprocessing:
         return np.stack(arrays)
 
 
+def preprocessing_of(settings: dict[str, Any] | None, image_size: int) -> ImagePreprocessing:
+    """An export's preprocessing: its ``settings.json``'s ``preprocessing``, or without one a square of
+    the model's ``image_size``, scaled to [-1, 1]."""
+    if settings is None:
+        return ImagePreprocessing(size={"height": image_size, "width": image_size})
+    return ImagePreprocessing.from_dict(settings.get("preprocessing") or {})
+
+
 def resized_size(pre: ImagePreprocessing, height: int, width: int) -> tuple[int, int]:
     """transformers' resize target: a fixed ``height`` x ``width``, or the shorter edge set and the
     longer scaled and truncated (``get_resize_output_image_size`` with ``default_to_square=False``)."""

@@ -43,6 +43,12 @@ FAMILY = Family(
     api_embed="edgeattn.runtime.families.vision.served:embed_inputs",
     gate_reference=f"{_VISION}.gate:VisionReference",
     heldout_reader=f"{_VISION}.heldout:read_heldout",
+    bundle_graphs=(VISION_ENCODER, TEXT_ENCODER),
+    bundle_describer=f"{_VISION}.bundle:describe_vision",
+    bundle_module="edgeattn.runtime.families.vision:vision.mjs",
+    bundle_assets=("edgeattn.runtime.families.vision:images.mjs",),
+    bundle_check=f"{_VISION}.bundle:check_vision_bundle",
+    bundle_text=False,
     random_caveat="held-out images of random pixel values: they cannot show what photographs do (a real model's "
                   "embeddings of them); give --heldout with images",
 )

@@ -11,7 +11,7 @@ import numpy as np
 from edgeattn.errors import EdgeattnError
 from edgeattn.runtime import text
 from edgeattn.runtime.exported_model import ExportedModel, InputError, batch_texts
-from edgeattn.runtime.families.vision.images import ImagePreprocessing
+from edgeattn.runtime.families.vision.images import ImagePreprocessing, preprocessing_of
 from edgeattn.runtime.families.vision.specs import PIXELS, TEXT_ENCODER, VISION_ENCODER
 from edgeattn.runtime.jsonfile import read_json_object
 from edgeattn.runtime.manifest import check_file
@@ -34,11 +34,10 @@ class VisionRuntime(ExportedModel):
         """How an image becomes pixel values (``settings.json``'s ``preprocessing``; without one, a
         square of the model's image size, scaled to [-1, 1])."""
         entry = None if self.manifest is None else self.manifest.settings
-        if entry is None or self.export_dir is None:
-            side = self.config.section.image_size
-            return ImagePreprocessing(size={"height": side, "width": side})
-        settings = read_json_object(check_file(self.export_dir, entry), EdgeattnError)
-        return ImagePreprocessing.from_dict(settings.get("preprocessing") or {})
+        settings = None
+        if entry is not None and self.export_dir is not None:
+            settings = read_json_object(check_file(self.export_dir, entry), EdgeattnError)
+        return preprocessing_of(settings, self.config.section.image_size)
 
     def pixel_values(self, images: Any) -> np.ndarray:
         """(B, channels, height, width) float32 pixel values of one image or a list of them."""
@@ -89,6 +88,11 @@ class VisionRuntime(ExportedModel):
         """One embedding per text (a string or a list of them) in the space the images are projected
         into (``text_embeds``), (B, projection) float32; texts longer than the tower takes are cut to it
         (its end token kept) unless ``truncate=False``."""
+        return self.encode_text(*self.text_tokens(texts, truncate=truncate))["text_embeds"]
+
+    def text_tokens(self, texts: Any, *, truncate: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids and mask the text tower takes for texts, padded as it was trained (SigLIP: to
+        its length) and cut to its length (the end token kept) unless ``truncate=False``."""
         text = self._text_tower()
         if self.tokenizer is None:
             raise EdgeattnError(f"{self.export_dir or 'this model'} has no tokenizer.json; "
@@ -111,7 +115,7 @@ class VisionRuntime(ExportedModel):
             long = lengths > text.max_len
             if text.pool == "eos":
                 ids[long, -1] = ends[long]  # the end token the tower pools
-        return self.encode_text(ids, mask)["text_embeds"]
+        return ids, mask
 
     def _prompt_embeddings(self, prompts: tuple[str, ...]) -> np.ndarray:
         """:meth:`embed_text` of ``prompts``, kept for the next call with the same ones (a run or a

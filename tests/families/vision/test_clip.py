@@ -116,3 +116,22 @@ def test_both_graphs_pass_the_gate(name: str, clip_folders: dict[str, Path], tmp
         model = load(tmp_path / "c", precision=precision)
         assert model.zero_shot(sample_photos()[0], LABELS)[0].label in LABELS
     assert "text_encoder" in result.output and "vision_encoder" in result.output
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_bundles_zero_shot_in_node_and_wasm_as_the_python_runtime(
+        name: str, clip_exports: dict[str, Path], node_modules: Path, tmp_path: Path) -> None:  # fmt: skip
+    """A node bundle of CLIP / SigLIP (both towers, the tokenizer): pixel values and the labels' token
+    ids equal to the Python runtime's, image embeddings and zero-shot scores (CLIP's softmax, SigLIP's
+    sigmoid after its bias) on onnxruntime-node and -web's wasm as the Python runtime's."""
+    import json
+
+    from edgeattn.exporters.web import check_and_record, package_web
+
+    bundle = package_web(clip_exports[name], tmp_path / "node", "node")
+    assert {f["graph"] for f in bundle.files} == {"vision_encoder", "text_encoder"}
+    described = json.loads((tmp_path / "node" / "bundle.json").read_text())
+    assert described["tokenizer"] == "tokenizer.json" and described["graphs"]["text"] == "text_encoder"
+    assert described["model"]["scores"] == ("softmax" if name == "clip" else "sigmoid")
+    checks = check_and_record(tmp_path / "node", clip_exports[name], node_modules)
+    assert len(checks) == 2 and all(c.passed and c.tokens_equal and c.labels_equal for c in checks), checks

@@ -109,3 +109,75 @@ def test_a_mobile_package_of_a_vision_export_proves_its_answers(vision_exports: 
     assert result.exit_code == 0, result.output
     assert (tmp_path / "phone" / "vision_encoder.ort").is_file()
     assert "vision_encoder.ort" in result.output and " ok" in result.output
+
+
+def test_node_and_web_bundles_see_as_the_python_runtime(vision_exports: dict[str, Path], node_modules: Path,
+                                                        tmp_path: Path) -> None:  # fmt: skip
+    """``package --target node --check-with``: a DINOv2 classifier's bundle (no tokenizer) decodes and
+    preprocesses PNG files of every kind in JavaScript to pixel values equal to the Python runtime's,
+    and answers its embeddings and labels on onnxruntime-node and -web; real photographs too (PNGs,
+    and a JPEG as decoded pixels). The web bundle carries the page and both ES modules."""
+    from edgeattn.exporters.web import check_and_record
+    from edgeattn.runtime.families.vision.images import open_image
+
+    export = vision_exports["dinov2-classifier"]
+    result = CliRunner().invoke(cli, ["package", str(export), "--target", "node", "-o", str(tmp_path / "node"),
+                                      "--check-with", str(node_modules)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.count(" ok") == 2 and "DIFFER" not in result.output, result.output
+    described = json.loads((tmp_path / "node" / "bundle.json").read_text())
+    assert described["tokenizer"] is None and described["module"] == "vision.mjs"
+    assert described["labels"] == ["LABEL_0", "LABEL_1", "LABEL_2", "LABEL_3"]
+    assert described["preprocessing"]["size"] == {"shortest_edge": 64} and described["graphs"]["text"] is None
+    checks = described["parity"]["checks"]
+    assert all(c["tokens_equal"] and c["labels_equal"] and c["passed"] for c in checks)
+    photos = {p.name: (p.read_bytes() if p.suffix == ".png" else np.asarray(open_image(p))) for p in sample_photos()}
+    real = check_and_record(tmp_path / "node", export, node_modules, inputs=photos)
+    assert all(c.passed and c.tokens_equal for c in real), real
+    web = CliRunner().invoke(cli, ["package", str(export), "--target", "web", "-o", str(tmp_path / "web")])
+    assert web.exit_code == 0, web.output
+    for name in ("index.html", "vision.mjs", "images.mjs", "edgeattn.mjs"):
+        assert (tmp_path / "web" / name).is_file(), name
+
+
+def test_the_page_sees_image_files_in_chromium_as_the_python_runtime(vision_exports: dict[str, Path],
+                                                                     node_modules: Path, browser,
+                                                                     tmp_path: Path) -> None:  # fmt: skip
+    """The web bundle's page in headless Chromium: PNG files chosen in it (decoded by images.mjs)
+    labelled as the Python runtime labels them; a JPEG, which the browser's own decoder decodes, equal to
+    Pillow's pixels to the last level (both are libjpeg-turbo here)."""
+    from edgeattn.runtime.families.vision.images import open_image
+    from edgeattn.serving.web_page import WebPageServer
+
+    export = vision_exports["dinov2-classifier"]
+    result = CliRunner().invoke(cli, ["package", str(export), "--target", "web", "-o", str(tmp_path / "web")])
+    assert result.exit_code == 0, result.output
+    pngs = [p for p in sample_photos() if p.suffix == ".png"]
+    jpeg = next(p for p in sample_photos() if p.suffix == ".jpg")
+    with WebPageServer(tmp_path / "web", port=0, ort_dist=node_modules / "onnxruntime-web" / "dist") as server:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(server.url)
+        page.wait_for_function("window.edgeattnReady === true || window.edgeattnError !== undefined", timeout=60000)
+        assert page.evaluate("window.edgeattnError") is None and not errors, page.inner_text("#status")
+        assert page.is_visible("#images") and not page.is_visible("#texts")
+        page.set_input_files("#images", [str(p) for p in pngs])
+        page.click("#run")
+        page.wait_for_function("window.edgeattnResult !== undefined", timeout=60000)
+        shown = page.evaluate("window.edgeattnResult")
+        want = load(export, providers=["CPUExecutionProvider"]).classify([str(p) for p in pngs])
+        assert [c["label"] for c in shown["classify"]] == [c.label for c in want]
+        assert page.locator("td.label").all_inner_texts() == [c.label for c in want]
+        decoded = page.evaluate("""async (bytes) => {
+            const images = await import("./images.mjs");
+            const rgb = await images.decode(new Blob([new Uint8Array(bytes)], { type: "image/jpeg" }));
+            return { data: Array.from(rgb.data), width: rgb.width, height: rgb.height };
+        }""", list(jpeg.read_bytes()))  # fmt: skip
+    pillow = np.asarray(open_image(jpeg))
+    browser_pixels = np.array(decoded["data"], np.int16).reshape(decoded["height"], decoded["width"], 3)
+    assert browser_pixels.shape == pillow.shape
+    levels = np.abs(browser_pixels - pillow.astype(np.int16))
+    print(f"\nJPEG by Chromium's decoder against Pillow's: max {levels.max()} levels, mean {levels.mean():.4f}, "
+          f"{(levels > 0).mean():.2%} of values differ")
+    assert levels.max() == 0  # both libjpeg-turbo, its integer IDCT and smooth upsampling
