@@ -110,6 +110,14 @@ def default_threads() -> int | None:
     return int(value)
 
 
+@functools.cache
+def _vnni() -> bool:
+    """Whether this CPU's int8 dot products accumulate without saturating (VNNI or AMX)."""
+    from edgeattn.host import has_vnni
+
+    return has_vnni()
+
+
 def session_options(threads: int | None = None, spinning: bool | Spinning = "run") -> ort.SessionOptions:
     """Session options: all graph optimisations, ``threads`` intra-op threads (None:
     :func:`default_threads`), intra-op spinning as :data:`Spinning` says."""
@@ -127,10 +135,10 @@ def session_options(threads: int | None = None, spinning: bool | Spinning = "run
         opts.add_session_config_entry("session.force_spinning_stop", "1")
     # int8 products with signed weights beyond 7 bits saturate in the u8 x s8 kernels of a CPU
     # without VNNI/AMX (AVX2, AVX-512 without VNNI): ONNX Runtime then makes those weights unsigned
-    # (the same products, no saturation); with VNNI or AMX it changes nothing. An int8 export made
-    # on an AVX-512 VNNI machine, run on an AVX2-only EPYC: hidden states 0.20 off without it,
-    # within 1e-6 of the VNNI machine's with it
-    opts.add_session_config_entry("session.x64quantprecision", "1")
+    # (the same products, no saturation). With VNNI or AMX nothing saturates and the outputs are
+    # the same without it, and it would only slow dynamic int8 (docs/precisions.md)
+    if not _vnni():
+        opts.add_session_config_entry("session.x64quantprecision", "1")
     opts.log_severity_level = 3
     return opts
 

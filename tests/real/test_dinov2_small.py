@@ -119,7 +119,7 @@ def test_real_bundle_sees_photographs_in_node_and_wasm_as_the_python_runtime(din
     """The real model's node bundle (fp32 and the gated int8) over photographs it was not gated on:
     the PNGs decoded and preprocessed in JavaScript to pixel values equal to the Python runtime's to the
     last bit (the JPEGs given as Pillow's decoded pixels), embeddings within the float32 bar (int8:
-    cosine 0.999) on onnxruntime-node and -web's wasm."""
+    cosine 0.998) on onnxruntime-node and -web's wasm."""
     from edgeattn.exporters.web import check_and_record, package_web, parity_table
     from edgeattn.runtime.families.vision.images import open_image
 
