@@ -510,6 +510,42 @@ def package(export_dir: Path, target: str, output: Path, precisions: str | None,
     click.echo(f"wrote {output} ({target}: {len(bundle.files)} files, {bundle.total_bytes / 1e6:.2f} MB)")
 
 
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--input", "input_path", type=click.Path(path_type=Path), required=True,
+              help="JSON lines (an object a row: an optional id, the task's input, e.g. text, and its settings), "
+              "Parquet, a text file (a row a line) or a folder of images or audio (a row a file).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="A Parquet dataset folder: a part per chunk of rows, each row with its id (a rerun resumes).")
+@click.option("--task", default=None, help="The served task (default: the export's own).")
+@click.option("--precision", default=None, help="The precision to run (default: fp32).")
+@click.option("--chunk-rows", type=int, default=256, show_default=True, help="Rows a part holds.")
+@click.option("--batch-rows", type=int, default=16, show_default=True, help="Rows the model answers at a time.")
+@click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster with Ray Data.")
+@click.option("--address", default=None, help="--ray: the cluster to join (default: a local one for the job).")
+@click.option("--concurrency", type=int, default=2, show_default=True, help="--ray: model actors.")
+@click.option("--threads", type=int, default=1, show_default=True, help="--ray: threads (and CPUs) an actor takes.")
+def batch(export_dir: Path, input_path: Path, output: Path, task: str | None, precision: str | None,
+          chunk_rows: int, batch_rows: int, on_ray: bool, address: str | None, concurrency: int,
+          threads: int) -> None:  # fmt: skip
+    """Answer every row of an input with an export (embed, classify, tag, generate, chat, transcribe,
+    images) into Parquet parts; resumable, each row written once, in this process or on Ray."""
+    progress = sys.stderr.isatty()
+    if on_ray:
+        require_extra("ray", "'edgeattn batch --ray'")
+        from edgeattn.serving.ray_batch import run_batch_on_ray
+
+        result = run_batch_on_ray(export_dir, input_path, output, task, chunk_rows, batch_rows, precision,
+                                  concurrency, threads, address, progress)  # fmt: skip
+    else:
+        require_extra("batch", "'edgeattn batch'")
+        from edgeattn.serving.batch import run_batch
+
+        result = run_batch(export_dir, input_path, output, task, chunk_rows, batch_rows, precision, progress)
+    click.echo(f"{result.rows} rows in {result.chunks} parts: {result.written} written, {result.skipped} already "
+               f"there, {result.errors} row(s) with an error; {result.rows_per_s:.1f} rows/s -> {result.out_dir}")
+
+
 @cli.command("serve-web")
 @click.argument("bundle_dir", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")

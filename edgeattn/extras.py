@@ -14,6 +14,8 @@ from edgeattn.errors import EdgeattnError
 EXTRAS: dict[str, tuple[str, ...]] = {
     "export": ("torch", "onnx", "onnxscript", "safetensors", "tqdm"),
     "text": ("tokenizers",),
+    "batch": ("pyarrow", "tqdm"),
+    "ray": ("ray", "pyarrow", "tqdm"),
 }
 
 

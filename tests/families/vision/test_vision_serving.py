@@ -181,3 +181,28 @@ def test_the_page_sees_image_files_in_chromium_as_the_python_runtime(vision_expo
     print(f"\nJPEG by Chromium's decoder against Pillow's: max {levels.max()} levels, mean {levels.mean():.4f}, "
           f"{(levels > 0).mean():.2%} of values differ")
     assert levels.max() == 0  # both libjpeg-turbo, its integer IDCT and smooth upsampling
+
+
+def test_a_batch_job_labels_a_folder_of_photographs_as_the_runtime(vision_exports: dict[str, Path],
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """``edgeattn batch`` over a folder (a row an image file, its path its id): embeddings and labels
+    equal to the runtime's; a damaged file is that row's error."""
+    pytest.importorskip("pyarrow")
+    from edgeattn.serving.batch import read_output
+
+    photos = tmp_path / "photos"
+    (photos / "more").mkdir(parents=True)
+    for k, path in enumerate(sample_photos()):
+        (photos / ("more" if k else "") / path.name).write_bytes(path.read_bytes())
+    (photos / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
+    export = vision_exports["vit-classifier"]
+    result = CliRunner().invoke(cli, ["batch", str(export), "--input", str(photos), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "4 rows in 1 parts: 1 written, 0 already there, 1 row(s) with an error" in result.output
+    records = {r["id"]: r for r in read_output(tmp_path / "out")}
+    assert "damaged" in records["broken.png"]["error"] or "not an image" in records["broken.png"]["error"]
+    model = load(export)
+    for k, path in enumerate(sample_photos()):
+        record = records[("more/" if k else "") + path.name]
+        np.testing.assert_allclose(record["embedding"], model.embed(path)[0], atol=1e-5)
+        assert record["label"] == model.classify(path)[0].label and record["error"] is None
