@@ -10,7 +10,8 @@ row's cosines are its pooled embeddings' least cosine to transformers' float32 o
 each batch size (dynamic int8 scales its activations over a whole batch; an
 engine that returns only hidden states, as Optimum's feature extraction does, is compared by its
 class token, marked so).
-Medians of ``--repeats`` rounds of the whole image set, after a warm-up round.
+Medians of ``--repeats`` rounds of the whole image set, after a warm-up round; each round times
+every engine in turn.
 """
 
 from __future__ import annotations
@@ -31,19 +32,22 @@ from edgeattn.benchmark.machine import machine_info
 log = logging.getLogger(__name__)
 
 
-def images_per_s(run: Callable[[np.ndarray], np.ndarray], pixels: np.ndarray, batch: int, repeats: int
-                 ) -> tuple[float, np.ndarray]:  # fmt: skip
-    """(images a second, the pooled embeddings) of ``run`` over ``pixels`` in batches of ``batch``."""
-    def once() -> np.ndarray:
+def images_per_s(runs: dict[str, Callable[[np.ndarray], np.ndarray]], pixels: np.ndarray, batch: int,
+                 repeats: int) -> dict[str, tuple[float, np.ndarray]]:  # fmt: skip
+    """Each engine's (images a second, pooled embeddings) over ``pixels`` in batches of ``batch``: a
+    warm-up round, then ``repeats`` rounds, each timing every engine in turn (a shared machine's drift
+    falls on all of them alike), the median round."""
+    def once(run: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         return np.concatenate([run(pixels[i:i + batch]) for i in range(0, len(pixels), batch)])
 
-    out = once()
-    times = []
+    outs = {name: once(run) for name, run in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    return len(pixels) / statistics.median(times), out
+        for name, run in runs.items():
+            start = time.perf_counter()
+            once(run)
+            times[name].append(time.perf_counter() - start)
+    return {name: (len(pixels) / statistics.median(times[name]), outs[name]) for name in runs}
 
 
 def least_cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -99,13 +103,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     files = image_files(args.images)
     base = load(args.export, threads=args.threads)
-    start = time.perf_counter()
-    pixels = base.pixel_values(files)
-    ours_pre = (time.perf_counter() - start) / len(files)
     processor = transformers.AutoImageProcessor.from_pretrained(args.folder, use_fast=False)
-    start = time.perf_counter()
-    processor(images=[load_image(str(f)) for f in files], return_tensors="np")
-    theirs_pre = (time.perf_counter() - start) / len(files)
+    pixels = base.pixel_values(files)
+    ours, theirs = [], []
+    for _ in range(args.repeats):  # rounds interleaved, after a first one (imports, Pillow's plugins)
+        start = time.perf_counter()
+        base.pixel_values(files)
+        ours.append((time.perf_counter() - start) / len(files))
+        start = time.perf_counter()
+        processor(images=[load_image(str(f)) for f in files], return_tensors="np")
+        theirs.append((time.perf_counter() - start) / len(files))
+    ours_pre, theirs_pre = statistics.median(ours), statistics.median(theirs)
     reference = transformers.AutoModel.from_pretrained(args.folder).eval()
 
     def eager(x: np.ndarray) -> np.ndarray:
@@ -126,17 +134,17 @@ def main() -> None:
             runs[f"edgeattn {precision}"] = lambda x, m=model: m.encode(x)["pooler_output"]
         batches = [int(b) for b in args.batches.split(",")]
         want, want_class_token = eager(pixels), eager_class_token(pixels)
-        rows = []
-        for name, run in runs.items():
-            row = {"engine": name}
-            for batch in batches:
-                rate, got = images_per_s(run, pixels, batch, args.repeats)
+        rows = [{"engine": name} for name in runs]
+        for batch in batches:
+            measured = images_per_s(runs, pixels, batch, args.repeats)
+            for row in rows:
+                name = row["engine"]
+                rate, got = measured[name]
                 row[f"batch {batch} images/s"] = rate
                 cosine = least_cosine(got, want_class_token if name.endswith("[class token]") else want)
                 row[f"batch {batch} cosine_min"] = cosine  # dynamic int8 scales activations over a batch
                 row["cosine_min"] = min(row.get("cosine_min", 1.0), cosine)
-            rows.append(row)
-            log.info("%s done", name)
+            log.info("batch %d done", batch)
     by_name = {r["engine"]: r for r in rows}
     lines = [f"{len(files)} images at {pixels.shape[2]}x{pixels.shape[3]}, {args.threads} threads; preprocessing: "
              f"edgeattn {ours_pre * 1e3:.1f} ms an image, transformers {theirs_pre * 1e3:.1f} ms",
