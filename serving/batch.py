@@ -94,7 +94,7 @@ def read_rows(path: Path, task: str) -> list[Row]:
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in MEDIA_SUFFIXES)
         if not files:
             raise EdgeattnError(f"{path} holds no image or audio files ({', '.join(sorted(MEDIA_SUFFIXES))})")
-        rows = [Row(str(p.relative_to(path)), {name: p.read_bytes()}) for p in files]
+        rows = [Row(str(p.relative_to(path)), {name: p.resolve()}) for p in files]  # read when its chunk is
     elif path.suffix == ".parquet":
         _, pq = _need_pyarrow()
         for k, record in enumerate(pq.read_table(path).to_pylist()):
@@ -146,6 +146,8 @@ def requests_of(rows: tuple[Row, ...], task: str) -> list[dict[str, np.ndarray]]
         request = {}
         for key, value in row.values.items():
             tensor = tensors[key]
+            if isinstance(value, Path):  # a folder's file, read as its chunk is answered
+                value = value.read_bytes()
             if tensor.dtype == "bytes":
                 data = value if isinstance(value, bytes) else (value if isinstance(value, str) else json.dumps(value))
                 request[key] = np.array([[data.encode("utf-8") if isinstance(data, str) else data]], dtype=np.object_)
