@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +148,7 @@ def requests_of(rows: tuple[Row, ...], task: str) -> list[dict[str, np.ndarray]]
             if isinstance(value, Path):  # a folder's file, read as its chunk is answered
                 value = value.read_bytes()
             if tensor.dtype == "bytes":
-                data = value if isinstance(value, bytes) else (value if isinstance(value, str) else json.dumps(value))
+                data = value if isinstance(value, bytes | str) else json.dumps(value)
                 request[key] = np.array([[data.encode("utf-8") if isinstance(data, str) else data]], dtype=np.object_)
             else:
                 request[key] = np.array([[value]], dtype=tensor.dtype)
@@ -263,6 +262,53 @@ class BatchResult:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
+@dataclass
+class Job:
+    """A batch job made ready: the export loaded (its sessions made when first used), the task, the
+    input's rows and chunks, and the chunks its output folder lacks."""
+
+    model: Any
+    task: str
+    rows: list[Row]
+    chunks: list[Chunk]
+    missing: list[Chunk]
+    out_dir: Path
+    description: dict[str, Any]
+
+    def result(self, errors: int, seconds: float) -> BatchResult:
+        return BatchResult(self.out_dir, len(self.rows), len(self.chunks), len(self.missing),
+                           len(self.chunks) - len(self.missing), errors, seconds)  # fmt: skip
+
+
+def plan_job(export_dir: Path, input_path: Path, out_dir: Path, task: str | None = None, chunk_rows: int = CHUNK_ROWS,
+             precision: str | None = None, threads: int | None = None) -> Job:  # fmt: skip
+    """Load the export, read and chunk the input and check the output folder (:func:`prepare_output`)."""
+    from edgeattn.runtime import load
+    from edgeattn.serving.tasks import task_of
+
+    model = load(export_dir, precision=precision or "fp32", threads=threads)
+    chosen = task_of(model.config, task, model.manifest.task if model.manifest else None)
+    rows = read_rows(Path(input_path), chosen)
+    all_chunks = chunks(rows, chunk_rows)
+    description = job_description(export_dir, chosen, input_path, chunk_rows, len(rows))
+    missing = prepare_output(Path(out_dir), description, all_chunks)
+    return Job(model, chosen, rows, all_chunks, missing, Path(out_dir), description)
+
+
+def write_chunk(model: Any, task: str, chunk: Chunk, out_dir: Path, schema: Any, batch_rows: int = 16) -> int:
+    """Answer a chunk and write its part; how many of its rows have an error."""
+    records = answer_chunk(model, task, chunk, batch_rows)
+    write_part(out_dir, chunk, records, schema)
+    return sum(r["error"] is not None for r in records)
+
+
+def row_bar(total: int, show: bool, desc: str = "batch") -> Any:
+    """A progress bar of rows (and rows a second), shown where ``show``."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="row", desc=desc, dynamic_ncols=True, disable=not show)
+
+
 def run_batch(export_dir: Path, input_path: Path, out_dir: Path, task: str | None = None,
               chunk_rows: int = CHUNK_ROWS, batch_rows: int = 16, precision: str | None = None,
               progress: bool = True) -> BatchResult:  # fmt: skip
@@ -270,39 +316,15 @@ def run_batch(export_dir: Path, input_path: Path, out_dir: Path, task: str | Non
     parts ``out_dir`` lacks (see the module)."""
     import time
 
-    from edgeattn.runtime import load
-    from edgeattn.serving.tasks import task_of
-
     start = time.perf_counter()
-    model = load(export_dir, precision=precision or "fp32")
-    chosen = task_of(model.config, task, model.manifest.task if model.manifest else None)
-    rows = read_rows(Path(input_path), chosen)
-    all_chunks = chunks(rows, chunk_rows)
-    job = job_description(export_dir, chosen, input_path, chunk_rows, len(rows))
-    missing = prepare_output(Path(out_dir), job, all_chunks)
-    schema = schema_of(model, chosen)
+    job = plan_job(export_dir, input_path, out_dir, task, chunk_rows, precision)
+    schema = schema_of(job.model, job.task)
     errors = 0
-    done_rows = 0
-    for chunk in _progress(missing, sum(len(c.rows) for c in missing), progress):
-        records = answer_chunk(model, chosen, chunk, batch_rows)
-        errors += sum(r["error"] is not None for r in records)
-        write_part(Path(out_dir), chunk, records, schema)
-        done_rows += len(chunk.rows)
-    return BatchResult(Path(out_dir), len(rows), len(all_chunks), len(missing), len(all_chunks) - len(missing),
-                       errors, time.perf_counter() - start)  # fmt: skip
-
-
-def _progress(items: list[Chunk], rows: int, show: bool) -> Iterator[Chunk]:
-    """The chunks, with a progress bar of rows (and rows a second) where ``show``."""
-    if not show or not items:
-        yield from items
-        return
-    from tqdm import tqdm
-
-    with tqdm(total=rows, unit="row", desc="batch", dynamic_ncols=True) as bar:
-        for chunk in items:
-            yield chunk
+    with row_bar(sum(len(c.rows) for c in job.missing), progress) as bar:
+        for chunk in job.missing:
+            errors += write_chunk(job.model, job.task, chunk, job.out_dir, schema, batch_rows)
             bar.update(len(chunk.rows))
+    return job.result(errors, time.perf_counter() - start)
 
 
 def read_output(out_dir: Path) -> list[dict[str, Any]]:

@@ -16,18 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeattn.errors import EdgeattnError
-from edgeattn.serving.batch import (
-    CHUNK_ROWS,
-    BatchResult,
-    Chunk,
-    answer_chunk,
-    chunks,
-    job_description,
-    prepare_output,
-    read_rows,
-    schema_of,
-    write_part,
-)
+from edgeattn.serving.batch import CHUNK_ROWS, BatchResult, plan_job, prepare_output, row_bar, schema_of, write_chunk
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +33,15 @@ def need_ray() -> Any:
 class ChunkAnswerer:
     """A Ray Data actor: the export loaded once; each chunk index it is given answered and written."""
 
-    def __init__(self, export_dir: str, task: str, precision: str | None, threads: int, rows: Any,
-                 chunk_rows: int, batch_rows: int, out_dir: str) -> None:  # fmt: skip
+    def __init__(self, export_dir: str, task: str, precision: str | None, threads: int, chunks: Any,
+                 batch_rows: int, out_dir: str) -> None:  # fmt: skip
         import ray
 
         from edgeattn.runtime import load
 
         self.model = load(export_dir, precision=precision or "fp32", threads=threads)
         self.task = task
-        self.rows = ray.get(rows[0])  # the job's rows, put once in the object store (in a list: not resolved)
-        self.chunk_rows = chunk_rows
+        self.chunks = ray.get(chunks[0])  # the job's chunks, put once in the object store (in a list: not resolved)
         self.batch_rows = batch_rows
         self.out_dir = Path(out_dir)
         self.schema = schema_of(self.model, task)
@@ -61,12 +49,9 @@ class ChunkAnswerer:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         written, errors = [], []
         for index in batch["index"]:
-            index = int(index)
-            chunk = Chunk(index, tuple(self.rows[index * self.chunk_rows:(index + 1) * self.chunk_rows]))
-            records = answer_chunk(self.model, self.task, chunk, self.batch_rows)
-            write_part(self.out_dir, chunk, records, self.schema)
+            chunk = self.chunks[int(index)]
+            errors.append(write_chunk(self.model, self.task, chunk, self.out_dir, self.schema, self.batch_rows))
             written.append(len(chunk.rows))
-            errors.append(sum(r["error"] is not None for r in records))
         return {"index": batch["index"], "rows": written, "errors": errors}
 
 
@@ -78,18 +63,10 @@ def run_batch_on_ray(export_dir: Path, input_path: Path, out_dir: Path, task: st
     (and as many CPUs) each, on the cluster at ``address`` (None: the one this process is connected
     to, else a local one started for the job and stopped after it)."""
     ray = need_ray()
-    from edgeattn.runtime import load
-    from edgeattn.serving.tasks import task_of
-
     if concurrency < 1 or threads < 1:
         raise EdgeattnError("--concurrency and --threads must be at least 1")
     start = time.perf_counter()
-    model = load(export_dir, precision=precision or "fp32")  # its config and task (sessions are made when used)
-    chosen = task_of(model.config, task, model.manifest.task if model.manifest else None)
-    rows = read_rows(Path(input_path), chosen)
-    all_chunks = chunks(rows, chunk_rows)
-    job = job_description(export_dir, chosen, input_path, chunk_rows, len(rows))
-    missing = prepare_output(Path(out_dir), job, all_chunks)
+    job = plan_job(export_dir, input_path, out_dir, task, chunk_rows, precision)
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
@@ -99,37 +76,24 @@ def run_batch_on_ray(export_dir: Path, input_path: Path, out_dir: Path, task: st
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         errors = 0
-        if missing:
-            rows_ref = ray.put(rows)
-            items = ray.data.from_items([{"index": c.index} for c in missing], override_num_blocks=len(missing))
+        if job.missing:
+            items = ray.data.from_items([{"index": c.index} for c in job.missing],
+                                        override_num_blocks=len(job.missing))  # fmt: skip
             answered = items.map_batches(
                 ChunkAnswerer, batch_size=1, concurrency=concurrency, num_cpus=threads,
-                fn_constructor_kwargs={"export_dir": str(Path(export_dir).resolve()), "task": chosen,
-                                       "precision": precision, "threads": threads, "rows": [rows_ref],
-                                       "chunk_rows": chunk_rows, "batch_rows": batch_rows,
-                                       "out_dir": str(Path(out_dir).resolve())},
+                fn_constructor_kwargs={"export_dir": str(Path(export_dir).resolve()), "task": job.task,
+                                       "precision": precision, "threads": threads,
+                                       "chunks": [ray.put(job.chunks)], "batch_rows": batch_rows,
+                                       "out_dir": str(job.out_dir.resolve())},
             )  # fmt: skip (Ray Data restarts a lost actor and retries its chunk: max_restarts -1 by default)
-            total = sum(len(c.rows) for c in missing)
-            bar = _bar(total, progress)
-            for result in answered.iter_rows():
-                errors += int(result["errors"])
-                if bar is not None:
+            with row_bar(sum(len(c.rows) for c in job.missing), progress, "batch (ray)") as bar:
+                for result in answered.iter_rows():
+                    errors += int(result["errors"])
                     bar.update(int(result["rows"]))
-            if bar is not None:
-                bar.close()
-        still = prepare_output(Path(out_dir), job, all_chunks)
+        still = prepare_output(job.out_dir, job.description, job.chunks)
         if still:
             raise EdgeattnError(f"{len(still)} chunk(s) were not written; run the job again to write them")
     finally:
         if started:
             ray.shutdown()
-    return BatchResult(Path(out_dir), len(rows), len(all_chunks), len(missing), len(all_chunks) - len(missing),
-                       errors, time.perf_counter() - start)  # fmt: skip
-
-
-def _bar(total: int, show: bool) -> Any:
-    if not show:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="row", desc="batch (ray)", dynamic_ncols=True)
+    return job.result(errors, time.perf_counter() - start)

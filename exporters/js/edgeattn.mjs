@@ -433,18 +433,22 @@ export class EncoderModel extends BundleModel {
       throw new Error(`edgeattn: this model has no sequence-classification head (head=${this.bundle.model.head})`);
     }
     const logits = (await this.run(this.tokenize(texts, options))).logits;
-    const [batch, count] = logits.dims;
-    return Array.from({ length: batch }, (_, i) => {
-      const row = Array.from(logits.data.slice(i * count, (i + 1) * count), Number);
-      const top = Math.max(...row);
-      const exp = row.map((v) => Math.exp(v - top));
-      const sum = exp.reduce((s, v) => s + v, 0);
-      const probs = exp.map((v) => v / sum);
-      const best = probs.indexOf(Math.max(...probs));
-      const scores = Object.fromEntries(this.labels.map((name, k) => [name, probs[k]]));
-      return { label: this.labels[best], score: probs[best], scores };
-    });
+    return classifications(logits.data, logits.dims[0], logits.dims[1], this.labels);
   }
+}
+
+/** (batch x labels) logits as one {label, score, scores} a row: a softmax over each row's labels. */
+export function classifications(logits, batch, count, labels) {
+  return Array.from({ length: batch }, (_, i) => {
+    const row = Array.from(logits.slice(i * count, (i + 1) * count), Number);
+    const top = Math.max(...row);
+    const exp = row.map((v) => Math.exp(v - top));
+    const sum = exp.reduce((s, v) => s + v, 0);
+    const probs = exp.map((v) => v / sum);
+    const best = probs.indexOf(Math.max(...probs));
+    const scores = Object.fromEntries(labels.map((name, k) => [name, probs[k]]));
+    return { label: labels[best], score: probs[best], scores };
+  });
 }
 
 /** A small seeded generator of uniform numbers in [0, 1) (mulberry32): sampling that repeats with a seed. */

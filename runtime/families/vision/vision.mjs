@@ -8,7 +8,7 @@
 //   const [vector] = await model.embed([pngBytes]);                 // Float32Array
 //   const [best] = await model.classify([{ data, width, height }]);  // {label, score, scores}
 //   const [scores] = await model.zeroShot([blob], ["a cat", "a dog"]);
-import { BundleModel } from "./edgeattn.mjs";
+import { BundleModel, classifications } from "./edgeattn.mjs";
 import { MAX_PIXELS, decode, pixelValues } from "./images.mjs";
 
 /** The model load() returns for a vision bundle. */
@@ -20,18 +20,6 @@ function imageList(images) {
   const list = Array.isArray(images) ? images : [images];
   if (list.length === 0) throw new Error("edgeattn: give at least one image");
   return list;
-}
-
-function softmaxRows(logits, batch, count, labels) {
-  return Array.from({ length: batch }, (_, i) => {
-    const row = Array.from(logits.slice(i * count, (i + 1) * count), Number);
-    const top = Math.max(...row);
-    const exp = row.map((v) => Math.exp(v - top));
-    const sum = exp.reduce((s, v) => s + v, 0);
-    const probs = exp.map((v) => v / sum);
-    const best = probs.indexOf(Math.max(...probs));
-    return { label: labels[best], score: probs[best], scores: Object.fromEntries(labels.map((n, k) => [n, probs[k]])) };
-  });
 }
 
 function normalised(vector) {
@@ -93,7 +81,7 @@ export class VisionModel extends BundleModel {
     if (this.vision.classifier === "none") throw new Error("edgeattn: this vision model has no classifier: embed its images instead");
     const { logits } = await this.encode(await this.pixelValues(images));
     const [batch, count] = logits.dims;
-    return softmaxRows(logits.data, batch, count, this.labels);
+    return classifications(logits.data, batch, count, this.labels);
   }
 
   /** Token ids and mask of texts for the text tower, padded as the Python runtime pads them. */
@@ -155,7 +143,7 @@ export class VisionModel extends BundleModel {
     const words = (await this.embedText(names.map((n) => template.replace("{}", n)))).map(normalised);
     const { logit_scale: scale, logit_bias: bias, scores } = this.vision;
     const logits = pictures.map((p) => words.map((w) => scale * p.reduce((s, v, k) => s + v * w[k], 0) + bias));
-    if (scores === "softmax") return softmaxRows(logits.flat(), logits.length, names.length, names);
+    if (scores === "softmax") return classifications(logits.flat(), logits.length, names.length, names);
     return logits.map((row) => {
       const probs = row.map((v) => 1 / (1 + Math.exp(-v)));
       const best = probs.indexOf(Math.max(...probs));
