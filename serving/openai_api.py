@@ -78,21 +78,34 @@ class Served:
 GENERATE = "generate"
 
 
-def served_models(exports: list[Path], max_rows: int, precision: str = FP32) -> dict[str, Served]:
-    """Each export loaded at ``precision`` (its directory's name the model's), a language model
-    with its batcher."""
+def served_names(exports: list[Path]) -> list[str]:
+    """The names ``exports`` are served by (their directories'), refused where two are the same."""
+    names: list[str] = []
+    for path in exports:
+        name = Path(path).resolve().name
+        if name in names:
+            raise EdgeattnError(f"two exports are named {name!r}; serve exports whose directories differ in name")
+        names.append(name)
+    return names
+
+
+def refuse_unserved(family: Any, path: Path) -> None:
+    """An EdgeattnError where ``family`` (a record) has no OpenAI endpoints."""
+    if not family.api:
+        served = [f.name for f in FAMILIES.values() if f.api]
+        raise EdgeattnError(f"{path} is a {family.name} export; the OpenAI API serves {', '.join(served)} exports")
+
+
+def served_models(exports: list[Path], max_rows: int, precision: str = FP32,
+                  threads: int | None = None) -> dict[str, Served]:  # fmt: skip
+    """Each export loaded at ``precision`` with ``threads`` (None: ONNX Runtime's choice), its
+    directory's name the model's; a language model with its batcher."""
     from edgeattn.runtime import load
 
     models: dict[str, Served] = {}
-    for path in exports:
-        name = path.resolve().name
-        if name in models:
-            raise EdgeattnError(f"two exports are named {name!r}; serve exports whose directories differ in name")
-        model = load(path, precision=precision)
-        if not model.family.api:
-            served = [f.name for f in FAMILIES.values() if f.api]
-            raise EdgeattnError(f"{path} is a {model.family.name} export; the OpenAI API serves "
-                                f"{', '.join(served)} exports")  # fmt: skip
+    for name, path in zip(served_names(exports), exports, strict=True):
+        model = load(path, precision=precision, threads=threads)
+        refuse_unserved(model.family, path)
         batcher = Batcher(model, max_rows) if model.family.api == GENERATE else None
         models[name] = Served(name, model, int(path.stat().st_mtime), batcher)
     return models
@@ -200,12 +213,28 @@ def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
                    "response_format")  # fmt: skip
 
 
+def key_refused(api_key: str | None, path: str, authorization: str) -> ApiError | None:
+    """The 401 a request to ``path`` with header ``Authorization: authorization`` gets, or None."""
+    if api_key is not None and path != "/health" and authorization != f"Bearer {api_key}":
+        return ApiError(401, "incorrect API key provided", kind="invalid_request_error", code="invalid_api_key")
+    return None
+
+
+def too_large(path: str) -> ApiError:
+    """The 413 a body over the limit of ``path``'s endpoint gets."""
+    limit = MAX_UPLOAD if path.startswith("/v1/audio/") else MAX_BODY
+    return ApiError(413, f"the request body is over {limit} bytes")
+
+
 class OpenAIApi:
     """The application: :meth:`app` for aiohttp, ``models`` by name."""
 
-    def __init__(self, models: dict[str, Served], api_key: str | None = None, owns_models: bool = True) -> None:
-        #: ``owns_models``: the batchers stop when the application shuts down
+    def __init__(self, models: dict[str, Served], api_key: str | None = None, owns_models: bool = True,
+                 every_name: tuple[str, ...] = ()) -> None:  # fmt: skip
+        #: ``owns_models``: the batchers stop when the application shuts down; ``every_name``: what
+        #: the whole application serves where other processes serve some (Ray Serve), for messages
         self.models, self.api_key, self.owns_models = models, api_key, owns_models
+        self.every_name = every_name or tuple(models)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_UPLOAD, middlewares=[self._errors])
@@ -229,15 +258,14 @@ class OpenAIApi:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         try:
-            if (self.api_key is not None and request.path != "/health"
-                    and request.headers.get("Authorization", "") != f"Bearer {self.api_key}"):  # fmt: skip
-                raise ApiError(401, "incorrect API key provided", kind="invalid_request_error", code="invalid_api_key")
+            refused = key_refused(self.api_key, request.path, request.headers.get("Authorization", ""))
+            if refused is not None:
+                raise refused
             return await handler(request)
         except ApiError as exc:
             return exc.response()
         except web.HTTPRequestEntityTooLarge:
-            limit = MAX_UPLOAD if request.path.startswith("/v1/audio/") else MAX_BODY
-            return ApiError(413, f"the request body is over {limit} bytes").response()
+            return too_large(request.path).response()
         except web.HTTPException as exc:
             return ApiError(exc.status, exc.reason or "not found", kind="invalid_request_error").response()
         except EdgeattnError as exc:
@@ -264,7 +292,7 @@ class OpenAIApi:
             raise ApiError(400, "model is required", "model")
         served = self.models.get(name)
         if served is None:
-            raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(self.models)})", "model",
+            raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(self.every_name)})", "model",
                            code="model_not_found")  # fmt: skip
         if does != served.does:
             what = {"generate": "generates text", "embed": "embeds its inputs", "transcribe": "transcribes speech"}
