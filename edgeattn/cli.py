@@ -522,7 +522,8 @@ def package(export_dir: Path, target: str, output: Path, precisions: str | None,
 @click.option("--chunk-rows", type=int, default=256, show_default=True, help="Rows a part holds.")
 @click.option("--batch-rows", type=int, default=16, show_default=True, help="Rows the model answers at a time.")
 @click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster with Ray Data.")
-@click.option("--address", default=None, help="--ray: the cluster to join (default: a local one for the job).")
+@click.option("--address", default=None,
+              help="--ray: the cluster to join (auto: the one 'ray start' began; default: a local one for the job).")
 @click.option("--concurrency", type=int, default=2, show_default=True, help="--ray: model actors.")
 @click.option("--threads", type=int, default=1, show_default=True, help="--ray: threads (and CPUs) an actor takes.")
 def batch(export_dir: Path, input_path: Path, output: Path, task: str | None, precision: str | None,
@@ -826,6 +827,15 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
 @click.option("--api-key", default=None, help="With --api openai: the bearer token every request must carry.")
 @click.option("--max-rows", default=8, show_default=True,
               help="With --api openai: a language model's concurrent generations in its batch (more wait).")
+@click.option("--ray", "on_ray", is_flag=True,
+              help="With --api openai: each export a Ray Serve deployment behind one ingress, on a Ray cluster.")
+@click.option("--address", default=None,
+              help="--ray: the cluster to join (auto: the one 'ray start' began; default: a local one, stopped after).")
+@click.option("--min-replicas", type=int, default=1, show_default=True, help="--ray: replicas an export keeps.")
+@click.option("--max-replicas", type=int, default=1, show_default=True,
+              help="--ray: replicas an export may scale to under load (one more when each holds --max-rows requests).")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="--ray: threads (and CPUs reserved) a replica takes.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
 @click.option("--port", default=8000, show_default=True, help="HTTP port.")
 @click.option("--grpc-port", default=8001, show_default=True)
@@ -839,19 +849,39 @@ def triton(export_dir: Path, repository: Path, precision: str, max_batch_size: i
 @_needs("export", "onnx")
 def serve(exports: tuple[Path, ...], precision: str, max_batch_size: int, max_queue_delay_us: int, instances: int,
           dynamic_batching: bool, name: str | None, task: str | None, api: str, api_key: str | None, max_rows: int,
+          on_ray: bool, address: str | None, min_replicas: int, max_replicas: int, threads: int,
           host: str, port: int, grpc_port: int, metrics_port: int, repository: Path | None) -> None:  # fmt: skip
-    """Serve exports on this machine: behind a Triton Inference Server (HTTP, gRPC, metrics; one
-    export), or as an OpenAI-compatible API (--api openai: chat and completions with continuous
-    batching for language models, embeddings for encoders, audio transcriptions and translations
-    for speech models; every export by its directory's name).
+    """Serve exports: behind a Triton Inference Server (HTTP, gRPC, metrics; one export), or as an
+    OpenAI-compatible API (--api openai: chat and completions with continuous batching for language
+    models, embeddings for encoders and vision models, audio transcriptions and translations for
+    speech models; every export by its directory's name), in this process or, with --ray, as Ray
+    Serve replicas on a Ray cluster (each export scaled between --min-replicas and --max-replicas).
 
     Triton's end-to-end model runs the graphs in its own process with dynamic batching and needs
-    the serve extra (nvidia-pytriton's server); the OpenAI API needs aiohttp. Neither needs
-    torch. Stops on Ctrl-C.
+    the serve extra (nvidia-pytriton's server); the OpenAI API needs aiohttp, and the ray extra
+    with --ray. None needs torch. Stops on Ctrl-C.
     """
     import signal
     import tempfile
 
+    if on_ray and api != "openai":
+        raise click.UsageError("--ray serves the OpenAI API: add --api openai")
+    if on_ray:
+        require_extra("ray", "'edgeattn serve --ray'")
+        from edgeattn.serving.ray_serve import RayServeOptions, deploy
+
+        options = RayServeOptions(precision=precision, max_rows=max_rows, api_key=api_key, threads=threads,
+                                  min_replicas=min_replicas, max_replicas=max_replicas)  # fmt: skip
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _interrupt)
+        try:
+            with deploy(list(exports), options, host, port, address) as running:
+                click.echo(f"serving {', '.join(e.name for e in exports)} on Ray Serve at {running.url} "
+                           f"({min_replicas}-{max_replicas} replica(s) of {threads} thread(s) each); Ctrl-C stops")
+                signal.pause()
+        except KeyboardInterrupt:
+            click.echo("stopping")
+        return
     if api == "openai":
         from edgeattn.serving.openai_api import run_api
 

@@ -15,7 +15,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "export": ("torch", "onnx", "onnxscript", "safetensors", "tqdm"),
     "text": ("tokenizers",),
     "batch": ("pyarrow", "tqdm"),
-    "ray": ("ray", "pyarrow", "tqdm"),
+    "ray": ("ray", "starlette", "aiohttp", "pyarrow", "tqdm"),
 }
 
 

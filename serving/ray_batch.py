@@ -61,7 +61,8 @@ def run_batch_on_ray(export_dir: Path, input_path: Path, out_dir: Path, task: st
                      progress: bool = True) -> BatchResult:  # fmt: skip
     """:func:`~edgeattn.serving.batch.run_batch` on Ray: ``concurrency`` actors of ``threads`` threads
     (and as many CPUs) each, on the cluster at ``address`` (None: the one this process is connected
-    to, else a local one started for the job and stopped after it)."""
+    to, else a new local one started for the job and stopped after it; ``"auto"``: the one
+    ``ray start`` began)."""
     ray = need_ray()
     if concurrency < 1 or threads < 1:
         raise EdgeattnError("--concurrency and --threads must be at least 1")
@@ -69,7 +70,7 @@ def run_batch_on_ray(export_dir: Path, input_path: Path, out_dir: Path, task: st
     job = plan_job(export_dir, input_path, out_dir, task, chunk_rows, precision)
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address=address or "local", log_to_driver=False, logging_level=logging.WARNING)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # edgeattn's bar counts rows; Ray Data's own count blocks
     context.print_on_execution_start = False
