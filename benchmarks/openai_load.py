@@ -2,13 +2,16 @@
 (``edgeattn serve EXPORT --api openai``, continuous batching) and llama.cpp's
 (``llama-cpp-python[server]``, from the peers' environment), the same real checkpoint, the same
 threads: throughput in tokens/s, time to first token and inter-token latency (p50 / p99).
+``--servers edgeattn,ray1,ray2`` sets edgeattn's server in one process beside the same API as Ray
+Serve replicas behind its ingress (``serve --ray``) on a local cluster of this machine: one replica
+of all the threads, or two of half each (ratios against the one process).
 ``--soak SECONDS`` instead runs 32 clients against edgeattn's server (its own process) for that
 long, one in four going mid-stream, and reports errors, rows left and the server's memory over time.
 
-Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--clients 1,8,32]
-[--requests 2] [--new-tokens 128] [--threads 2] [--json OUT]`` where EXPORT is the real
-SmolLM2-135M-Instruct's export (int4) and the GGUF its llama.cpp Q4_0 (``benchmarks/real_quality.py``
-writes both into ``~/.cache/edgeattn-real/gguf``).
+Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--servers edgeattn,llama-cpp]
+[--clients 1,8,32] [--requests 2] [--new-tokens 128] [--threads 2] [--json OUT]`` where EXPORT is the
+real SmolLM2-135M-Instruct's export (int4) and the GGUF its llama.cpp Q4_0
+(``benchmarks/real_quality.py`` writes both into ``~/.cache/edgeattn-real/gguf``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +121,17 @@ def start_edgeattn(export: Path, port: int, threads: int, rows: int) -> subproce
                             stdout=subprocess.DEVNULL, stderr=_log("edgeattn"), text=True, env=env)  # fmt: skip
 
 
+def start_ray(export: Path, port: int, threads: int, rows: int, replicas: int) -> subprocess.Popen:
+    """``serve --api openai --ray`` on a local cluster: ``replicas`` of ``threads // replicas`` threads."""
+    each = max(1, threads // replicas)
+    return subprocess.Popen([sys.executable, "-m", "edgeattn.cli", "serve", str(export), "--api", "openai", "--ray",
+                             "--precision", "int4", "--port", str(port), "--max-rows", str(rows),
+                             "--min-replicas", str(replicas), "--max-replicas", str(replicas),
+                             "--threads", str(each)],
+                            stdout=subprocess.DEVNULL, stderr=_log(f"ray{replicas}"), text=True,
+                            env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+
+
 def start_llama(gguf: Path, port: int, threads: int) -> subprocess.Popen:
     return subprocess.Popen([str(PEERS / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
                              "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "4096",
@@ -199,8 +214,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("export", type=Path)
     parser.add_argument("--gguf", type=Path, default=Path.home() / ".cache" / "edgeattn-real" / "gguf" / "q4_0.gguf")
+    parser.add_argument("--servers", default="edgeattn,llama-cpp",
+                        help="of edgeattn, llama-cpp, ray1, ray2 (Ray Serve, 1 or 2 replicas)")
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--requests", type=int, default=2, help="streamed chats each client sends in turn")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times every server is started and loaded in turn (figures: each one's median)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--soak", type=float, default=0, help="seconds of the soak instead of the load run")
@@ -208,7 +227,8 @@ def main() -> None:
     args = parser.parse_args()
     from edgeattn.benchmark.machine import machine_info
 
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine_info(), "export": args.export.name,
+    report: dict[str, Any] = {"benchmark": "openai_load", "date": time.strftime("%Y-%m-%d"), "machine": machine_info(),
+                              "export": args.export.name,
                               "new_tokens": args.new_tokens, "threads": args.threads}  # fmt: skip
     if args.soak:
         report["soak"] = soak(args.export, args.soak, 32, args.new_tokens, args.threads)
@@ -216,9 +236,18 @@ def main() -> None:
         out = args.json or ROOT / "benchmarks" / "results" / "openai-soak.json"
     else:
         counts = [int(c) for c in args.clients.split(",")]
+        starters = {"edgeattn": ("edgeattn int4", lambda p: start_edgeattn(args.export, p, args.threads, max(counts))),
+                    "llama-cpp": ("llama.cpp Q4_0", lambda p: start_llama(args.gguf, p, args.threads)),
+                    "ray1": ("edgeattn int4, Ray Serve 1 replica",
+                             lambda p: start_ray(args.export, p, args.threads, max(counts), 1)),
+                    "ray2": ("edgeattn int4, Ray Serve 2 replicas",
+                             lambda p: start_ray(args.export, p, args.threads, max(counts), 2))}  # fmt: skip
+        chosen = args.servers.split(",")
+        if unknown := [s for s in chosen if s not in starters]:
+            raise SystemExit(f"unknown servers {unknown}; choose from {', '.join(starters)}")
         rows = []
-        for server, start in (("edgeattn int4", lambda p: start_edgeattn(args.export, p, args.threads, max(counts))),
-                              ("llama.cpp Q4_0", lambda p: start_llama(args.gguf, p, args.threads))):  # fmt: skip
+        measured = []
+        for server, start in (starters[s] for _ in range(args.rounds) for s in chosen):
             port = free_port()
             process = start(port)
             url = f"http://127.0.0.1:{port}/v1"
@@ -228,21 +257,39 @@ def main() -> None:
                 one_chat(url, model, PROMPTS[0], 16)  # warm-up
                 for clients in counts:
                     row = {"server": server, **load_round(url, model, clients, args.requests, args.new_tokens)}
-                    print(f"{server:16s} {clients:3d} clients: {row['tokens_per_s']:7.1f} tok/s, TTFT p50 "
+                    print(f"{server:36s} {clients:3d} clients: {row['tokens_per_s']:7.1f} tok/s, TTFT p50 "
                           f"{row['ttft_p50_ms']:.0f} ms p99 {row['ttft_p99_ms']:.0f}, ITL p50 {row['itl_p50_ms']:.1f} "
                           f"ms p99 {row['itl_p99_ms']:.1f}, errors {row['errors']}", flush=True)  # fmt: skip
-                    rows.append(row)
+                    measured.append(row)
             finally:
-                process.terminate()
-                process.wait(timeout=60)
+                process.send_signal(signal.SIGINT)  # Ray's servers stop their cluster on Ctrl-C
+                try:
+                    process.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        for server, _ in (starters[s] for s in chosen):  # each figure the median of the rounds
+            for clients in counts:
+                runs = [r for r in measured if r["server"] == server and r["clients"] == clients]
+                row = {key: float(np.median([r[key] for r in runs])) if isinstance(value, float) else value
+                       for key, value in runs[0].items()}  # fmt: skip
+                rows.append(row | {"rounds": len(runs), "tokens_per_s_each": [r["tokens_per_s"] for r in runs],
+                                   "errors": sum(r["errors"] for r in runs)})  # fmt: skip
         report["rows"] = rows
+        base = starters["edgeattn"][0]
         for clients in counts:
-            ours = next(r for r in rows if r["server"].startswith("edgeattn") and r["clients"] == clients)
-            theirs = next(r for r in rows if r["server"].startswith("llama") and r["clients"] == clients)
-            ours["vs_llama_cpp"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
-            print(f"{clients:3d} clients: edgeattn {ours['vs_llama_cpp']:.2f}x llama.cpp's throughput, TTFT p50 "
-                  f"{ours['ttft_p50_ms']:.0f} vs {theirs['ttft_p50_ms']:.0f} ms")  # fmt: skip
-        out = args.json or ROOT / "benchmarks" / "results" / "openai-load.json"
+            ours = next((r for r in rows if r["server"] == base and r["clients"] == clients), None)
+            theirs = next((r for r in rows if r["server"].startswith("llama") and r["clients"] == clients), None)
+            if ours and theirs:
+                ours["vs_llama_cpp"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+                print(f"{clients:3d} clients: edgeattn {ours['vs_llama_cpp']:.2f}x llama.cpp's throughput, TTFT p50 "
+                      f"{ours['ttft_p50_ms']:.0f} vs {theirs['ttft_p50_ms']:.0f} ms")  # fmt: skip
+            for row in rows:
+                if ours and "Ray" in row["server"] and row["clients"] == clients:
+                    row["vs_in_process"] = row["tokens_per_s"] / ours["tokens_per_s"]
+                    print(f"{clients:3d} clients: {row['server']} {row['vs_in_process']:.2f}x one process's "
+                          f"throughput, TTFT p50 {row['ttft_p50_ms']:.0f} vs {ours['ttft_p50_ms']:.0f} ms")  # fmt: skip
+        default = "openai-load-ray.json" if any(s.startswith("ray") for s in chosen) else "openai-load.json"
+        out = args.json or ROOT / "benchmarks" / "results" / default
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -245,7 +245,8 @@ def section(path: Path) -> str:
         body = targets_lm_table(data)
     elif rows and data.get("benchmark") == "mobile arm":
         body = arm_table(data)
-    elif rows and data.get("benchmark") in ("moe-layer", "export-memory", "vision_speed", "batch_throughput"):
+    elif rows and data.get("benchmark") in ("moe-layer", "export-memory", "vision_speed", "batch_throughput",
+                                                    "openai_load"):
         columns = list(dict.fromkeys(k for r in rows for k, v in r.items() if isinstance(v, int | float | str)))
         body = _table(columns, [[_number(r[k]) if isinstance(r.get(k), float) else str(r.get(k, "")) for k in columns]
                                 for r in rows])  # fmt: skip
