@@ -132,7 +132,8 @@ class ExportReplica:
         """The API's answer to the request: first ``{"status", "headers"}``, then the body (a stream
         chunk by chunk, anything else whole)."""
         if self._session is None:  # made on the replica's own event loop
-            self._session = self._aiohttp.ClientSession(timeout=self._aiohttp.ClientTimeout(total=None))
+            self._session = self._aiohttp.ClientSession(timeout=self._aiohttp.ClientTimeout(total=None),
+                                                        connector=self._aiohttp.TCPConnector(limit=0))  # fmt: skip
         async with self._session.request(method, self.base + target, headers=headers, data=body) as response:
             head = {"status": response.status,
                     "headers": {k.lower(): v for k, v in response.headers.items() if k.lower() in RETURNED}}
