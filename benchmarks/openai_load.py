@@ -1,14 +1,16 @@
 """Concurrent streaming chat clients against OpenAI-compatible servers: edgeattn's
-(``edgeattn serve EXPORT --api openai``, continuous batching) and llama.cpp's
-(``llama-cpp-python[server]``, from the peers' environment), the same real checkpoint, the same
-threads: throughput in tokens/s, time to first token and inter-token latency (p50 / p99).
+(``edgeattn serve EXPORT --api openai``, continuous batching) and llama.cpp's native
+``llama-server`` built from source (continuous batching over as many slots as the most clients;
+``--llama-server PATH``; ``llama-cpp-python``, that binding's own server, which answers one request
+at a time, is kept as the peer of the older figures), the same real checkpoint, the same threads:
+throughput in tokens/s, time to first token and inter-token latency (p50 / p99).
 ``--servers edgeattn,ray1,ray2`` sets edgeattn's server in one process beside the same API as Ray
 Serve replicas behind its ingress (``serve --ray``) on a local cluster of this machine: one replica
 of all the threads, or two of half each (ratios against the one process).
 ``--soak SECONDS`` instead runs 32 clients against edgeattn's server (its own process) for that
 long, one in four going mid-stream, and reports errors, rows left and the server's memory over time.
 
-Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--servers edgeattn,llama-cpp]
+Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--servers edgeattn,llama-server]
 [--clients 1,8,32] [--requests 2] [--new-tokens 128] [--threads 2] [--json OUT]`` where EXPORT is the
 real SmolLM2-135M-Instruct's export (int4) and the GGUF its llama.cpp Q4_0
 (``benchmarks/real_quality.py`` writes both into ``~/.cache/edgeattn-real/gguf``).
@@ -132,6 +134,18 @@ def start_ray(export: Path, port: int, threads: int, rows: int, replicas: int) -
                             env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
 
 
+def start_llama_server(binary: Path, gguf: Path, port: int, threads: int, slots: int) -> subprocess.Popen:
+    """llama.cpp's own server: ``slots`` sequences decoded together (continuous batching), 512
+    positions each."""
+    if not binary.is_file():
+        raise SystemExit(f"{binary} is not a llama-server binary; build llama.cpp (cmake --build build --target "
+                         "llama-server) and pass --llama-server PATH")  # fmt: skip
+    return subprocess.Popen([str(binary), "-m", str(gguf), "--threads", str(threads), "--threads-batch", str(threads),
+                             "-np", str(slots), "-c", str(512 * slots), "--cont-batching", "--host", "127.0.0.1",
+                             "--port", str(port), "--alias", "q4_0", "--no-webui"],
+                            stdout=subprocess.DEVNULL, stderr=_log("llama-server"), text=True)  # fmt: skip
+
+
 def start_llama(gguf: Path, port: int, threads: int) -> subprocess.Popen:
     return subprocess.Popen([str(PEERS / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
                              "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "4096",
@@ -214,8 +228,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("export", type=Path)
     parser.add_argument("--gguf", type=Path, default=Path.home() / ".cache" / "edgeattn-real" / "gguf" / "q4_0.gguf")
-    parser.add_argument("--servers", default="edgeattn,llama-cpp",
-                        help="of edgeattn, llama-cpp, ray1, ray2 (Ray Serve, 1 or 2 replicas)")
+    parser.add_argument("--servers", default="edgeattn,llama-server",
+                        help="of edgeattn, llama-server, llama-cpp-python, ray1, ray2 (Ray Serve, 1 or 2 replicas)")
+    parser.add_argument("--llama-server", type=Path,
+                        default=Path(os.environ.get("EDGEATTN_LLAMA_SERVER",
+                                                    PEERS / "llama.cpp" / "build" / "bin" / "llama-server")))
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--requests", type=int, default=2, help="streamed chats each client sends in turn")
     parser.add_argument("--rounds", type=int, default=1,
@@ -237,12 +254,19 @@ def main() -> None:
     else:
         counts = [int(c) for c in args.clients.split(",")]
         starters = {"edgeattn": ("edgeattn int4", lambda p: start_edgeattn(args.export, p, args.threads, max(counts))),
-                    "llama-cpp": ("llama.cpp Q4_0", lambda p: start_llama(args.gguf, p, args.threads)),
+                    "llama-server": ("llama-server Q4_0",
+                                     lambda p: start_llama_server(args.llama_server, args.gguf, p, args.threads,
+                                                                  max(counts))),
+                    "llama-cpp-python": ("llama-cpp-python server Q4_0",
+                                         lambda p: start_llama(args.gguf, p, args.threads)),
                     "ray1": ("edgeattn int4, Ray Serve 1 replica",
                              lambda p: start_ray(args.export, p, args.threads, max(counts), 1)),
                     "ray2": ("edgeattn int4, Ray Serve 2 replicas",
                              lambda p: start_ray(args.export, p, args.threads, max(counts), 2))}  # fmt: skip
         chosen = args.servers.split(",")
+        if "llama-server" in chosen and args.llama_server.is_file():  # the build beside its figures
+            version = subprocess.run([str(args.llama_server), "--version"], capture_output=True, text=True)
+            report["llama_server"] = " ".join((version.stdout + version.stderr).split())
         if unknown := [s for s in chosen if s not in starters]:
             raise SystemExit(f"unknown servers {unknown}; choose from {', '.join(starters)}")
         rows = []
@@ -279,10 +303,12 @@ def main() -> None:
         for clients in counts:
             ours = next((r for r in rows if r["server"] == base and r["clients"] == clients), None)
             theirs = next((r for r in rows if r["server"].startswith("llama") and r["clients"] == clients), None)
+            for row in rows:
+                if theirs and row["server"].startswith("edgeattn") and row["clients"] == clients:
+                    row["vs_llama_cpp"] = row["tokens_per_s"] / theirs["tokens_per_s"]
             if ours and theirs:
-                ours["vs_llama_cpp"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
-                print(f"{clients:3d} clients: edgeattn {ours['vs_llama_cpp']:.2f}x llama.cpp's throughput, TTFT p50 "
-                      f"{ours['ttft_p50_ms']:.0f} vs {theirs['ttft_p50_ms']:.0f} ms")  # fmt: skip
+                print(f"{clients:3d} clients: edgeattn {ours['vs_llama_cpp']:.2f}x {theirs['server']}'s throughput, "
+                      f"TTFT p50 {ours['ttft_p50_ms']:.0f} vs {theirs['ttft_p50_ms']:.0f} ms")  # fmt: skip
             for row in rows:
                 if ours and "Ray" in row["server"] and row["clients"] == clients:
                     row["vs_in_process"] = row["tokens_per_s"] / ours["tokens_per_s"]
