@@ -83,7 +83,13 @@ class Generation:
 
 class Batcher:
     """Runs the generations given to :meth:`submit` in one batch of at most ``max_rows`` rows, in
-    its own thread, until :meth:`close`."""
+    its own thread, until :meth:`close`.
+
+    A row whose generation ends stays in the batch, free, fed a placeholder token, until a new
+    generation takes it over (its prompt's cache copied into that row alone) or the batch is
+    compacted: when its free rows outnumber the busy ones, or when its cache runs out of slots
+    (the busy rows' filled slots copied into a new batch with room after the longest). A batch of
+    clients that come and go thus copies one row's cache per arrival, not the whole batch's."""
 
     def __init__(self, model: Any, max_rows: int = 8) -> None:
         if max_rows < 1:
@@ -91,12 +97,15 @@ class Batcher:
         self.model, self.max_rows = model, max_rows
         self.tokenizer = model._tokenizer()
         self.waiting: queue.Queue[Generation | None] = queue.Queue()
-        self.active: list[Generation] = []
+        #: the generation each row of the batch's state holds (None: a free row)
+        self.slots: list[Generation | None] = []
         self.state: CausalState | None = None
         self.steps = 0
         #: the most rows one step has fed, and how generations ended, by reason (tests, figures)
         self.widest = 0
         self.ended: Counter[str] = Counter()
+        #: how rows joined the batch: "placed" into a free row, or "merged" into a new batch
+        self.joins: Counter[str] = Counter()
         self._thread = threading.Thread(target=self._run, name="edgeattn-batcher", daemon=True)
         self._thread.start()
 
@@ -108,8 +117,13 @@ class Batcher:
         self._thread.join(timeout=30)
 
     @property
+    def active(self) -> list[Generation]:
+        """The generations the batch decodes now."""
+        return [g for g in self.slots if g is not None]
+
+    @property
     def rows(self) -> int:
-        """Rows in the batch now."""
+        """Generations in the batch now."""
         return len(self.active)
 
     # ------------------------------------------------------------------ loop
@@ -124,26 +138,28 @@ class Batcher:
                 self._regroup(joined)
                 if self.state is None:
                     continue
-                tokens = np.array([[g.tokens[-1]] for g in self.active], dtype=np.int64)
+                if self.state.position >= self.state.capacity:  # out of slots: compact rather than grow
+                    self._compact()
+                tokens = np.array([[g.tokens[-1] if g is not None else 0] for g in self.slots], dtype=np.int64)
                 logits = self.state.feed(tokens)
                 self.steps += 1
-                self.widest = max(self.widest, len(self.active))
-                for g, row in zip(self.active, logits, strict=True):
-                    if not g.cancelled.is_set():
+                self.widest = max(self.widest, self.rows)
+                for g, row in zip(self.slots, logits, strict=True):
+                    if g is not None and not g.cancelled.is_set():
                         self._advance(g, row)
             except Exception as exc:  # a broken step ends every request in it, with the reason
                 log.exception("batch step failed")
                 for g in self.active:
                     self._finish(g, "error", str(exc))
-                self.active, self.state = [], None
+                self.slots, self.state = [], None
             self._leave()
 
     def _admit(self) -> tuple[list[tuple[Generation, CausalState]], bool]:
         """Waiting generations, their prompts run alone (blocking while the batch is empty)."""
         joined: list[tuple[Generation, CausalState]] = []
-        while len(self.active) + len(joined) < self.max_rows:
+        while self.rows + len(joined) < self.max_rows:
             try:
-                g = self.waiting.get(block=not self.active and not joined)
+                g = self.waiting.get(block=not self.rows and not joined)
             except queue.Empty:
                 break
             if g is None:
@@ -165,25 +181,44 @@ class Batcher:
         return joined, False
 
     def _regroup(self, joined: list[tuple[Generation, CausalState]]) -> None:
-        """The batch with the new rows after the ones it has."""
-        if not joined:
+        """The new rows into free rows of the batch where they fit, else a new batch of the busy
+        rows and the new ones."""
+        rest = []
+        for g, alone in joined:
+            free = next((i for i, held in enumerate(self.slots) if held is None), None)
+            if self.state is not None and free is not None and self.state.place(free, alone, 0):
+                self.slots[free] = g
+                self.joins["placed"] += 1
+            else:
+                rest.append((g, alone))
+        if not rest:
             return
-        rows = [(self.state, i) for i in range(len(self.active))] if self.state is not None else []
-        rows += [(alone, 0) for _, alone in joined]
-        self.active += [g for g, _ in joined]
-        self.state = CausalState.merged(self.model, rows, room=ROOM)
+        busy = [i for i, g in enumerate(self.slots) if g is not None]
+        rows = [(self.state, i) for i in busy] if self.state is not None else []
+        self.state = CausalState.merged(self.model, rows + [(alone, 0) for _, alone in rest], room=ROOM)
+        self.slots = [self.slots[i] for i in busy] + [g for g, _ in rest]
+        self.joins["merged"] += len(rest)
+
+    def _compact(self) -> None:
+        """A new batch of the busy rows alone, their filled slots at the front, room after them."""
+        assert self.state is not None
+        busy = [i for i, g in enumerate(self.slots) if g is not None]
+        self.state = CausalState.merged(self.model, [(self.state, i) for i in busy], room=ROOM) if busy else None
+        self.slots = [self.slots[i] for i in busy]
 
     def _leave(self) -> None:
-        """Rows whose generation ended (or whose client went) leave the batch."""
-        staying = [i for i, g in enumerate(self.active) if not g.done and not g.cancelled.is_set()]
-        for g in self.active:
+        """Rows whose generation ended (or whose client went) are freed; the batch is compacted
+        when its free rows outnumber its busy ones (each step feeds them all)."""
+        for i, g in enumerate(self.slots):
+            if g is None:
+                continue
             if g.cancelled.is_set() and not g.done:
                 self._finish(g, "cancelled")
-        if len(staying) == len(self.active):
-            return
-        assert self.state is not None
-        self.state = CausalState.merged(self.model, [(self.state, i) for i in staying], room=ROOM) if staying else None
-        self.active = [self.active[i] for i in staying]
+            if g.done:
+                self.slots[i] = None
+        free = len(self.slots) - self.rows
+        if free and (free > self.rows or self.rows == 0):
+            self._compact()
 
     # ------------------------------------------------------------- one token
     def _advance(self, g: Generation, logits: np.ndarray) -> None:

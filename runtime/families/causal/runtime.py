@@ -177,6 +177,26 @@ class CausalState:
         """(rows, vocab) True for every token of each row's prompt (where a repetition penalty starts)."""
         return prompt_seen(self.prompt_ids, self.prompt_mask, self.model.config.vocab_size)
 
+    def place(self, row: int, other: CausalState, r: int) -> bool:
+        """Row ``row`` becomes row ``r`` of ``other`` (a running batch's row taken over by a prompt
+        run alone): ``other``'s filled slots copied to the front of the row, the rest of it masked;
+        the next :meth:`step` feeds it a token as every other row. False, with nothing changed,
+        where they would not fit before the slot written next (then merge instead), or a cache
+        is not on the host."""
+        filled = np.flatnonzero(other.slots[r, : other.position])
+        if len(filled) > self.position or not (self.on_host and other.on_host):
+            return False
+        for name, array in self.host.items():
+            array[row, :, : len(filled)] = other.host[name][r][:, filled]
+        self.slots[row] = 0
+        self.slots[row, : len(filled)] = 1
+        self.next_position[row] = other.next_position[r]
+        return True
+
+    def filled(self) -> np.ndarray:
+        """Each row's filled slots (real tokens in its cache)."""
+        return self.slots[:, : self.position].sum(axis=1)
+
     @classmethod
     def merged(cls, model: CausalRuntime, rows: Sequence[tuple[CausalState, int]], room: int = 0) -> CausalState:
         """A state whose row i is row ``r`` of state ``s`` for each ``(s, r)`` of ``rows`` (a

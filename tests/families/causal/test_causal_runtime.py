@@ -141,6 +141,38 @@ def test_merged_states_decode_each_row_as_alone(exported):
     assert near.capacity == model.config.max_len
 
 
+def test_a_row_taken_over_by_a_new_prompt_decodes_as_it_alone(exported):
+    """A running batch's row handed to a prompt run alone (its old cache left masked behind it):
+    that row's logits equal the prompt's own state's, and the other rows' are unchanged. A prompt
+    longer than the batch's written slots is refused, the batch untouched."""
+    from edgeattn.runtime.families.causal.runtime import CausalState
+
+    _, _, model = exported
+    ids, mask = _prompts("right")
+    alone = [model.state(ids[r : r + 1, : int(mask[r].sum())], np.ones((1, int(mask[r].sum())), np.int64))
+             for r in range(3)]  # fmt: skip
+    for state in alone:
+        state.step(np.zeros(1, np.int64))
+    batch = CausalState.merged(model, [(alone[0], 0), (alone[2], 0)], room=8)
+    for k in range(3):
+        batch.step(np.array([50 + k, 60 + k]))
+        alone[0].step(np.array([50 + k]))
+    newcomer = alone[1]  # 8 tokens: fits before the batch's next slot (16)
+    too_long = model.state(ids[:1, :13], np.ones((1, 13), np.int64))
+    too_long.step(np.zeros(1, np.int64))
+    for _ in range(4):
+        too_long.step(np.array([5]))
+    before = batch.slots.copy()
+    assert not batch.place(1, too_long, 0) and np.array_equal(batch.slots, before)
+    assert batch.place(1, newcomer, 0)
+    assert batch.filled().tolist() == [16, 8]
+    for k in range(5):
+        tokens = np.array([70 + k, 80 + k])
+        got = batch.step(tokens)
+        want = np.concatenate([alone[0].step(tokens[:1]), newcomer.step(tokens[1:])])
+        assert np.abs(got - want).max() <= 1e-4, k
+
+
 def test_teacher_forced_logits_equal_transformers(exported):
     reference, _, model = exported
     ids, mask = _prompts("right", lengths=(29, 17, 5))
