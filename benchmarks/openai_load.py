@@ -11,7 +11,7 @@ of all the threads, or two of half each (ratios against the one process).
 long, one in four going mid-stream, and reports errors, rows left and the server's memory over time.
 
 Usage: ``python benchmarks/openai_load.py EXPORT --gguf Q4_0.gguf [--servers edgeattn,llama-server]
-[--clients 1,8,32] [--requests 2] [--new-tokens 128] [--threads 2] [--json OUT]`` where EXPORT is the
+[--clients 1,8,32] [--requests 2] [--new-tokens 128 | 16-128] [--threads 2] [--json OUT]`` where EXPORT is the
 real SmolLM2-135M-Instruct's export (int4) and the GGUF its llama.cpp Q4_0
 (``benchmarks/real_quality.py`` writes both into ``~/.cache/edgeattn-real/gguf``).
 """
@@ -82,17 +82,33 @@ def one_chat(url: str, model: str, prompt: str, new_tokens: int, go: threading.E
     return {"times": times, "tokens": usage if usage is not None else len(times), "went": False}
 
 
-def load_round(url: str, model: str, clients: int, requests: int, new_tokens: int) -> dict[str, Any]:
-    jobs = [PROMPTS[i % len(PROMPTS)] for i in range(clients * requests)]
+def token_range(spec: str) -> tuple[int, int]:
+    """``--new-tokens``: ``N`` (every answer up to N tokens) or ``A-B`` (each answer's limit drawn
+    from A to B, so that rows end at different times, as real traffic's do)."""
+    low, _, high = spec.partition("-")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--new-tokens takes N or A-B, not {spec!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"--new-tokens {spec}: need 1 <= A <= B")
+    return bounds
+
+
+def load_round(url: str, model: str, clients: int, requests: int, new_tokens: tuple[int, int]) -> dict[str, Any]:
+    """``clients`` clients streaming ``requests`` chats each in turn; each chat's token limit drawn
+    from ``new_tokens`` by a seed of the client count, so every server gets the same jobs."""
+    limits = np.random.default_rng(clients).integers(new_tokens[0], new_tokens[1] + 1, clients * requests)
+    jobs = [(PROMPTS[i % len(PROMPTS)], int(limits[i])) for i in range(clients * requests)]
     start = time.perf_counter()
     errors = 0
 
     def client(k: int) -> list[dict[str, Any]]:
         nonlocal errors
         done = []
-        for prompt in jobs[k::clients]:
+        for prompt, limit in jobs[k::clients]:
             try:
-                done.append(one_chat(url, model, prompt, new_tokens))
+                done.append(one_chat(url, model, prompt, limit))
             except Exception:  # counted, never silently dropped
                 errors += 1
         return done
@@ -237,7 +253,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2, help="streamed chats each client sends in turn")
     parser.add_argument("--rounds", type=int, default=1,
                         help="times every server is started and loaded in turn (figures: each one's median)")
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=token_range, default=(128, 128),
+                        help="each answer's token limit: N, or A-B drawn per request (rows ending at different times)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--soak", type=float, default=0, help="seconds of the soak instead of the load run")
     parser.add_argument("--json", type=Path, default=None)
@@ -246,9 +263,9 @@ def main() -> None:
 
     report: dict[str, Any] = {"benchmark": "openai_load", "date": time.strftime("%Y-%m-%d"), "machine": machine_info(),
                               "export": args.export.name,
-                              "new_tokens": args.new_tokens, "threads": args.threads}  # fmt: skip
+                              "new_tokens": list(args.new_tokens), "threads": args.threads}  # fmt: skip
     if args.soak:
-        report["soak"] = soak(args.export, args.soak, 32, args.new_tokens, args.threads)
+        report["soak"] = soak(args.export, args.soak, 32, args.new_tokens[1], args.threads)
         print(json.dumps(report["soak"], indent=2))
         out = args.json or ROOT / "benchmarks" / "results" / "openai-soak.json"
     else:
