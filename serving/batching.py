@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 #: free slots a merged batch keeps after its longest row, so that steps seldom grow the cache
 ROOM = 64
+#: steps a freed row waits for a newcomer before the batch is compacted without it (each step
+#: feeds every row, free or not)
+IDLE_STEPS = 8
 
 
 @dataclass
@@ -87,8 +90,9 @@ class Batcher:
 
     A row whose generation ends stays in the batch, free, fed a placeholder token, until a new
     generation takes it over (its prompt's cache copied into that row alone) or the batch is
-    compacted: when its free rows outnumber the busy ones, or when its cache runs out of slots
-    (the busy rows' filled slots copied into a new batch with room after the longest). A batch of
+    compacted: when its free rows outnumber the busy ones, when a row has stayed free for
+    :data:`IDLE_STEPS` steps with nobody waiting, or when its cache runs out of slots (the busy
+    rows' filled slots copied into a new batch with room after the longest). A batch of
     clients that come and go thus copies one row's cache per arrival, not the whole batch's."""
 
     def __init__(self, model: Any, max_rows: int = 8) -> None:
@@ -99,6 +103,8 @@ class Batcher:
         self.waiting: queue.Queue[Generation | None] = queue.Queue()
         #: the generation each row of the batch's state holds (None: a free row)
         self.slots: list[Generation | None] = []
+        #: the step at which each free row was freed
+        self.freed_at: dict[int, int] = {}
         self.state: CausalState | None = None
         self.steps = 0
         #: the most rows one step has fed, and how generations ended, by reason (tests, figures)
@@ -151,7 +157,7 @@ class Batcher:
                 log.exception("batch step failed")
                 for g in self.active:
                     self._finish(g, "error", str(exc))
-                self.slots, self.state = [], None
+                self.slots, self.state, self.freed_at = [], None, {}
             self._leave()
 
     def _admit(self) -> tuple[list[tuple[Generation, CausalState]], bool]:
@@ -197,6 +203,7 @@ class Batcher:
         rows = [(self.state, i) for i in busy] if self.state is not None else []
         self.state = CausalState.merged(self.model, rows + [(alone, 0) for _, alone in rest], room=ROOM)
         self.slots = [self.slots[i] for i in busy] + [g for g, _ in rest]
+        self.freed_at = {}
         self.joins["merged"] += len(rest)
 
     def _compact(self) -> None:
@@ -205,10 +212,12 @@ class Batcher:
         busy = [i for i, g in enumerate(self.slots) if g is not None]
         self.state = CausalState.merged(self.model, [(self.state, i) for i in busy], room=ROOM) if busy else None
         self.slots = [self.slots[i] for i in busy]
+        self.freed_at = {}
 
     def _leave(self) -> None:
         """Rows whose generation ended (or whose client went) are freed; the batch is compacted
-        when its free rows outnumber its busy ones (each step feeds them all)."""
+        when its free rows outnumber its busy ones, or when a row has stayed free for
+        :data:`IDLE_STEPS` steps with nobody waiting (each step feeds every row)."""
         for i, g in enumerate(self.slots):
             if g is None:
                 continue
@@ -216,8 +225,11 @@ class Batcher:
                 self._finish(g, "cancelled")
             if g.done:
                 self.slots[i] = None
-        free = len(self.slots) - self.rows
-        if free and (free > self.rows or self.rows == 0):
+                self.freed_at[i] = self.steps
+        self.freed_at = {i: step for i, step in self.freed_at.items() if i < len(self.slots) and self.slots[i] is None}
+        free = len(self.freed_at)
+        idle = free and self.waiting.empty() and self.steps - min(self.freed_at.values()) >= IDLE_STEPS
+        if free and (free > self.rows or self.rows == 0 or idle):
             self._compact()
 
     # ------------------------------------------------------------- one token

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -172,7 +173,6 @@ def test_concurrent_streams_share_a_batch_and_answer_as_alone(client, server, lm
     assert got == want
     batcher = server.api.models["lm"].batcher
     assert batcher.widest > 1  # rows decoded together
-    assert batcher.joins["placed"] >= 1  # 16 requests for 8 rows: later ones took over rows that ended
     assert batcher.rows == 0 and batcher.state is None  # every row left
 
 
@@ -208,6 +208,48 @@ def test_a_client_that_goes_mid_stream_frees_its_row(server, lm_export):
     assert isinstance(events[-1], Finished) and events[-1].reason == "cancelled", events
     assert events[-1].completion_tokens == 1 and batcher.ended["cancelled"] == before + 1
     assert batcher.rows == 0
+
+
+def test_a_freed_row_is_taken_over_then_compacted_away_and_every_answer_is_as_alone(lm_export):
+    """Two generations in one batch; when the short one ends a third arrives and takes over its
+    row (no copy of the batch); when the third ends and nobody comes, within IDLE_STEPS steps the
+    batch is compacted to the long one's row alone. Every answer equals the runtime's alone."""
+    from edgeattn.serving.batching import IDLE_STEPS, Batcher
+
+    runtime = load(lm_export)
+    tokenizer = runtime._tokenizer()
+    answers = {q: [int(t) for t in runtime.generate_answers([_chat(q)], 40)[0][1]] for q in QUESTIONS}
+    ids = {q: tokenizer.encode(runtime.render_chat(_chat(q)), False) for q in QUESTIONS}
+    long_q = max(QUESTIONS, key=lambda q: len(answers[q]))
+    short_q = QUESTIONS[0] if long_q != QUESTIONS[0] else QUESTIONS[1]
+    newcomer_q = min(QUESTIONS, key=lambda q: len(ids[q]))  # a prompt that fits the batch's written slots
+    assert len(answers[long_q]) >= 3 + 4 + IDLE_STEPS + 2, answers  # room to see both happen
+    assert len(answers[short_q]) >= 3, answers  # it ends at its limit, inside the batch
+    batcher = Batcher(runtime, 4)
+    rows_seen, done = [], threading.Event()
+    got: dict[str, list[int]] = {"long": [], "short": [], "newcomer": []}
+
+    def emit(name, event):
+        if isinstance(event, Finished):
+            if name == "short":  # the newcomer waits before the short one's row is freed
+                batcher.submit(Generation(ids[newcomer_q], 4, lambda e: emit("newcomer", e), temperature=0))
+            if name == "long":
+                done.set()
+            return
+        got[name].append(event.token)
+        if name == "long":
+            rows_seen.append(0 if batcher.state is None else batcher.state.rows)
+
+    try:
+        batcher.submit(Generation(ids[long_q], 40, lambda e: emit("long", e), temperature=0))
+        batcher.submit(Generation(ids[short_q], 3, lambda e: emit("short", e), temperature=0))
+        assert done.wait(60)
+    finally:
+        batcher.close()
+    assert got["long"] == answers[long_q]
+    assert got["short"] == answers[short_q][:3] and got["newcomer"] == answers[newcomer_q][:4]
+    assert batcher.joins["placed"] == 1, batcher.joins  # the newcomer took over the freed row
+    assert 2 in rows_seen and rows_seen[-1] == 1  # decoded together, then alone after the compaction
 
 
 def test_embeddings_equal_embed(client, embedder):
