@@ -194,6 +194,7 @@ class Batcher:
             free = next((i for i, held in enumerate(self.slots) if held is None), None)
             if self.state is not None and free is not None and self.state.place(free, alone, 0):
                 self.slots[free] = g
+                self.freed_at.pop(free, None)
                 self.joins["placed"] += 1
             else:
                 rest.append((g, alone))
@@ -226,7 +227,6 @@ class Batcher:
             if g.done:
                 self.slots[i] = None
                 self.freed_at[i] = self.steps
-        self.freed_at = {i: step for i, step in self.freed_at.items() if i < len(self.slots) and self.slots[i] is None}
         free = len(self.freed_at)
         idle = free and self.waiting.empty() and self.steps - min(self.freed_at.values()) >= IDLE_STEPS
         if free and (free > self.rows or self.rows == 0 or idle):

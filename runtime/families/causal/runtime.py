@@ -193,10 +193,6 @@ class CausalState:
         self.next_position[row] = other.next_position[r]
         return True
 
-    def filled(self) -> np.ndarray:
-        """Each row's filled slots (real tokens in its cache)."""
-        return self.slots[:, : self.position].sum(axis=1)
-
     @classmethod
     def merged(cls, model: CausalRuntime, rows: Sequence[tuple[CausalState, int]], room: int = 0) -> CausalState:
         """A state whose row i is row ``r`` of state ``s`` for each ``(s, r)`` of ``rows`` (a

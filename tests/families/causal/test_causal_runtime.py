@@ -116,6 +116,17 @@ def test_a_prompt_in_chunks_answers_as_whole(exported, side, monkeypatch):
     assert np.array_equal(tokens, model.greedy(ids, mask, 8, stop_at_eos=False))
 
 
+def _states_alone(model) -> list:
+    """Each of the three right-padded prompts (13, 8 and 1 tokens) in a state of its own, its
+    prompt's logits taken (the next step feeds a token)."""
+    ids, mask = _prompts("right")
+    alone = [model.state(ids[r : r + 1, : int(mask[r].sum())], np.ones((1, int(mask[r].sum())), np.int64))
+             for r in range(3)]  # fmt: skip
+    for state in alone:
+        state.step(np.zeros(1, np.int64))
+    return alone
+
+
 def test_merged_states_decode_each_row_as_alone(exported):
     """Rows of different states (prompts of 13, 8 and 1 tokens, one of them two steps ahead) merged
     into one batch, then stepped together: each row's logits equal its own state's, and the batch's
@@ -123,11 +134,7 @@ def test_merged_states_decode_each_row_as_alone(exported):
     from edgeattn.runtime.families.causal.runtime import CausalState
 
     _, _, model = exported
-    ids, mask = _prompts("right")
-    alone = [model.state(ids[r : r + 1, : int(mask[r].sum())], np.ones((1, int(mask[r].sum())), np.int64))
-             for r in range(3)]  # fmt: skip
-    for state in alone:
-        state.step(np.zeros(1, np.int64))
+    alone = _states_alone(model)
     alone[1].step(np.array([11]))
     alone[1].step(np.array([12]))
     merged = CausalState.merged(model, [(s, 0) for s in alone], room=4)
@@ -148,24 +155,20 @@ def test_a_row_taken_over_by_a_new_prompt_decodes_as_it_alone(exported):
     from edgeattn.runtime.families.causal.runtime import CausalState
 
     _, _, model = exported
-    ids, mask = _prompts("right")
-    alone = [model.state(ids[r : r + 1, : int(mask[r].sum())], np.ones((1, int(mask[r].sum())), np.int64))
-             for r in range(3)]  # fmt: skip
-    for state in alone:
-        state.step(np.zeros(1, np.int64))
+    alone = _states_alone(model)
     batch = CausalState.merged(model, [(alone[0], 0), (alone[2], 0)], room=8)
     for k in range(3):
         batch.step(np.array([50 + k, 60 + k]))
         alone[0].step(np.array([50 + k]))
     newcomer = alone[1]  # 8 tokens: fits before the batch's next slot (16)
-    too_long = model.state(ids[:1, :13], np.ones((1, 13), np.int64))
+    too_long = model.state(_prompts("right")[0][:1, :13], np.ones((1, 13), np.int64))
     too_long.step(np.zeros(1, np.int64))
     for _ in range(4):
         too_long.step(np.array([5]))
     before = batch.slots.copy()
     assert not batch.place(1, too_long, 0) and np.array_equal(batch.slots, before)
     assert batch.place(1, newcomer, 0)
-    assert batch.filled().tolist() == [16, 8]
+    assert batch.slots[:, : batch.position].sum(axis=1).tolist() == [16, 8]  # filled slots a row
     for k in range(5):
         tokens = np.array([70 + k, 80 + k])
         got = batch.step(tokens)
