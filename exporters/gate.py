@@ -368,8 +368,6 @@ def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray, vocab_size: i
     :data:`LOGITS_BYTES` of logits; only the true token's log-probability is kept of each position."""
     from tqdm import tqdm
 
-    from edgeattn.runtime.generate import chosen_log_probs
-
     rows, width = ids.shape
     top1 = np.zeros((rows, max(width - 1, 0)), np.int64)
     logp = np.zeros((rows, max(width - 1, 0)), np.float64)
@@ -388,13 +386,20 @@ def next_tokens(logits_of: Any, ids: np.ndarray, mask: np.ndarray, vocab_size: i
         if mask[chosen, t:].any():  # not padded on the right: the rows keep their whole width
             t = width
         logits = logits_of(ids[chosen, :t], mask[chosen, :t])[:, :-1]  # (b, t - 1, vocab)
-        flat = logits.reshape(-1, logits.shape[-1])
-        top1[chosen, : t - 1] = flat.argmax(-1).reshape(len(chosen), t - 1)
-        truth = ids[chosen, 1:t].reshape(-1)
-        logp[chosen, : t - 1] = chosen_log_probs(flat, truth).reshape(len(chosen), t - 1)
+        best, chosen_logp = scored(logits.reshape(-1, logits.shape[-1]), ids[chosen, 1:t].reshape(-1))
+        top1[chosen, : t - 1] = best.reshape(len(chosen), t - 1)
+        logp[chosen, : t - 1] = chosen_logp.reshape(len(chosen), t - 1)
     bar.close()
     valid = (mask[:, :-1] * mask[:, 1:]).astype(bool)
     return NextTokens(top1, logp, valid)
+
+
+def scored(logits: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of ``logits`` (N, vocab): each row's argmax and the log-probability (float64) of its ``truth``
+    token, reduced on every core (the first of equal maxima, as numpy's argmax)."""
+    x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))
+    chosen = x.gather(1, torch.from_numpy(truth.astype(np.int64))[:, None])[:, 0]
+    return x.argmax(-1).numpy(), (chosen - torch.logsumexp(x, -1)).double().numpy()
 
 
 def eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

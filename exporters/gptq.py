@@ -29,9 +29,9 @@ from edgeattn.exporters.fitted_weights import FittedWeight
 
 #: dampening added to H's diagonal, as a share of its mean (GPTQ's default)
 DAMP = 0.01
-#: input features quantised between two updates of the rest (a block's scale is chosen when its
-#: first feature is reached, from its features brought up to date: blocks must not start inside a
-#: batch of features, so the blocks are multiples of this)
+#: GPTQ fits blocks of a multiple of this many input features (smaller blocks are rounded to the
+#: nearest level). A block's features are quantised together and the rest brought up to date after
+#: each block, so a block's scale is chosen from features that are up to date
 COLUMNS = 32
 #: the scale candidates of a block: its largest magnitude over 2^(bits-1) times these factors
 SCALE_FACTORS = tuple(float(f) for f in np.linspace(0.8, 1.1, 16))
@@ -83,14 +83,38 @@ def _block_scale(block: torch.Tensor, importance: torch.Tensor, bits: int) -> to
     peak = block.gather(0, block.abs().argmax(0, keepdim=True))[0]
     end = torch.where(peak == 0, torch.ones_like(peak), peak / -half)
     scales = torch.tensor(SCALE_FACTORS)[:, None] * end  # (F, N)
-    rounded = torch.clamp(torch.round(block / scales[:, None]), -half, half - 1) * scales[:, None]  # (F, B, N)
-    errors = torch.einsum("fbn,b->fn", (rounded - block) ** 2, importance)
+    lost = block / scales[:, None]  # (F, B, N): rounded, back on the scale, less the weights, squared
+    lost.round_().clamp_(-half, half - 1).mul_(scales[:, None]).sub_(block).square_()
+    errors = torch.matmul(importance, lost)  # (F, N)
     return scales.gather(0, errors.argmin(0, keepdim=True))[0]
 
 
 def fits(block: int) -> bool:
     """Whether :func:`gptq` fits blocks of ``block`` input features."""
     return block % COLUMNS == 0
+
+
+#: from this many input features on, :func:`inverse_factor` inverts through LAPACK's triangular
+#: inverse; below it in torch (SciPy's BLAS threads keep spinning on the cores for a while after a
+#: call, which costs a small product more than the inverse saves)
+LAPACK_FEATURES = 2048
+
+
+def inverse_factor(h: torch.Tensor) -> torch.Tensor:
+    """The upper Cholesky factor ``U`` of ``h``'s inverse (``h⁻¹ = UᵀU``). For a large ``h`` from
+    one factorisation: with ``J`` the reversal of the features, ``chol(J h J) = L`` gives
+    ``U = J L⁻¹ J`` (a triangular inverse: a third of the work of inverting ``h`` and factorising
+    the inverse, which small ones do). Raises ``torch.linalg.LinAlgError`` where ``h`` is not
+    positive definite."""
+    if len(h) < LAPACK_FEATURES:
+        return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    from scipy.linalg import lapack
+
+    lower = torch.linalg.cholesky(h.flip(0, 1)).numpy()  # column-major, as LAPACK takes it
+    inverse, info = lapack.strtri(lower, lower=1, overwrite_c=1)
+    if info != 0:
+        raise torch.linalg.LinAlgError(f"the inputs' second moments are singular (LAPACK strtri: {info})")
+    return torch.from_numpy(inverse).flip(0, 1).contiguous()
 
 
 def gptq(weight: torch.Tensor, hessian: torch.Tensor, bits: int, block: int) -> FittedWeight:
@@ -108,14 +132,14 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, bits: int, block: int) -> 
     w[:, dead] = 0.0
     h += DAMP * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
     importance = torch.diag(h)
-    inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    inverse = inverse_factor(h)
     half = 2 ** (bits - 1)
     rows = w.T.contiguous()  # (K, N): an input feature's weights are a row
     levels = torch.empty(k, n)
     scales = torch.empty(k // block, n)
     scale = torch.ones(n)
-    for start in range(0, k, COLUMNS):
-        end = min(start + COLUMNS, k)
+    for start in range(0, k, block):  # a block's features at a time, the rest brought up to date after each
+        end = min(start + block, k)
         part = rows[start:end]  # brought up to date with every feature before it
         errors = torch.empty_like(part)
         inv = inverse[start:end, start:end]

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgeattn.errors import ExportError
 from edgeattn.exporters.fitted_weights import fitted_from_graph
-from edgeattn.exporters.gptq import Hessians, calibration_rows, gptq, nearest
+from edgeattn.exporters.gptq import Hessians, calibration_rows, gptq, inverse_factor, nearest
 from edgeattn.exporters.precision_builds import FIT_TOKENS, PrecisionOptions, fit_sequences
 from edgeattn.exporters.quantize import ConversionJob, quantize_blockwise
 
@@ -43,6 +43,20 @@ def test_gptq_keeps_a_products_outputs_closer_than_rounding_to_nearest():
     assert gptq_error < 0.8 * rtn_error, (gptq_error, rtn_error)
     # every level is on the grid its block's scale makes
     assert np.allclose(fitted.dequantized(), (fitted.codes.astype(np.float32) - 8) * np.repeat(fitted.scales, 32, 1))
+
+
+@pytest.mark.parametrize("features", [96, 2048 + 96])
+def test_the_inverse_factor_is_the_upper_cholesky_factor_of_the_inverse(features):
+    """Through LAPACK's triangular inverse (large) or in torch (small), the same factor."""
+    hessians = Hessians(features)
+    hessians.add(_correlated_inputs(4 * features, features, seed=3))
+    h = hessians.value + 0.01 * hessians.value.diag().mean() * torch.eye(features)
+    got = inverse_factor(h)
+    assert torch.equal(got, got.triu()) and bool((got.diag() > 0).all())
+    want = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h.double())), upper=True)
+    assert torch.allclose(got.double(), want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
+    with pytest.raises(torch.linalg.LinAlgError):
+        inverse_factor(-torch.eye(features))
 
 
 def _product_graph(weight: np.ndarray) -> onnx.ModelProto:
