@@ -130,7 +130,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, bits: int, block: int) -> 
     dead = torch.diag(h) == 0  # features never seen: no error to spread, weight irrelevant
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    h += DAMP * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
+    h.diagonal().add_(DAMP * torch.mean(torch.diag(h)))  # the diagonal alone: no K x K identity made
     importance = torch.diag(h)
     inverse = inverse_factor(h)
     half = 2 ** (bits - 1)
