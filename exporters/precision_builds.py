@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -361,6 +362,8 @@ class PrecisionBuilder:
         candidate = Candidate.read(graph, precision.name, dst, fields, keep=False)
         if isinstance(candidate.model, bytes):
             shutil.rmtree(work)
+        else:  # its files (weights a session maps) go with it: a search's rejected trials do not pile up
+            weakref.finalize(candidate, shutil.rmtree, work, True)
         return candidate
 
     def _int8_cache(self, graph: str, src: Path, dst: Path) -> dict[str, Any]:

@@ -401,7 +401,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     shared = [name for name, output in tied.items() if share_tied_table(proto, name, output, block_size)]
     reduce_axes_as_inputs(proto)
     read_in_place(proto, src.parent, lazy=set())  # float weights no product took (kept by the quantiser)
-    if sum(len(t.raw_data) for t in proto.graph.initializer) > PROTOBUF_SAFE:  # a tensor at a time, laid out to map
+    if sum(len(t.raw_data) for t in proto.graph.initializer) > MAPPED_ABOVE:  # a tensor at a time, laid out to map
         write_external_data(proto, dst, external_data_file(dst.name))
     else:
         onnx.save(proto, str(dst))
@@ -425,8 +425,9 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     }
 
 
-#: a graph larger than this is saved with its weights in a data file (protobuf's limit is 2 GiB)
-PROTOBUF_SAFE = 1_800_000_000
+#: a graph whose weights pass this is saved with them in a data file laid out to map (protobuf's own
+#: limit is 2 GiB): the gate's sessions map them instead of holding the serialised graph and a copy
+MAPPED_ABOVE = 256 * 2**20
 
 
 def tied_tables(model: onnx.ModelProto) -> dict[str, str]:

@@ -75,6 +75,49 @@ def test_int8_int4_and_fp16_pass_the_gate_on_held_out_text(folder, tmp_path):
     assert half.generate_text(prompts, 8) == full.generate_text(prompts, 8)
 
 
+def test_large_candidates_are_gated_from_mapped_files_that_go_with_them(folder, tmp_path, monkeypatch):
+    """Where a quantised graph's weights pass the mapping threshold (here: every graph's), the gate's
+    sessions open its file with the weights in a data file beside it, not the serialised graph held
+    in memory; a candidate's files are gone once it is (int8's before int4 is gated); the export
+    and its gate figures are those of graphs held in memory."""
+    from edgeattn.exporters import quantize
+    from edgeattn.runtime.exported_model import ExportedModel
+    from edgeattn.runtime.layout import external_data_file
+
+    texts = causal_folders.heldout_notes(tmp_path / "notes.txt")
+    hf = import_folder(folder)
+    fields = {"tokenizer": hf.tokenizer, "architecture": hf.architecture}
+    heldout = [hf.tokenizer.encode(t) for t in texts.read_text().splitlines() if t.strip()]
+    from edgeattn.exporters.precision_builds import PrecisionOptions
+
+    def export(out):
+        export_model(hf.model, out, precisions=["fp32", "int8", "int4"], verify=False,
+                     precision_options=PrecisionOptions(heldout_data=heldout), **fields)  # fmt: skip
+        return json.loads((out / "manifest.json").read_text())
+
+    held = export(tmp_path / "held")
+    opened: list = []
+    original = ExportedModel.from_graphs.__func__
+
+    def from_graphs(cls, config, graphs, *args, **kwargs):
+        for path in opened:  # an earlier precision's candidate, released: its files are gone
+            assert not path.parent.exists(), path
+        opened.extend(graphs.values())
+        for graph in graphs.values():  # the weights in a data file beside the graph, which the session maps
+            assert not isinstance(graph, bytes) and graph.with_name(external_data_file(graph.name)).is_file(), graph
+        return original(cls, config, graphs, *args, **kwargs)
+
+    monkeypatch.setattr(quantize, "MAPPED_ABOVE", 0)
+    monkeypatch.setattr(ExportedModel, "from_graphs", classmethod(from_graphs))
+    mapped = export(tmp_path / "mapped")
+    assert len(opened) == 2, opened
+    assert mapped["gates"] == held["gates"]
+    prompt = np.array([[5, 9, 12, 7, 30, 2]])
+    for precision in ("int8", "int4"):
+        a, b = load(tmp_path / "held", precision=precision), load(tmp_path / "mapped", precision=precision)
+        np.testing.assert_array_equal(a.generate(prompt, None, 6).tokens, b.generate(prompt, None, 6).tokens)
+
+
 def test_an_outlier_channel_that_breaks_int4_is_caught(tmp_path):
     """Input channel 0 of every product after a norm scaled up 300x, its norm weight down as much:
     float32 computes the same function, but each 4-bit block holding that channel loses the rest."""
