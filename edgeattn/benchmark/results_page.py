@@ -217,6 +217,21 @@ def arm_table(data: dict[str, Any]) -> str:
     return _table(header, body)
 
 
+def native_speed_table(data: dict[str, Any]) -> str:
+    """An export beside llama-bench: each engine's prefill and decode tokens/s by prompt, its peak
+    memory, and edgeattn's figures as a multiple of each peer's."""
+    header = ["engine", "prompt", "prefill tok/s", "decode tok/s", "peak MiB", "on disk MB",
+              "edgeattn ÷ this (prefill, decode)"]  # fmt: skip
+    ours = {r["prompt"]: r.get("vs", {}) for r in data["rows"] if "vs" in r}
+    rows = []
+    for r in sorted(data["rows"], key=lambda r: (r["prompt"], "vs" not in r, r["engine"])):
+        vs = ours.get(r["prompt"], {}).get(r["engine"])
+        rows.append([r["engine"], str(r["prompt"]), _number(r["prefill_tok_s"]), _number(r["decode_tok_s"]),
+                     _number(r["peak_mb"]) if r.get("peak_mb") is not None else "-", _number(r["on_disk_mb"]),
+                     f"{vs['prefill']:.2f}x, {vs['decode']:.2f}x" if vs else "-"])  # fmt: skip
+    return _table(header, rows)
+
+
 def table(path: Path) -> str:
     """A results file's figures as a markdown table."""
     return section(path).split("\n\n", 2)[2].rstrip("\n")
@@ -245,6 +260,8 @@ def section(path: Path) -> str:
         body = targets_lm_table(data)
     elif rows and data.get("benchmark") == "mobile arm":
         body = arm_table(data)
+    elif rows and data.get("benchmark") == "native speed":
+        body = native_speed_table(data)
     elif rows and data.get("benchmark") in ("moe-layer", "export-memory", "vision_speed", "batch_throughput",
                                                     "openai_load"):
         columns = list(dict.fromkeys(k for r in rows for k, v in r.items() if isinstance(v, int | float | str)))
