@@ -174,8 +174,9 @@ def create_session(
     intermediate tensor on its own instead of growing an arena (a lower peak, a little slower).
     Without ``prepacking`` the CPU provider multiplies by float32 weights as the file holds them
     (mapped: the system's pages, shared and droppable) instead of repacking each into memory of
-    its own at load: a float32 graph then costs about its weights' size less memory, and its
-    products run slower. ``threads`` None is :func:`default_threads`.
+    its own at load, and constants are not folded (a weight the graph transposes is multiplied
+    transposed where it lies, not copied): a float32 graph then costs about its weights' size less
+    memory, and its products run slower. ``threads`` None is :func:`default_threads`.
     """
     threads = default_threads() if threads is None else threads
     if require:
@@ -227,6 +228,8 @@ def create_session(
     for plugin in plugins:
         plugin_session_options(opts, plugin, threads)
     disabled = [] if CUDA in names else CPU_DISABLED_OPTIMIZERS
+    if not prepacking:  # folding a Transpose of a mapped weight would copy it into memory of the process's own
+        disabled = [*disabled, "ConstantFolding"]
     try:
         session = ort.InferenceSession(source, sess_options=opts, providers=None if plugins else chosen,
                                        disabled_optimizers=disabled)  # fmt: skip

@@ -140,3 +140,29 @@ def test_a_file_that_is_not_an_onnx_protobuf_has_no_tables(tmp_path) -> None:
     assert row_tables(tmp_path / "model.ort") == []
     (tmp_path / "empty.onnx").write_bytes(b"")
     assert row_tables(tmp_path / "empty.onnx") == []
+
+
+def test_a_session_without_prepacking_multiplies_a_transposed_weight_where_it_lies(tmp_path) -> None:
+    """A graph multiplying by a mapped weight transposed (how an export points at its checkpoint's
+    ``Linear`` weights): without prepacking the transpose is not folded into a copy of the weight
+    (ONNX Runtime's optimised graph holds no transposed initializer), and the answer is x Wᵀ."""
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((512, 256)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["y"])],
+        "transposed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])],
+        [numpy_helper.from_array(weight, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "transposed.onnx"
+    write_external_data(model, path, "transposed.onnx.data")
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    for prepacking, folded in ((True, True), (False, False)):
+        cache = tmp_path / f"optimised-{prepacking}.onnx"
+        session = create_session(path, prepacking=prepacking, optimized_cache=cache)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight.T, rtol=1e-4, atol=1e-4)
+        optimised = onnx.load(str(cache), load_external_data=False)
+        shapes = [tuple(t.dims) for t in optimised.graph.initializer]
+        assert ((256, 512) in shapes) is folded, (prepacking, shapes)
