@@ -48,35 +48,65 @@ def _key(elem: int, dims: tuple[int, ...], data: bytes | memoryview) -> tuple[in
 
 
 class CheckpointIndex:
-    """The tensors of a safetensors file by content: as stored, and 2-D ones transposed."""
+    """The tensors of a safetensors file by content: as stored, and 2-D ones transposed.
+
+    Only the header is read when the index is made; a tensor's bytes are hashed the first time a
+    weight of its shape and type is looked up (:meth:`find`), so a graph whose weights match no
+    tensor's shape (a quantised one) reads nothing of a checkpoint of several GB."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.exact: dict[tuple[int, tuple[int, ...], str], Region] = {}
-        self.transposed: dict[tuple[int, tuple[int, ...], str], tuple[Region, tuple[int, ...]]] = {}
         with open(path, "rb") as f:  # mapped: each tensor's bytes are read as it is hashed, none kept
-            raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        (size,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8 : 8 + size])
+            self._raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        (size,) = struct.unpack("<Q", self._raw[:8])
+        header = json.loads(self._raw[8 : 8 + size])
         start = 8 + size
-        view = memoryview(raw)  # slices of it are views, not copies
-        from tqdm import tqdm
-
-        for name, info in tqdm(header.items(), desc="indexing the checkpoint", unit="tensor", disable=None,
-                               leave=False):  # fmt: skip
+        #: (element type, dims) -> the regions of the tensors of that shape, as stored / transposed
+        self._exact: dict[tuple[int, tuple[int, ...]], list[Region]] = {}
+        self._transposed: dict[tuple[int, tuple[int, ...]], list[tuple[Region, tuple[int, ...]]]] = {}
+        self._digests: dict[tuple[Region, bool], str] = {}
+        for name, info in header.items():
             if name == "__metadata__" or info["dtype"] not in _DTYPES:
                 continue
             elem, dims = _DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
             begin, end = info["data_offsets"]
-            data = view[start + begin : start + end]
             if end - begin < MIN_SHARED_BYTES:
                 continue
             region = Region(start + begin, end - begin)
-            self.exact.setdefault(_key(elem, dims, data), region)
+            self._exact.setdefault((elem, dims), []).append(region)
             if len(dims) == 2 and elem == onnx.TensorProto.FLOAT:
-                flipped = np.frombuffer(data, dtype=np.float32).reshape(dims).T.tobytes()
-                self.transposed.setdefault(_key(elem, dims[::-1], flipped), (region, dims))
-                del flipped
+                self._transposed.setdefault((elem, dims[::-1]), []).append((region, dims))
+
+    def candidates(self, elem: int, dims: tuple[int, ...]) -> bool:
+        """Whether any tensor has this type and shape, as stored or transposed (a weight that has
+        none needs no reading or hashing)."""
+        return (elem, dims) in self._exact or (elem, dims) in self._transposed
+
+    def _digest(self, region: Region, dims: tuple[int, ...] | None) -> str:
+        """The sha256 of a tensor's bytes (``dims``: of its transpose, a float32 matrix of these dims)."""
+        key = (region, dims is not None)
+        if key not in self._digests:
+            data = memoryview(self._raw)[region.offset : region.offset + region.length]
+            if dims is not None:
+                data = np.frombuffer(data, dtype=np.float32).reshape(dims).T.tobytes()
+            self._digests[key] = hashlib.sha256(data).hexdigest()
+            del data
+        return self._digests[key]
+
+    def find(self, elem: int, dims: tuple[int, ...], data: bytes | memoryview
+             ) -> tuple[Region, tuple[int, ...] | None] | None:  # fmt: skip
+        """Where a weight of type ``elem``, ``dims`` and bytes ``data`` lies in the checkpoint:
+        (its region, None) stored as it is, (the region, the stored dims) stored transposed, or None."""
+        if not self.candidates(elem, dims):
+            return None
+        digest = hashlib.sha256(data).hexdigest()
+        for region in self._exact.get((elem, dims), []):
+            if self._digest(region, None) == digest:
+                return region, None
+        for region, stored in self._transposed.get((elem, dims), []):
+            if self._digest(region, stored) == digest:
+                return region, stored
+        return None
 
 
 def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
@@ -103,32 +133,33 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
 
     for tensor in tqdm(proto.graph.initializer, desc="sharing weights with the checkpoint", unit="weight",
                        disable=None, leave=False):  # fmt: skip
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            if external_dir is None:
-                kept.append(tensor)
-                continue
+        outside = tensor.data_location == onnx.TensorProto.EXTERNAL
+        if (outside and external_dir is None) or not index.candidates(tensor.data_type, tuple(tensor.dims)):
+            kept.append(tensor)
+            continue
+        if outside:
             data = external_bytes(tensor, external_dir)  # compared, not kept: a match or not, it stays outside
         else:
             data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
         if len(data) < MIN_SHARED_BYTES:
             kept.append(tensor)
             continue
-        key = _key(tensor.data_type, tuple(tensor.dims), data)
+        found = index.find(tensor.data_type, tuple(tensor.dims), data)
         del data
-        if key in index.exact:
-            _external(tensor, location, index.exact[key])
+        if found is None:
             kept.append(tensor)
-            moved += index.exact[key].length
-        elif key in index.transposed:
-            region, dims = index.transposed[key]
+        elif found[1] is None:
+            _external(tensor, location, found[0])
+            kept.append(tensor)
+            moved += found[0].length
+        else:
+            region, dims = found
             source = onnx.TensorProto(name=tensor.name + TRANSPOSED_SUFFIX, data_type=tensor.data_type, dims=dims)
             _external(source, location, region)
             kept.append(source)
             transposes.append(helper.make_node("Transpose", [source.name], [tensor.name], perm=[1, 0],
                                                name=f"{tensor.name}/from_checkpoint"))  # fmt: skip
             moved += region.length
-        else:
-            kept.append(tensor)
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(kept)
     for node in reversed(transposes):
@@ -141,38 +172,62 @@ def compact_data_file(proto: onnx.ModelProto, folder: Path, data_name: str) -> i
     at (in their order, large ones page-aligned), copied a region at a time; the file is removed
     when nothing points at it. Returns the bytes kept."""
     path = folder / data_name
-    users: dict[tuple[int, int], list[onnx.TensorProto]] = {}
-    for tensor in proto.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location, offset, length = external_region(tensor)
-            if location == data_name:
-                users.setdefault((offset, length), []).append(tensor)
-    if not users:
-        path.unlink(missing_ok=True)
-        return 0
     fresh = path.with_name(data_name + ".compacting")
-    kept = 0
-    with open(path, "rb") as src, open(fresh, "wb") as out:
-        for (offset, length), tensors in users.items():
-            align = ALIGNMENT if length >= ALIGN_ABOVE else 64
-            out.write(b"\0" * (-out.tell() % align))
-            region = Region(out.tell(), length)
-            src.seek(offset)
-            left = length
-            while left:
-                chunk = src.read(min(left, 1 << 26))
-                if not chunk:
-                    raise OSError(f"{path} ends before the {length} bytes at {offset} a weight points at")
-                out.write(chunk)
-                left -= len(chunk)
-            for tensor in tensors:
-                _external(tensor, data_name, region)
-            kept += length
-    fresh.replace(path)
+    kept = copy_regions(proto, path, fresh, data_name)
+    if kept:
+        fresh.replace(path)
+    else:
+        path.unlink(missing_ok=True)
     return kept
 
 
-def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, int]:
+def data_locations(proto: onnx.ModelProto) -> list[str]:
+    """The data files ``proto``'s external initializers are in, as it names them, in order."""
+    return list(dict.fromkeys(external_region(t)[0] for t in proto.graph.initializer
+                              if t.data_location == onnx.TensorProto.EXTERNAL))  # fmt: skip
+
+
+def copy_regions(proto: onnx.ModelProto, sources: Path | list[Path], target: Path, data_name: str | None = None
+                 ) -> int:  # fmt: skip
+    """Copy the regions of the data files ``sources`` that ``proto``'s initializers point at (by
+    each file's name) into a new file ``target`` (in their order, large ones page-aligned), a
+    region at a time, and point them there by ``data_name`` (default: ``target``'s name, as the
+    graph beside it reads it). Writes nothing and returns 0 when no initializer points into a
+    source; else the bytes copied."""
+    sources = [sources] if isinstance(sources, Path) else sources
+    by_name = {source.name: source for source in sources}
+    users: dict[tuple[str, int, int], list[onnx.TensorProto]] = {}
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location, offset, length = external_region(tensor)
+            if location in by_name:
+                users.setdefault((location, offset, length), []).append(tensor)
+    if not users:
+        return 0
+    kept = 0
+    with open(target, "wb") as out:
+        for (location, offset, length), tensors in users.items():
+            align = ALIGNMENT if length >= ALIGN_ABOVE else 64
+            out.write(b"\0" * (-out.tell() % align))
+            region = Region(out.tell(), length)
+            with open(by_name[location], "rb") as src:
+                src.seek(offset)
+                left = length
+                while left:
+                    chunk = src.read(min(left, 1 << 26))
+                    if not chunk:
+                        raise OSError(f"{by_name[location]} ends before the {length} bytes at {offset} a weight "
+                                      "points at")  # fmt: skip
+                    out.write(chunk)
+                    left -= len(chunk)
+            for tensor in tensors:
+                _external(tensor, data_name or target.name, region)
+            kept += length
+    return kept
+
+
+def share_between(protos: dict[str, onnx.ModelProto], path: Path, sources: dict[str, list[Path]] | None = None
+                  ) -> dict[str, int]:  # fmt: skip
     """Write each initializer that several of ``protos`` hold alike (byte for byte, still inside the
     graph: a quantised embedding, a decoder's weights in both of its cache forms) once into
     ``path`` and point every graph at it; returns the bytes each graph no longer holds. Writes no
@@ -181,15 +236,37 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, i
     A ``Reshape`` of a shared weight by a constant shape (the tied table a GatherBlockQuantized
     reads by row) becomes a view over the same bytes (:func:`weight_views`), and large tensors start
     at page-aligned offsets, so that ONNX Runtime maps them rather than folding the Reshape into a
-    copy of its own: the real Whisper tiny.en's int8 decoder held a 20 MB copy of its table."""
+    copy of its own: the real Whisper tiny.en's int8 decoder held a 20 MB copy of its table.
+
+    ``sources`` names each graph's own data files (a candidate kept in a file): initializers there
+    are compared too, read a tensor at a time."""
+    if len(protos) < 2:
+        return {}
+    files = {graph: {f.name: f for f in found} for graph, found in (sources or {}).items()}
+
+    def data_of(graph: str, tensor: onnx.TensorProto) -> bytes | None:
+        """Its bytes (raw_data is already what external data holds, packed types included), or None
+        for one kept outside in a file that is not its graph's own."""
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            return tensor.raw_data
+        location, offset, length = external_region(tensor)
+        own = files.get(graph, {}).get(location)
+        if own is None:
+            return None
+        with open(own, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
     users: dict[tuple[int, tuple[int, ...], str], list[tuple[str, onnx.TensorProto]]] = {}
     for graph, proto in protos.items():
         for tensor in proto.graph.initializer:
-            # raw_data is already the bytes external data holds, packed types (int4) included
-            data = tensor.raw_data
-            if tensor.data_location == onnx.TensorProto.EXTERNAL or len(data) < MIN_SHARED_BYTES:
+            data = data_of(graph, tensor)
+            if data is None or len(data) < MIN_SHARED_BYTES:
                 continue
-            users.setdefault(_key(tensor.data_type, tuple(tensor.dims), data), []).append((graph, tensor))
+            # by bytes, whatever the shape: a view a graph's data file already holds (a tied table
+            # over its weight) keeps sharing its weight's region
+            users.setdefault(_key(tensor.data_type, (), data), []).append((graph, tensor))
+            del data
     shared = [tensors for tensors in users.values() if len({g for g, _ in tensors}) > 1]
     if not shared:
         return {}
@@ -202,7 +279,8 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path) -> dict[str, i
     moved = dict.fromkeys(protos, 0)
     with path.open("wb") as out:
         for tensors in shared:
-            data = tensors[0][1].raw_data
+            data = data_of(*tensors[0])
+            assert data is not None
             align = ALIGNMENT if len(data) >= ALIGN_ABOVE else 64
             out.write(b"\0" * (-out.tell() % align))
             region = Region(out.tell(), len(data))

@@ -27,7 +27,14 @@ import onnx
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
 from edgeattn.exporters.calibration import calibration_feeds, describe_calibration
-from edgeattn.exporters.compact import CheckpointIndex, fold_transposes, share_between, share_weights
+from edgeattn.exporters.compact import (
+    CheckpointIndex,
+    copy_regions,
+    data_locations,
+    fold_transposes,
+    share_between,
+    share_weights,
+)
 from edgeattn.exporters.fusion import can_fuse, fused_copy, optimize_fused
 from edgeattn.exporters.gate import GATE_TOKENS, GateResult, HeldOut, Reference, evaluate, spread_rows
 from edgeattn.exporters.gptq import ROW_TOKENS, calibration_rows
@@ -151,11 +158,12 @@ class Candidate:
         return cls(graph, precision, path.read_bytes(), fields)
 
     def stamped(self, config: ModelConfig) -> onnx.ModelProto:
-        """The graph with the spec's axis names and edgeattn's metadata, as the export holds it."""
+        """The graph with the spec's axis names and edgeattn's metadata, as the export holds it (a
+        candidate in a file keeps its weights there: they are copied, never held whole)."""
         if isinstance(self.model, bytes):
             proto = onnx.load_from_string(self.model)
         else:
-            proto = onnx.load(str(self.model), load_external_data=True)
+            proto = onnx.load(str(self.model), load_external_data=False)
         spec = graph_spec(self.graph, config)
         caches = [v.type.tensor_type.elem_type for v in proto.graph.input if is_in_place_cache(v.name)]
         if caches and caches[0] != onnx.TensorProto.FLOAT:  # as the converter wrote them (float16, int8)
@@ -542,19 +550,26 @@ class PrecisionBuilder:
         entries = {}
         checkpoint = self._checkpoint(export_dir)
         protos = {graph: c.stamped(self.model.config) for graph, c in build.candidates.items()}
+        # a candidate in a file: its folder, and the data files its weights are in (copied, not loaded)
+        folders = {graph: c.model.parent for graph, c in build.candidates.items() if isinstance(c.model, Path)}
+        sources = {graph: [folders[graph] / name for name in data_locations(protos[graph])] for graph in folders}
         in_checkpoint = set()  # graphs that now read weights from the checkpoint
         if checkpoint is not None:
-            in_checkpoint = {graph for graph, proto in protos.items() if share_weights(proto, checkpoint[1]) > 0}
+            in_checkpoint = {graph for graph, proto in protos.items()
+                             if share_weights(proto, checkpoint[1], folders.get(graph)) > 0}  # fmt: skip
         common = export_dir / shared_data_file(build.precision)
         common.unlink(missing_ok=True)
-        among = share_between(protos, common)  # what the checkpoint does not hold but several graphs do
+        among = share_between(protos, common, sources)  # what the checkpoint does not hold but several graphs do
         if among:
             log.info("%s: %.1f MB held by several graphs stored once in %s", build.precision,
                      common.stat().st_size / 1e6, common.name)  # fmt: skip
         for graph, proto in protos.items():
             path = export_dir / graph_file(graph, build.precision)
-            for old in (path, path.with_name(external_data_file(path.name))):
+            data_file = path.with_name(external_data_file(path.name))
+            for old in (path, data_file):
                 old.unlink(missing_ok=True)
+            if sources.get(graph):  # what neither the checkpoint nor the shared file holds, a region at a time
+                copy_regions(proto, sources[graph], data_file)
             external = self.family.role(graph).external_weights
             save_checked(proto, path, 0 if external else self.options.external_threshold)
             parity = None

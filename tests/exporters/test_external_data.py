@@ -81,14 +81,24 @@ def test_small_weights_and_graph_outputs_stay_reshapes() -> None:
     assert weight_views(_graph()) == {"table": "w"}
 
 
-def test_a_weight_shared_between_graphs_keeps_its_view_over_one_aligned_region(tmp_path) -> None:
+@pytest.mark.parametrize("in_files", [False, True], ids=["held", "in-files"])
+def test_a_weight_shared_between_graphs_keeps_its_view_over_one_aligned_region(tmp_path, in_files) -> None:
     """Two graphs holding the same weight (a decoder in both cache forms) store it once, page-aligned
     after a small shared tensor, and each graph's Reshape of it reads the same region (ONNX Runtime
-    would otherwise fold the Reshape into a copy of its own)."""
+    would otherwise fold the Reshape into a copy of its own); alike where each graph's weights are
+    still in its own data file (a candidate kept in a file), read from there."""
     protos = {"a": _graph(), "b": _graph()}
+    sources = None
+    if in_files:
+        sources = {}
+        for name in protos:
+            (tmp_path / name).mkdir()
+            save_checked(_graph(), tmp_path / name / "g.onnx", external_threshold=0)
+            protos[name] = onnx.load(str(tmp_path / name / "g.onnx"), load_external_data=False)
+            sources[name] = [tmp_path / name / "g.onnx.data"]
     whole = tmp_path / "whole.onnx"
     onnx.save_model(_graph(), str(whole))
-    moved = share_between(protos, tmp_path / "shared.data")
+    moved = share_between(protos, tmp_path / "shared.data", sources)
     assert set(moved) == {"a", "b"}
     for name, proto in protos.items():
         assert "Reshape" not in [n.op_type for n in proto.graph.node]

@@ -79,7 +79,8 @@ def test_large_candidates_are_gated_from_mapped_files_that_go_with_them(folder, 
     """Where a quantised graph's weights pass the mapping threshold (here: every graph's), the gate's
     sessions open its file with the weights in a data file beside it, not the serialised graph held
     in memory; a candidate's files are gone once it is (int8's before int4 is gated); the export
-    and its gate figures are those of graphs held in memory."""
+    is written from those files without loading their weights, and it, its files and its gate
+    figures are byte for byte those of graphs held in memory."""
     from edgeattn.exporters import quantize
     from edgeattn.runtime.exported_model import ExportedModel
     from edgeattn.runtime.layout import external_data_file
@@ -107,11 +108,23 @@ def test_large_candidates_are_gated_from_mapped_files_that_go_with_them(folder, 
             assert not isinstance(graph, bytes) and graph.with_name(external_data_file(graph.name)).is_file(), graph
         return original(cls, config, graphs, *args, **kwargs)
 
+    loaded: list[str] = []  # folders whose graphs' external weights were read into memory whole
+    load_data = onnx.load_external_data_for_model
+
+    def load_external_data_for_model(model, base_dir):
+        loaded.append(str(base_dir))
+        return load_data(model, base_dir)
+
     monkeypatch.setattr(quantize, "MAPPED_ABOVE", 0)
     monkeypatch.setattr(ExportedModel, "from_graphs", classmethod(from_graphs))
+    monkeypatch.setattr(onnx, "load_external_data_for_model", load_external_data_for_model)
     mapped = export(tmp_path / "mapped")
     assert len(opened) == 2, opened
+    assert not [d for d in loaded if any(str(p.parent) == d for p in opened)], loaded
     assert mapped["gates"] == held["gates"]
+    for precision in ("int8", "int4"):  # the same graph and data files, recorded alike
+        assert mapped["graphs"]["causal_decoder"]["precisions"][precision] == \
+            held["graphs"]["causal_decoder"]["precisions"][precision]  # fmt: skip
     prompt = np.array([[5, 9, 12, 7, 30, 2]])
     for precision in ("int8", "int4"):
         a, b = load(tmp_path / "held", precision=precision), load(tmp_path / "mapped", precision=precision)
