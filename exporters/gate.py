@@ -238,7 +238,7 @@ class Reference:
     @cached_property
     def generation_inputs(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask) of :attr:`generation_rows`, as wide as their longest."""
-        return _trimmed(self.ids[self.generation_rows], self.mask[self.generation_rows])
+        return trimmed_rows(self.ids[self.generation_rows], self.mask[self.generation_rows])
 
     def _by_length(self, continue_rows: Any, steps: int, rows_per_call: int, desc: str) -> np.ndarray:
         """``continue_rows(ids, mask) -> (b, <= steps)`` over :attr:`generation_inputs` in groups of
@@ -250,7 +250,7 @@ class Reference:
         out = np.full((len(ids), steps), self.model.config.pad_id, dtype=np.int64)
         groups = length_groups(mask.sum(axis=1), rows_per_call)
         for rows in tqdm(groups, desc=desc, unit="batch", leave=False, disable=not self.progress or len(groups) < 2):
-            tokens = continue_rows(*_trimmed(ids[rows], mask[rows]))
+            tokens = continue_rows(*trimmed_rows(ids[rows], mask[rows]))
             out[rows, : tokens.shape[1]] = tokens
         return out
 
@@ -343,7 +343,7 @@ def length_groups(lengths: np.ndarray, rows: int) -> list[np.ndarray]:
     return [order[i : i + rows] for i in range(0, len(order), rows)]
 
 
-def _trimmed(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def trimmed_rows(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows padded on the right cut to the longest of them (rows padded otherwise keep their width)."""
     width = max(1, int(mask.sum(axis=1).max()))
     if mask[:, width:].any():  # not padded on the right: the rows keep their whole width

@@ -109,7 +109,9 @@ class TokenGeneration:
         ``strategy``: ``greedy``, ``beam`` (``num_beams``, ``length_penalty``) or ``sample``
         (``temperature``, ``top_k``, ``top_p``, ``seed``); ``repetition_penalty`` with any; a
         decoder-only model also takes ``json_schema`` (a dict) or ``regex``, decoding each answer
-        under that grammar (greedy or sampled; llguidance). Each row stops at ``eos_id`` (default:
+        under that grammar (greedy or sampled; llguidance), and ``prompt_logits(column, logits)``,
+        given the prompt's logits after every token as it is read (teacher forcing in the same
+        pass). Each row stops at ``eos_id`` (default:
         the model's stop ids). Returns the new tokens (B, N), padded with ``pad_id`` after a row's
         stop token, and per-row scores."""
         return generate(**self._decoding(input_ids, attention_mask, max_new_tokens, strategy, eos_id, options))

@@ -18,7 +18,9 @@ The key/value cache and the exported graphs come with the family's registration
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -291,20 +293,38 @@ class CausalLM(TransformerModel):
         return [CacheSlots(torch.zeros(shape), torch.zeros(shape), position) for _ in range(c.n_layers)]
 
     @torch.no_grad()
-    def greedy(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, stop_at_eos: bool = True
+    def greedy(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, stop_at_eos: bool = True,
+               prompt_logits: Callable[[int, np.ndarray], None] | None = None, prompt_columns: int = 0,
                ) -> Tensor:  # fmt: skip
         """Greedy continuations (B, max_new_tokens) of prompts padded on either side: the prompt in
         one call, then a token a step, over one cache of prompt + max_new_tokens slots; with
-        ``stop_at_eos``, ``pad_id`` after each row's first EOS."""
+        ``stop_at_eos``, ``pad_id`` after each row's first EOS.
+
+        With ``prompt_logits(column, logits)``, the prompt is read ``prompt_columns`` columns a
+        call (0: whole) and each call's logits after every one of its tokens, (B, columns, vocab)
+        from ``column`` on, are given to it: teacher forcing in the same pass (``max_new_tokens``
+        may then be 0)."""
         b, s = input_ids.shape
         cache = self.empty_cache(b, s + max_new_tokens)
         slots = torch.cat([attention_mask.long(), torch.zeros(b, max_new_tokens, dtype=torch.int64)], dim=1)
         positions = positions_of(attention_mask)
         last = (attention_mask.long() * torch.arange(s)).argmax(-1)  # each row's last real token
-        # prefill: slots 0 .. s - 1, the logits of each row's last real token alone
-        logits, kept = self(input_ids, slots, positions, cache, logits_at=last[:, None])
+        if prompt_logits is None:  # prefill: slots 0 .. s - 1, the logits of each row's last real token alone
+            logits, kept = self(input_ids, slots, positions, cache, logits_at=last[:, None])
+            step_logits = logits[:, 0]  # (B, vocab)
+        else:
+            step_logits = torch.zeros(b, self.lm.vocab_size)
+            width = prompt_columns or s
+            for start in range(0, s, width):
+                end = min(s, start + width)
+                logits, kept = self(input_ids[:, start:end], slots, positions[:, start:end], cache)
+                prompt_logits(start, logits.numpy())
+                here = (last >= start) & (last < end)  # rows whose last real token is in this call
+                step_logits[here] = logits[here, last[here] - start]
+                cache = [CacheSlots(k, v, torch.tensor([end])) for k, v in kept]
+        if max_new_tokens == 0:
+            return torch.zeros(b, 0, dtype=torch.int64)
         nxt = positions.max(dim=1, keepdim=True).values
-        step_logits = logits[:, 0]  # (B, vocab)
         out = []
         for step in range(max_new_tokens):
             token = step_logits.argmax(-1, keepdim=True)  # (B, 1)

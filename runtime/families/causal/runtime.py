@@ -15,7 +15,7 @@ between turns and feeds only what a turn adds. Torch-free: numpy and onnxruntime
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,10 @@ def causal_contract(n_layers: int) -> dict[str, Any]:
                         "cache": cache_contract(n_layers)}}  # fmt: skip
 
 
+#: Given a prompt's logits after each of its tokens as a chunk of it is read: (the chunk's first
+#: column, logits (rows, columns, vocab)), valid during the call only
+PromptLogits = Callable[[int, np.ndarray], None]
+
 #: New tokens when none are asked for: a completion's, a chat answer's
 DEFAULT_NEW_TOKENS, DEFAULT_CHAT_TOKENS = 64, 256
 
@@ -61,7 +65,7 @@ class CausalState:
     """
 
     def __init__(self, model: CausalRuntime, ids: np.ndarray, mask: np.ndarray, repeat: int = 1,
-                 capacity: int | None = None) -> None:  # fmt: skip
+                 capacity: int | None = None, prompt_logits: PromptLogits | None = None) -> None:  # fmt: skip
         if repeat > 1:
             ids, mask = np.repeat(ids, repeat, axis=0), np.repeat(mask, repeat, axis=0)
         self.model = model
@@ -76,7 +80,7 @@ class CausalState:
         self.next_position = np.zeros(self.rows, dtype=np.int64)
         self._allocate(self.capacity)
         self.prompt_ids, self.prompt_mask = ids, mask
-        self._pending: np.ndarray | None = self.feed(ids, mask)
+        self._pending: np.ndarray | None = self.feed(ids, mask, prompt_logits)
 
     # ------------------------------------------------------------------ cache
     def _allocate(self, capacity: int, keep: int = 0) -> None:
@@ -96,6 +100,7 @@ class CausalState:
         self.cache = SlotCache(arrays, self.model.device)
         self.binding = self.session.io_binding()
         self.cache.bind(self.binding)
+        self._logits_width = 1  # the tokens a run's logits are picked at, as last bound
 
     @property
     def host(self) -> dict[str, np.ndarray]:
@@ -114,10 +119,13 @@ class CausalState:
         self._allocate(min(limit, max(needed, 2 * self.capacity)), keep=self.position)
 
     # --------------------------------------------------------------- decoding
-    def feed(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    def feed(self, ids: np.ndarray, mask: np.ndarray | None = None, every: PromptLogits | None = None) -> np.ndarray:
         """Run ``ids`` (rows, T) after what the cache holds (``mask`` marks padding in them; every
         row needs a real token); returns each row's next-token logits after its last real token.
-        A longer run than the runtime's ``prefill_chunk`` tokens (counted over the rows) goes in chunks."""
+        A longer run than the runtime's ``prefill_chunk`` tokens (counted over the rows) goes in
+        chunks. ``every(column, logits)`` is given each chunk's logits after every one of its
+        tokens, (rows, columns, vocab) from ``column`` of ``ids`` on: teacher forcing as the
+        prompt is read."""
         rows, t = ids.shape
         if rows != self.rows:
             raise InputError(f"this state has {self.rows} rows, got {rows}")
@@ -127,29 +135,38 @@ class CausalState:
         chunk = total and max(1, total // rows)  # columns a run
         if chunk and t > chunk:
             last = (mask * np.arange(t)).argmax(axis=1)  # each row's last real token
-            logits = self._feed(ids[:, :chunk], mask[:, :chunk])
+            logits = self._feed(ids[:, :chunk], mask[:, :chunk], every, 0)
             for start in range(chunk, t, chunk):
-                part = self._feed(ids[:, start : start + chunk], mask[:, start : start + chunk])
+                part = self._feed(ids[:, start : start + chunk], mask[:, start : start + chunk], every, start)
                 here = last >= start  # rows whose last real token is in this chunk or a later one
                 logits[here] = part[here]
             return logits
-        return self._feed(ids, mask)
+        return self._feed(ids, mask, every, 0)
 
-    def _feed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _feed(self, ids: np.ndarray, mask: np.ndarray, every: PromptLogits | None = None, column: int = 0
+              ) -> np.ndarray:  # fmt: skip
         t = ids.shape[1]
         start = self.position
         self.slots[:, start : start + t] = mask
         positions = self.next_position[:, None] + np.maximum(np.cumsum(mask, axis=1) - 1, 0)
         last = (mask * np.arange(t)).argmax(axis=1)[:, None]  # each row's last real token
+        picked = last if every is None else np.tile(np.arange(t), (self.rows, 1))
+        if picked.shape[1] != self._logits_width:  # a bound output keeps its last shape: bound afresh
+            self.cache.bind(self.binding)
+            self._logits_width = picked.shape[1]
         feeds = {"input_ids": ids, "attention_mask": self.slots, POSITION_IDS: positions,
-                 POSITION: np.array([start], dtype=np.int64), LOGITS_AT: last}  # fmt: skip
+                 POSITION: np.array([start], dtype=np.int64), LOGITS_AT: picked}  # fmt: skip
         for name, value in feeds.items():
             self.binding.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
         self.session.run_with_iobinding(self.binding)
         self.position += t
         self.next_position += mask.sum(axis=1)
+        logits = self.binding.get_outputs()[0].numpy()
+        if every is not None:
+            every(column, logits)
+            logits = np.take_along_axis(logits, last[:, :, None], axis=1)
         # a copy: the bound output's memory is the session's to reuse at the next call
-        return np.array(self.binding.get_outputs()[0].numpy()[:, 0])
+        return np.array(logits[:, 0])
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         if self._pending is not None:  # the prompt's logits stand for the start tokens'
@@ -246,10 +263,11 @@ class CausalRuntime(TokenGeneration, ExportedModel):
 
     # ------------------------------------------------------------- generation
     def state(self, input_ids: np.ndarray, attention_mask: np.ndarray, repeat: int = 1,
-              capacity: int | None = None) -> CausalState:  # fmt: skip
+              capacity: int | None = None, prompt_logits: PromptLogits | None = None) -> CausalState:  # fmt: skip
         """A decoding state for checked prompts: the prompt runs here, into a cache of ``capacity``
-        slots (default: the prompt's width)."""
-        return CausalState(self, input_ids, attention_mask, repeat, capacity)
+        slots (default: the prompt's width), its logits after every token given to
+        ``prompt_logits`` as they are made (see :meth:`CausalState.feed`)."""
+        return CausalState(self, input_ids, attention_mask, repeat, capacity, prompt_logits)
 
     #: what benchmarks and the seq2seq-shaped helpers call a decoding state
     stepper = state
@@ -261,7 +279,10 @@ class CausalRuntime(TokenGeneration, ExportedModel):
             raise EdgeattnError(f"generation needs the {CAUSAL_DECODER} graph, which this export lacks")
         options = dict(options)
         schema, regex = options.pop("json_schema", None), options.pop("regex", None)
+        prompt_logits = options.pop("prompt_logits", None)
         cfg = self.generation_config(max_new_tokens, strategy, options)
+        if prompt_logits is not None and cfg.strategy == "beam":
+            raise InputError("prompt_logits reads the prompt once; beam search repeats it for every beam")
         ids, mask = self.check_source(input_ids, attention_mask)
         capacity = ids.shape[1] + cfg.max_new_tokens
         if capacity > self.config.max_len:
@@ -270,7 +291,7 @@ class CausalRuntime(TokenGeneration, ExportedModel):
         c = self.config
 
         def make(n: int) -> Any:
-            return self.state(ids, mask, n, capacity=capacity)
+            return self.state(ids, mask, n, capacity=capacity, prompt_logits=prompt_logits)
 
         if schema is not None or regex is not None:  # every row's answer decoded under its grammar
             from edgeattn.runtime.constrained import Constrained, Constraint

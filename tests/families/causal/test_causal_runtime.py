@@ -103,7 +103,8 @@ def test_a_prompt_in_chunks_answers_as_whole(exported, side, monkeypatch):
     want = [whole.step(np.zeros(3, np.int64))] + [whole.step(np.full(3, 7 + k)) for k in range(5)]
     runs: list[int] = []
     feed = CausalState._feed
-    monkeypatch.setattr(CausalState, "_feed", lambda self, i, m: runs.append(i.shape[1]) or feed(self, i, m))
+    monkeypatch.setattr(CausalState, "_feed",
+                        lambda self, i, m, *rest: runs.append(i.shape[1]) or feed(self, i, m, *rest))  # fmt: skip
     try:
         model.prefill_chunk = 12  # 12 tokens over 3 rows: 13 columns in chunks of 4, 4, 4 and 1
         chunked = model.state(ids, mask, capacity=ids.shape[1] + 6)
@@ -114,6 +115,48 @@ def test_a_prompt_in_chunks_answers_as_whole(exported, side, monkeypatch):
         del model.prefill_chunk
     assert max(float(np.abs(a - b).max()) for a, b in zip(got, want, strict=True)) <= 1e-5
     assert np.array_equal(tokens, model.greedy(ids, mask, 8, stop_at_eos=False))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_prompt_read_with_its_logits_gives_teacher_forcing_and_the_same_continuation(exported, side, monkeypatch):
+    """``prompt_logits`` is given every prompt token's logits chunk by chunk as the prompt is read
+    (the gate's teacher forcing and continuation in one pass): together they are teacher forcing's
+    logits, and the continuation is the one made without them; alike for eager PyTorch's greedy."""
+    _, eager, model = exported
+    ids, mask = _prompts(side, lengths=(13, 8, 1))
+    want = model.next_token_logits(ids, mask)
+    tokens = model.greedy(ids, mask, 8, stop_at_eos=False)
+
+    def collect(into: np.ndarray, columns: list[int]):
+        def every(column: int, logits: np.ndarray) -> None:
+            columns.append(logits.shape[1])
+            into[:, column : column + logits.shape[1]] = logits
+        return every
+
+    got, runs = np.full_like(want, np.nan), []
+    monkeypatch.setattr(model, "prefill_chunk", 12)  # 13 columns over 3 rows: chunks of 4, 4, 4 and 1
+    made = model.generate(ids, mask, 8, eos_id=-1, prompt_logits=collect(got, runs)).tokens
+    assert runs == [4, 4, 4, 1]
+    real = mask.astype(bool)
+    assert np.abs(got[real] - want[real]).max() <= 1e-5
+    assert np.array_equal(made, tokens)
+    state_only = np.full_like(want, np.nan)
+    model.state(ids, mask, prompt_logits=collect(state_only, []))
+    assert np.abs(state_only[real] - want[real]).max() <= 1e-5
+    with pytest.raises(EdgeattnError, match="beam"):
+        model.generate(ids, mask, 4, strategy="beam", num_beams=2, prompt_logits=collect(got, []))
+
+    eager_got, eager_runs = np.full_like(want, np.nan), []
+    eager_tokens = eager.greedy(torch.from_numpy(ids), torch.from_numpy(mask), 8, stop_at_eos=False,
+                                prompt_logits=collect(eager_got, eager_runs), prompt_columns=5).numpy()  # fmt: skip
+    assert eager_runs == [5, 5, 3]
+    with torch.no_grad():
+        eager_want = eager(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    assert np.abs(eager_got[real] - eager_want[real]).max() <= 1e-5
+    assert np.array_equal(eager_tokens, eager.greedy(torch.from_numpy(ids), torch.from_numpy(mask), 8,
+                                                     stop_at_eos=False).numpy())  # fmt: skip
+    assert eager.greedy(torch.from_numpy(ids), torch.from_numpy(mask), 0, prompt_logits=collect(eager_got, [])
+                        ).shape == (3, 0)  # fmt: skip
 
 
 def _states_alone(model) -> list:
