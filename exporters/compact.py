@@ -20,12 +20,13 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgeattn.exporters.external_data import ALIGN_ABOVE, ALIGNMENT, external_bytes, external_region, weight_views
+from edgeattn.exporters.external_data import ALIGN_ABOVE, ALIGNMENT, external_region, external_view, weight_views
 from edgeattn.runtime.layout import TRANSPOSED_SUFFIX
 
 #: safetensors dtype -> ONNX element type, for the types weights come in
@@ -87,9 +88,7 @@ class CheckpointIndex:
         key = (region, dims is not None)
         if key not in self._digests:
             data = memoryview(self._raw)[region.offset : region.offset + region.length]
-            if dims is not None:
-                data = np.frombuffer(data, dtype=np.float32).reshape(dims).T.tobytes()
-            self._digests[key] = hashlib.sha256(data).hexdigest()
+            self._digests[key] = (hashlib.sha256(data) if dims is None else _transposed_sha256(data, dims)).hexdigest()
             del data
         return self._digests[key]
 
@@ -107,6 +106,21 @@ class CheckpointIndex:
             if self._digest(region, stored) == digest:
                 return region, stored
         return None
+
+
+#: the most bytes of a transposed matrix copied at once to be hashed
+HASH_CHUNK = 64 * 2**20
+
+
+def _transposed_sha256(data: memoryview, dims: tuple[int, ...]) -> Any:
+    """The sha256 of the bytes of float32 matrix ``data`` (``dims``) transposed, a few of its
+    transposed rows copied at a time (a 1 GB table is not copied whole)."""
+    flipped = np.frombuffer(data, dtype=np.float32).reshape(dims).T
+    digest = hashlib.sha256()
+    step = max(1, HASH_CHUNK // max(1, flipped.shape[1] * 4))
+    for row in range(0, flipped.shape[0], step):
+        digest.update(np.ascontiguousarray(flipped[row : row + step]).data)
+    return digest
 
 
 def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
@@ -138,7 +152,7 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
             kept.append(tensor)
             continue
         if outside:
-            data = external_bytes(tensor, external_dir)  # compared, not kept: a match or not, it stays outside
+            data = external_view(tensor, external_dir)  # mapped and compared: a match or not, it stays outside
         else:
             data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
         if len(data) < MIN_SHARED_BYTES:
@@ -244,18 +258,13 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path, sources: dict[
         return {}
     files = {graph: {f.name: f for f in found} for graph, found in (sources or {}).items()}
 
-    def data_of(graph: str, tensor: onnx.TensorProto) -> bytes | None:
-        """Its bytes (raw_data is already what external data holds, packed types included), or None
-        for one kept outside in a file that is not its graph's own."""
+    def data_of(graph: str, tensor: onnx.TensorProto) -> bytes | memoryview | None:
+        """Its bytes (raw_data is already what external data holds, packed types included; mapped
+        where they are in its graph's own data file), or None for one kept outside in another file."""
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             return tensor.raw_data
-        location, offset, length = external_region(tensor)
-        own = files.get(graph, {}).get(location)
-        if own is None:
-            return None
-        with open(own, "rb") as f:
-            f.seek(offset)
-            return f.read(length)
+        own = files.get(graph, {}).get(external_region(tensor)[0])
+        return None if own is None else external_view(tensor, own.parent)
 
     users: dict[tuple[int, tuple[int, ...], str], list[tuple[str, onnx.TensorProto]]] = {}
     for graph, proto in protos.items():

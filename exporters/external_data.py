@@ -19,6 +19,7 @@ random token ids brought the whole table in (until ``mapped_weights``).
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,20 @@ def external_bytes(tensor: onnx.TensorProto, folder: Path) -> bytes:
     with open(folder / location, "rb") as f:  # (an absolute location stays itself under /)
         f.seek(offset)
         return f.read(length)
+
+
+def external_view(tensor: onnx.TensorProto, folder: Path) -> memoryview:
+    """An external initializer's bytes as a read-only view of its file, mapped: nothing is copied
+    into the process (the pages read are the page cache's)."""
+    location, offset, length = external_region(tensor)
+    if length == 0:
+        return memoryview(b"")
+    with open(folder / location, "rb") as f:  # (an absolute location stays itself under /)
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = memoryview(raw)[offset : offset + length]
+    if len(view) != length:
+        raise OSError(f"{folder / location} ends before the {length} bytes at {offset} a weight points at")
+    return view
 
 
 def read_in_place(model: onnx.ModelProto, folder: Path, lazy: set[str]) -> None:

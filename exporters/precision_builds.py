@@ -552,7 +552,9 @@ class PrecisionBuilder:
         protos = {graph: c.stamped(self.model.config) for graph, c in build.candidates.items()}
         # a candidate in a file: its folder, and the data files its weights are in (copied, not loaded)
         folders = {graph: c.model.parent for graph, c in build.candidates.items() if isinstance(c.model, Path)}
-        sources = {graph: [folders[graph] / name for name in data_locations(protos[graph])] for graph in folders}
+        sources = {graph: [folders[graph] / name for name in data_locations(protos[graph])
+                           if checkpoint is None or (folders[graph] / name).resolve() != checkpoint[1].path.resolve()]
+                   for graph in folders}  # fmt: skip
         in_checkpoint = set()  # graphs that now read weights from the checkpoint
         if checkpoint is not None:
             in_checkpoint = {graph for graph, proto in protos.items()

@@ -171,3 +171,30 @@ def test_a_decoder_layer_adds_few_operators_to_a_decoding_step(tmp_path):
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         counts[layers] = len(onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
     assert counts[3] - counts[2] <= 50, counts
+
+
+def test_the_checkpoint_index_finds_weights_as_stored_and_transposed_hashing_only_what_is_asked(tmp_path, monkeypatch):
+    """A weight is found in the checkpoint as stored or transposed (a matrix hashed a few rows at a
+    time), one of no checkpoint tensor's shape without hashing anything, and a same-shaped weight
+    of other values not at all."""
+    from safetensors.numpy import save_file
+
+    from edgeattn.exporters import compact
+
+    rng = np.random.default_rng(0)
+    a, b, square = (rng.standard_normal(s).astype(np.float32) for s in ((300, 70), (70, 300), (64, 64)))
+    path = tmp_path / "w.safetensors"
+    save_file({"a": a, "b": b, "square": square}, str(path))
+    monkeypatch.setattr(compact, "HASH_CHUNK", 4096)  # the transposes hashed in many pieces
+    index = compact.CheckpointIndex(path)
+    hashed: list = []
+    digest = index._digest
+    monkeypatch.setattr(index, "_digest", lambda region, dims: hashed.append(region) or digest(region, dims))
+    f32 = onnx.TensorProto.FLOAT
+    assert index.find(f32, (5, 7), np.zeros((5, 7), np.float32).tobytes()) is None and not hashed
+    exact = index.find(f32, (300, 70), a.tobytes())
+    assert exact is not None and exact[1] is None
+    flipped = index.find(f32, (300, 70), np.ascontiguousarray(b.T).tobytes())  # b stored (70, 300)
+    assert flipped is not None and flipped[1] == (70, 300)
+    assert index.find(f32, (64, 64), np.ascontiguousarray(square.T).tobytes())[1] == (64, 64)
+    assert index.find(f32, (64, 64), np.ones((64, 64), np.float32).tobytes()) is None
