@@ -400,10 +400,3 @@ def scored(logits: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarra
     x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))
     chosen = x.gather(1, torch.from_numpy(truth.astype(np.int64))[:, None])[:, 0]
     return x.argmax(-1).numpy(), (chosen - torch.logsumexp(x, -1)).double().numpy()
-
-
-def eager_logits(model: TransformerModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-
-
