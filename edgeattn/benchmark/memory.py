@@ -39,10 +39,11 @@ def transformers_probe(folder: str, task: str | None, threads: int) -> Probe:
     return {"kind": "transformers", "folder": str(folder), "task": task, "threads": threads}
 
 
-def _status_mb(field: str) -> float | None:
-    """A memory line of /proc/self/status (``VmHWM``, ``VmRSS``) in MB, or None without /proc."""
+def status_mb(field: str, pid: int | str = "self") -> float | None:
+    """A memory line of /proc/``pid``/status (``VmHWM``, ``VmRSS``) in MB, or None without /proc or
+    once the process has gone."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0  # kB
@@ -55,13 +56,13 @@ def peak_mb() -> float:
     """This process's peak resident set. VmHWM belongs to the process's own address space;
     ru_maxrss would also carry the high-water mark of the parent that spawned it (Linux keeps it
     across fork and exec), so it is only the fallback where /proc is missing."""
-    peak = _status_mb("VmHWM")
+    peak = status_mb("VmHWM")
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def resident_mb() -> float:
     """This process's resident set now (0 where /proc is missing)."""
-    return _status_mb("VmRSS") or 0.0
+    return status_mb("VmRSS") or 0.0
 
 
 def measure_peak(probe: Probe, batch: int, seq: int, vocab_size: int, timeout: float = 600) -> dict[str, float]:

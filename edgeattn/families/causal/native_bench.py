@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgeattn.benchmark.memory import peak_mb, status_mb
+
 log = logging.getLogger("native_bench")
 
 #: the CMake settings of a llama.cpp build that decide its CPU kernels (recorded beside its figures)
@@ -40,17 +42,6 @@ POLL_S = 0.02
 
 class BenchError(RuntimeError):
     """A measurement that could not run (a missing file, a process that failed): the message says which."""
-
-
-def _hwm_mb(pid: int | str = "self") -> float | None:
-    """Peak resident memory (VmHWM, MiB) of process ``pid``; None once it has gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def watched(command: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[str, float | None]:
@@ -66,7 +57,7 @@ def watched(command: list[str], timeout: float, env: dict[str, str] | None = Non
         for r in readers:
             r.start()
         while proc.poll() is None:
-            now = _hwm_mb(proc.pid)
+            now = status_mb("VmHWM", proc.pid)
             if now is not None:
                 peak = max(peak or 0.0, now)
             if time.monotonic() - start > timeout:
@@ -108,13 +99,13 @@ def edgeattn_cell(export: str, precision: str, prompt: int, new_tokens: int, thr
         if run:
             prefill.append(prompt / (middle - start))
             decode.append(new_tokens / (end - middle))
-    return {"prefill_tok_s": prefill, "decode_tok_s": decode, "peak_mb": _hwm_mb(), "tokens": tokens}
+    return {"prefill_tok_s": prefill, "decode_tok_s": decode, "peak_mb": peak_mb(), "tokens": tokens}
 
 
 def measure_edgeattn(export: Path, precision: str, prompt: int, args: argparse.Namespace) -> dict[str, Any]:
     spec = [str(export), precision, prompt, args.new_tokens, args.threads, args.repetitions]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    out, _ = watched([sys.executable, "-m", __spec__.name if __spec__ else "edgeattn.families.causal.native_bench",
+    out, _ = watched([sys.executable, "-m", "edgeattn.families.causal.native_bench",
                       "--worker", json.dumps(spec)], args.timeout, env)  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])
 
