@@ -13,7 +13,7 @@ from torch import nn
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import TransformerModel, build_model
-from edgeattn.weight_file import file_backed, has_meta_parameters, write_safetensors
+from edgeattn.weight_file import checkpoint_file, file_backed, has_meta_parameters, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +25,47 @@ def config_path_for(weights: Path) -> Path:
     return weights.with_name("config.json")
 
 
+def checkpoint_tensors(model: TransformerModel, keep_vars: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors :func:`save_weights` stores, in its order: the state dict, each tied alias once
+    (``keep_vars``: the parameters themselves), with each module's matrices before its vectors
+    (``attn.q_proj.weight``, ``attn.k_proj.weight``, ... then ``attn.q_proj.bias``, ...): the
+    projections a graph packs side by side lie side by side in the file, for it to point at."""
+    aliases = model.tied_aliases()
+    ordered: list[tuple[str, torch.Tensor]] = []
+    run: list[tuple[str, torch.Tensor]] = []
+    owner: str | None = None
+    for name, tensor in model.state_dict(keep_vars=keep_vars).items():
+        if name in aliases:
+            continue
+        parent = name.rsplit(".", 2)[0] if name.count(".") >= 2 else None
+        if parent != owner or parent is None:
+            ordered += [e for e in run if e[1].dim() >= 2] + [e for e in run if e[1].dim() < 2]
+            run, owner = [], parent
+        run.append((name, tensor))
+    ordered += [e for e in run if e[1].dim() >= 2] + [e for e in run if e[1].dim() < 2]
+    return dict(ordered)
+
+
+def checkpoint_metadata(model: TransformerModel) -> dict[str, str]:
+    return {CONFIG_KEY: model.config.to_json()}
+
+
 def save_weights(model: TransformerModel, path: str | Path) -> Path:
     """Write the model's tensors to ``path`` (safetensors, config in its metadata) and
-    ``config.json`` beside it. Tied aliases are stored once."""
+    ``config.json`` beside it. Tied aliases are stored once. A model imported into a file laid out
+    as this checkpoint (:func:`load_state`) has that file linked to ``path``, not written again."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    aliases = model.tied_aliases()
-    tensors = {k: v for k, v in model.state_dict().items() if k not in aliases}
-    write_safetensors(tensors, path, metadata={CONFIG_KEY: model.config.to_json()})
+    tensors = checkpoint_tensors(model)
+    metadata = checkpoint_metadata(model)
+    held = checkpoint_file(model)
+    if held is not None and held.save_as(tensors, metadata, path):
+        map_onto(model, path)  # the file is the checkpoint now: the model's writes stay its own
+        log.info("linked the imported weights' file (%d tensors) to %s", len(tensors), path)
+    else:
+        write_safetensors(tensors, path, metadata=metadata)
+        log.info("wrote %d tensors to %s", len(tensors), path)
     model.config.save(config_path_for(path))
-    log.info("wrote %d tensors to %s", len(tensors), path)
     return path
 
 
@@ -154,7 +185,10 @@ def load_state(
                 f"{source}: tensor {key} has shape {tuple(got.shape)}, the model expects {tuple(ref.shape)}"
             )
     if has_meta_parameters(model):  # built by parameters_on_meta: storage in a file the system can page
-        file_backed(model)
+        if isinstance(model, TransformerModel):  # laid out as the checkpoint an export saves it as
+            file_backed(model, checkpoint_tensors(model, keep_vars=True), checkpoint_metadata(model))
+        else:
+            file_backed(model)
         expected = {k: v for k, v in model.state_dict().items() if k not in aliases}
     # each tensor copied into its parameter (cast on the way) and let go of, so that the source (mapped,
     # or read in its own dtype) and a converted copy of the whole model never sit in memory together

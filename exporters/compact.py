@@ -15,6 +15,7 @@ graph file.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import mmap
 import struct
@@ -66,11 +67,14 @@ class CheckpointIndex:
         self._exact: dict[tuple[int, tuple[int, ...]], list[Region]] = {}
         self._transposed: dict[tuple[int, tuple[int, ...]], list[tuple[Region, tuple[int, ...]]]] = {}
         self._digests: dict[tuple[Region, bool], str] = {}
+        #: name -> (region, element type, dims) of every tensor of a type weights come in
+        self.named: dict[str, tuple[Region, int, tuple[int, ...]]] = {}
         for name, info in header.items():
             if name == "__metadata__" or info["dtype"] not in _DTYPES:
                 continue
             elem, dims = _DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
             begin, end = info["data_offsets"]
+            self.named[name] = (Region(start + begin, end - begin), elem, dims)
             if end - begin < MIN_SHARED_BYTES:
                 continue
             region = Region(start + begin, end - begin)
@@ -92,6 +96,10 @@ class CheckpointIndex:
             del data
         return self._digests[key]
 
+    def view(self, region: Region) -> memoryview:
+        """A region's bytes, mapped (read-only)."""
+        return memoryview(self._raw)[region.offset : region.offset + region.length]
+
     def find(self, elem: int, dims: tuple[int, ...], data: bytes | memoryview
              ) -> tuple[Region, tuple[int, ...] | None] | None:  # fmt: skip
         """Where a weight of type ``elem``, ``dims`` and bytes ``data`` lies in the checkpoint:
@@ -106,6 +114,40 @@ class CheckpointIndex:
             if self._digest(region, stored) == digest:
                 return region, stored
         return None
+
+
+class CheckpointParts:
+    """Where a model's tensors lie in the checkpoint it was saved as, looked up by the tensors
+    themselves: a graph writer asks for a weight made of one or several of them (concatenated on
+    their first axis) and points at their bytes there instead of writing them again."""
+
+    def __init__(self, index: CheckpointIndex, model: Any) -> None:
+        self.index = index
+        self.location = index.path.name
+        self._names = {id(param): name for name, param in model.named_parameters()}
+
+    def region(self, parts: list[Any]) -> tuple[Region, tuple[int, ...]] | None:
+        """The region of the checkpoint holding ``parts`` side by side (each equal to its stored
+        tensor byte for byte, float32, one after the other in the file), and the dims of them
+        concatenated; None where they are not so stored."""
+        found = []
+        for part in parts:
+            entry = self.index.named.get(self._names.get(id(part), ""))
+            if entry is None or entry[1] != onnx.TensorProto.FLOAT or entry[2] != tuple(part.shape) or \
+                    str(part.dtype) != "torch.float32":  # fmt: skip
+                return None
+            found.append(entry)
+        for (a, _, a_dims), (b, _, b_dims) in itertools.pairwise(found):
+            if a.offset + a.length != b.offset or a_dims[1:] != b_dims[1:]:
+                return None
+        for part, (region, _, _) in zip(parts, found, strict=True):
+            stored = np.frombuffer(self.index.view(region), dtype=np.uint32)
+            if not np.array_equal(part.detach().contiguous().numpy().view(np.uint32).reshape(-1), stored):
+                return None  # changed since it was saved
+            del stored
+        first = found[0][0]
+        dims = (sum(e[2][0] for e in found), *found[0][2][1:])
+        return Region(first.offset, sum(e[0].length for e in found)), dims
 
 
 #: the most bytes of a transposed matrix copied at once to be hashed
@@ -148,6 +190,9 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
     for tensor in tqdm(proto.graph.initializer, desc="sharing weights with the checkpoint", unit="weight",
                        disable=None, leave=False):  # fmt: skip
         outside = tensor.data_location == onnx.TensorProto.EXTERNAL
+        if outside and external_region(tensor)[0] == location:  # written pointing at the checkpoint
+            kept.append(tensor)
+            continue
         if (outside and external_dir is None) or not index.candidates(tensor.data_type, tuple(tensor.dims)):
             kept.append(tensor)
             continue

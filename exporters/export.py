@@ -23,7 +23,7 @@ import torch
 from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError, VerificationError
-from edgeattn.exporters.compact import CheckpointIndex, compact_data_file, share_weights
+from edgeattn.exporters.compact import CheckpointIndex, compact_data_file, data_locations, share_weights
 from edgeattn.exporters.gate import GateResult, HeldOut, heldout_sources
 from edgeattn.exporters.lock import writer_lock
 from edgeattn.exporters.onnx_export import DEFAULT_OPSET, PROTOBUF_LIMIT, check_opset, export_graph, save_checked
@@ -167,7 +167,8 @@ def export_model(
             for name in tqdm(names, desc="export", unit="graph", disable=not progress, leave=False):
                 path = tmp / graph_file(name)
                 with phase(f"exporting the {name} graph"):
-                    spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold)
+                    spec = export_graph(model, name, path, opset=opset, external_threshold=external_threshold,
+                                        checkpoint=index if compact else None)  # fmt: skip
                     shared = compact and share_file_weights(path, index, external_threshold)
                 release_freed_memory()
                 manifest.graphs[name] = GraphEntry.of_spec(path, spec, opset, [manifest.weights.as_data()] if shared
@@ -205,10 +206,14 @@ def check_gated(config: ModelConfig, precisions: list[str]) -> None:
 
 def share_file_weights(path: Path, index: CheckpointIndex, external_threshold: int = PROTOBUF_LIMIT) -> bool:
     """Rewrite the graph at ``path`` to keep its weights in the checkpoint ``index`` describes
-    (see :mod:`edgeattn.exporters.compact`), checked again; True when it keeps any there."""
+    (see :mod:`edgeattn.exporters.compact`), checked again; True when it keeps any there (as
+    rewritten, or as written pointing at it)."""
     proto = onnx.load(str(path), load_external_data=False)  # each external weight read as it is compared
     if not share_weights(proto, index, path.parent):
-        return False
+        own = path.with_name(external_data_file(path.name))
+        if own.name not in data_locations(proto):  # every weight written pointing at the checkpoint
+            own.unlink(missing_ok=True)
+        return index.path.name in data_locations(proto)
     compact_data_file(proto, path.parent, external_data_file(path.name))  # what the checkpoint does not hold
     save_checked(proto, path, external_threshold)
     return True

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import mmap
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
+
+if TYPE_CHECKING:
+    from edgeattn.exporters.compact import CheckpointParts
 
 #: Offsets of tensors of at least ``ALIGN_ABOVE`` bytes are multiples of this: the page, which Linux
 #: and macOS map at (Windows' 64 KiB granularity would cost up to 64 KB of padding a tensor; there
@@ -90,9 +94,31 @@ class DataSink:
     :func:`write_external_data` lays them out), and its tensor only points at them, so a graph of
     several GB is never held in memory whole."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, checkpoint: CheckpointParts | None = None) -> None:
         self.path = path
+        #: the checkpoint beside the file, where weights made of model tensors are pointed at
+        self.checkpoint = checkpoint
         self._file = open(path, "wb")  # noqa: SIM115 (closed by close)
+
+    def refer(self, tensor: onnx.TensorProto, parts: list[Any]) -> tuple[int, ...] | None:
+        """Point ``tensor`` at the checkpoint's bytes of model tensors ``parts`` side by side (see
+        :meth:`CheckpointParts.region`) and give it their dims; None (``tensor`` untouched) where the
+        checkpoint does not hold them so."""
+        found = None if self.checkpoint is None else self.checkpoint.region(parts)
+        if found is None:
+            return None
+        region, dims = found
+        tensor.data_type = onnx.TensorProto.FLOAT
+        del tensor.dims[:]
+        tensor.dims.extend(dims)
+        tensor.ClearField("raw_data")
+        del tensor.external_data[:]
+        for key, value in (("location", self.checkpoint.location), ("offset", region.offset),
+                           ("length", region.length)):  # fmt: skip
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        return dims
 
     def put(self, tensor: onnx.TensorProto, array: np.ndarray) -> None:
         """``array``'s bytes into the file, ``tensor`` pointing at them; a tensor under

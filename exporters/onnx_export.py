@@ -27,6 +27,7 @@ from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
+from edgeattn.exporters.compact import CheckpointIndex, CheckpointParts
 from edgeattn.exporters.external_data import DataSink, write_external_data
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
@@ -204,13 +205,16 @@ def export_graph(
     external_threshold: int = PROTOBUF_LIMIT,
     seed: int = 0,
     fused: bool = False,
+    checkpoint: CheckpointIndex | None = None,
 ) -> GraphSpec:
     """Export graph ``name`` of ``model`` to ``path`` and check it; returns the graph's spec.
 
     The file carries the config, graph role, precision and edgeattn version in its
     ``metadata_props``. Graphs whose weights exceed ``external_threshold`` bytes keep them in
     ``<file>.data`` beside the graph. ``fused`` marks a model whose attention kernels export as
-    ONNX Runtime contrib operators (TorchScript exporter, opset at most 20).
+    ONNX Runtime contrib operators (TorchScript exporter, opset at most 20). ``checkpoint``: the
+    model's saved weights beside ``path``, which a graph written from the weights points at rather
+    than writing its weights again where they are the checkpoint's tensors.
     """
     check_opset(opset)
     path = Path(path)
@@ -219,7 +223,7 @@ def export_graph(
         # weights outside the graph where the role keeps them so: written as they are made, and
         # checked without a copy in memory
         data = path.with_name(external_data_file(path.name)) if role.external_weights else None
-        proto, spec = written_graph(model, name, fused, data)
+        proto, spec = written_graph(model, name, fused, data, checkpoint)
         save_checked(proto, path, 0 if role.external_weights else external_threshold)
         return spec
     module, spec = graph_module(name, model)
@@ -238,18 +242,20 @@ def export_graph(
     return spec
 
 
-def written_graph(model: TransformerModel, name: str, fused: bool = False, data: Path | None = None
-                  ) -> tuple[onnx.ModelProto, GraphSpec]:  # fmt: skip
+def written_graph(model: TransformerModel, name: str, fused: bool = False, data: Path | None = None,
+                  checkpoint: CheckpointIndex | None = None) -> tuple[onnx.ModelProto, GraphSpec]:  # fmt: skip
     """Graph ``name`` as its role's ``builder`` writes it from the weights (``fused``: with ONNX
     Runtime's fused operators), stamped, and its spec; ``data``: the external data file its weights
-    are written to as they are made (the graph then only points at them)."""
+    are written to as they are made (the graph then only points at them); ``checkpoint``: the
+    model's saved weights in the same folder, pointed at for the weights that are its tensors."""
     role = family_of(model.config).role(name)
     assert role.builder is not None, f"{name} is traced, not written"
     spec = role.spec(model.config)
     if data is None:
         proto = resolve(role.builder)(model, spec, fused=fused)
     else:
-        sink = DataSink(data)
+        beside = checkpoint is not None and checkpoint.path.parent.resolve() == data.parent.resolve()
+        sink = DataSink(data, CheckpointParts(checkpoint, model) if beside else None)
         try:
             proto = resolve(role.builder)(model, spec, fused=fused, data=sink)
         finally:

@@ -3,6 +3,7 @@ and safetensors written a tensor at a time."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,16 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from edgeattn.weight_file import file_backed, has_meta_parameters, parameters_on_meta, write_safetensors
-from edgeattn.weights import load_state
+from edgeattn.config import PRESETS
+from edgeattn.model import TransformerModel, build_model
+from edgeattn.weight_file import (
+    checkpoint_file,
+    file_backed,
+    has_meta_parameters,
+    parameters_on_meta,
+    write_safetensors,
+)
+from edgeattn.weights import checkpoint_tensors, load_state, read_config, save_weights
 
 pytestmark = pytest.mark.quick
 
@@ -117,3 +126,52 @@ def test_an_import_of_a_bfloat16_file_costs_no_float32_copy_of_its_own(tmp_path)
     mapped, usual = (int(v) for v in out.split())
     assert mapped < 32 << 20, f"the file-backed import grew anonymous memory by {mapped / 2**20:.0f} MiB"
     assert usual > 200 << 20  # the usual build holds its float32 copy: the measure sees memory
+
+
+def _imported(preset: str = "tiny") -> tuple[TransformerModel, dict[str, torch.Tensor]]:
+    """A model imported as a folder is: built on ``meta``, loaded from bfloat16 tensors."""
+    config = PRESETS[preset]
+    state = {k: v.to(torch.bfloat16) for k, v in checkpoint_tensors(build_model(config)).items()}
+    with parameters_on_meta():
+        model = build_model(config)
+    load_state(model, dict(state), "test", model.tied_aliases())
+    return model, state
+
+
+def test_an_imported_model_is_saved_by_naming_its_file_not_writing_it_again(tmp_path) -> None:
+    model, state = _imported()
+    held = checkpoint_file(model)
+    assert held is not None
+    inode = os.fstat(held._fd).st_ino
+    first = save_weights(model, tmp_path / "a" / "weights.safetensors")
+    assert os.stat(first).st_ino == inode  # the import's own file, now with a name
+    assert checkpoint_file(model) is None
+    got = load_file(str(first))
+    assert list(got) == list(checkpoint_tensors(model))
+    for name, value in state.items():
+        assert got[name].dtype == torch.float32 and torch.equal(got[name], value.float()), name
+    assert read_config(first) == model.config
+    with torch.no_grad():  # the model's writes after saving stay its own
+        next(model.parameters()).add_(1.0)
+    assert torch.equal(load_file(str(first))[next(iter(state))], got[next(iter(state))])
+    second = save_weights(model, tmp_path / "b" / "weights.safetensors")  # saved again: written
+    assert os.stat(second).st_ino != inode
+    assert torch.equal(load_file(str(second))[next(iter(state))], got[next(iter(state))] + 1.0)
+
+
+def test_a_checkpoint_file_writes_what_changed_and_refuses_what_it_was_not_laid_out_for(tmp_path) -> None:
+    model, state = _imported()
+    held = checkpoint_file(model)
+    tensors = checkpoint_tensors(model)
+    assert not held.save_as(tensors, {"k": "v" * 10_000}, tmp_path / "grown.safetensors")  # past the room
+    assert not held.save_as(dict(list(tensors.items())[1:]), None, tmp_path / "fewer.safetensors")
+    assert not (tmp_path / "grown.safetensors").exists() and not (tmp_path / "fewer.safetensors").exists()
+    name = next(iter(tensors))
+    tensors[name] = torch.full_like(tensors[name], 3.0)  # not in its region: copied there
+    assert held.save_as(tensors, {"k": "v"}, tmp_path / "w.safetensors")
+    got = load_file(str(tmp_path / "w.safetensors"))
+    assert torch.equal(got[name], tensors[name])
+    assert all(torch.equal(got[n], state[n].float()) for n in list(state)[1:])
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"k": "v"}
+    assert not held.save_as(tensors, {"k": "v"}, tmp_path / "again.safetensors")  # named once only

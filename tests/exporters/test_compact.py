@@ -198,3 +198,50 @@ def test_the_checkpoint_index_finds_weights_as_stored_and_transposed_hashing_onl
     assert flipped is not None and flipped[1] == (70, 300)
     assert index.find(f32, (64, 64), np.ascontiguousarray(square.T).tobytes())[1] == (64, 64)
     assert index.find(f32, (64, 64), np.ones((64, 64), np.float32).tobytes()) is None
+
+
+@pytest.mark.parametrize("name", ["qwen2-biases", "gemma3-sliding", "llama-gqa-tied"])
+def test_a_written_graph_points_at_the_checkpoint_instead_of_writing_its_weights(tmp_path, monkeypatch, name):
+    """An imported language model's graph is written pointing at the checkpoint's bytes (the
+    packed gate/up product at its two tensors side by side, a Linear's weight through a Transpose)
+    without writing them, verified against eager PyTorch; a tensor changed since the checkpoint was
+    saved is written as the graph needs it."""
+    pytest.importorskip("transformers")
+    from edgeattn.exporters.compact import CheckpointIndex
+    from edgeattn.exporters.external_data import DataSink
+    from edgeattn.exporters.onnx_export import written_graph
+    from edgeattn.families.causal.hf import import_causal_folder
+    from edgeattn.weights import save_weights
+    from tests.helpers.causal_folders import save_folder
+
+    folder, _ = save_folder(name, tmp_path / "folder")
+    model = import_causal_folder(folder)
+    written: list[str] = []
+    put = DataSink.put
+    monkeypatch.setattr(
+        DataSink, "put", lambda self, tensor, array: written.append(tensor.name) or put(self, tensor, array)
+    )
+    out = tmp_path / "out"
+    export_model(model, out)  # verified
+    graph = onnx.load(str(out / "causal_decoder.onnx"), load_external_data=False).graph
+    where = {t.name: {e.key: e.value for e in t.external_data} for t in graph.initializer}
+    header = CheckpointIndex(out / WEIGHTS).named
+    for layer in range(model.config.n_decoder_layers):
+        for product, parts in (("ff.gate_up_proj", ("ff.gate_proj", "ff.up_proj")), ("attn.o_proj", ("attn.o_proj",)),
+                               ("ff.down_proj", ("ff.down_proj",))):  # fmt: skip
+            source = f"layers.{layer}.{product}.weight.T{TRANSPOSED_SUFFIX}"
+            regions = [header[f"layers.{layer}.{part}.weight"][0] for part in parts]
+            assert where[source] == {"location": WEIGHTS, "offset": str(regions[0].offset),
+                                     "length": str(sum(r.length for r in regions))}, source  # fmt: skip
+    assert where["embed.weight"]["location"] == WEIGHTS
+    assert not [n for n in written if n.startswith(("embed", "lm_head")) or "o_proj" in n or "gate_up" in n
+                or "down_proj" in n]  # fmt: skip
+    assert read_manifest(out).graphs["causal_decoder"].parity.passed
+
+    save_weights(model, tmp_path / "again" / WEIGHTS)
+    with torch.no_grad():
+        model.layers[1].ff.down_proj.weight.add_(1.0)  # not what the checkpoint holds any more
+    proto, _ = written_graph(model, "causal_decoder", data=tmp_path / "again" / "g.onnx.data",
+                             checkpoint=CheckpointIndex(tmp_path / "again" / WEIGHTS))  # fmt: skip
+    names = {t.name for t in proto.graph.initializer}
+    assert "layers.1.ff.down_proj.weight.T" in names and f"layers.0.ff.down_proj.weight.T{TRANSPOSED_SUFFIX}" in names

@@ -20,6 +20,7 @@ against the eager :class:`~edgeattn.families.causal.model.CausalLM`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -27,6 +28,7 @@ from onnx import TensorProto, helper
 
 from edgeattn.exporters.external_data import DataSink
 from edgeattn.families.causal.model import CausalLM, Experts
+from edgeattn.runtime.layout import TRANSPOSED_SUFFIX
 from edgeattn.runtime.specs import GraphSpec
 
 _ONNX_TYPE = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
@@ -55,6 +57,21 @@ class _Builder:
             self.data.put(tensor, little)
         else:
             tensor.raw_data = np.ascontiguousarray(little).tobytes()
+        self._names.add(name)
+        return name
+
+    def weight(self, name: str, parts: list[object], make: Callable[[], np.ndarray], transposed: bool = True) -> str:
+        """A weight made of model tensors ``parts`` concatenated on their first axis (``transposed``:
+        then transposed, as MatMul takes a Linear's weight): pointed at where the data file's
+        checkpoint holds them side by side (a Transpose node over them where ``transposed``),
+        else ``make()`` written as :meth:`const` writes it."""
+        tensor = onnx.TensorProto(name=name + TRANSPOSED_SUFFIX if transposed else name)
+        if self.data is None or self.data.refer(tensor, parts) is None:
+            return self.const(name, make())
+        self.model.graph.initializer.append(tensor)
+        if transposed:
+            self.nodes.append(helper.make_node("Transpose", [tensor.name], [name], perm=[1, 0],
+                                               name=f"{name}/from_checkpoint"))  # fmt: skip
         self._names.add(name)
         return name
 
@@ -185,7 +202,8 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False, 
         slot_index = g("Expand", g("Reshape", query_slot, g.const("slots_shape", i64(1, -1, 1, 1))), target)
         write_at = g("Concat", row_index, head_index, slot_index, axis=3)
 
-    x = g("Gather", g.const("embed.weight", _weight(model.embed, "weight")), "input_ids", axis=0)  # (B, T, d)
+    embed = g.weight("embed.weight", [model.embed.weight], lambda: _weight(model.embed, "weight"), transposed=False)
+    x = g("Gather", embed, "input_ids", axis=0)  # (B, T, d)
     if c.embed_scale != 1.0:
         x = g("Mul", x, g.scalar(float(np.float32(c.embed_scale))))
     if c.position == "learned":
@@ -215,8 +233,15 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False, 
         times its ``scales`` entry): fewer, wider matrix products, which the CPU runs nearer its
         memory bandwidth."""
         scales = scales or (1.0,) * len(modules)
-        weight = np.concatenate([_weight(m, "weight") * s for m, s in zip(modules, scales, strict=True)], axis=0).T
-        out = g("MatMul", x, g.const(f"{prefix}.weight.T", weight))
+
+        def weight() -> np.ndarray:
+            return np.concatenate([_weight(m, "weight") * s for m, s in zip(modules, scales, strict=True)], axis=0).T
+
+        name = f"{prefix}.weight.T"
+        if all(s == 1.0 for s in scales):  # the checkpoint's own bytes, where it holds them side by side
+            out = g("MatMul", x, g.weight(name, [m.weight for m in modules], weight))
+        else:
+            out = g("MatMul", x, g.const(name, weight()))
         if getattr(modules[0], "bias", None) is not None:
             biases = [_weight(m, "bias") * s for m, s in zip(modules, scales, strict=True)]
             out = g("Add", out, g.const(f"{prefix}.bias", np.concatenate(biases)))
@@ -252,6 +277,7 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False, 
     merge = g.const("merge_heads", i64(0, 0, heads * dim))
     qkv_sizes = g.const("qkv_sizes", i64(heads * dim, kv * dim, kv * dim))
     ff_sizes = g.const("ff_sizes", i64(c.d_ff, c.d_ff))
+
     def add_norm(x: str, branch: str | None, module: object, prefix: str) -> tuple[str, str]:
         """(the norm of x + branch, x + branch); a branch of None adds nothing."""
         x = x if branch is None else g("Add", x, branch)
@@ -386,12 +412,12 @@ def build_causal_decoder(model: CausalLM, spec: GraphSpec, fused: bool = False, 
     picked = g("Expand", g("Unsqueeze", "logits_at", g.const("axis_last", i64(2))),
                g("Concat", g("Shape", "logits_at"), g.const("width", i64(d)), axis=0))  # (B, N, d)  # fmt: skip
     x = norm(g("GatherElements", g("Add", x, branch), picked, axis=1), model.norm, "norm")
-    head = model.lm_head.weight.detach().float().numpy().T
+    head = g.weight("lm_head.weight.T", [model.lm_head.weight], lambda: _weight(model.lm_head, "weight").T)
     if c.logit_softcap:
         cap = g.scalar(c.logit_softcap)
-        g.op("Mul", [g("Tanh", g("Div", g("MatMul", x, g.const("lm_head.weight.T", head)), cap)), cap], name="logits")
+        g.op("Mul", [g("Tanh", g("Div", g("MatMul", x, head), cap)), cap], name="logits")
     else:
-        g.op("MatMul", [x, g.const("lm_head.weight.T", head)], name="logits")
+        g.op("MatMul", [x, head], name="logits")
 
     def value(t: object) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(t.name, _ONNX_TYPE[t.dtype], list(t.axes))  # type: ignore[attr-defined]
