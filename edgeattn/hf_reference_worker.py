@@ -45,8 +45,47 @@ def load_reference(folder: str, architecture: str, memory: int | None, scratch: 
         except ImportError:
             print("accelerate is not installed: the import check holds the whole float32 model", file=sys.stderr)
         else:
-            kwargs.update(device_map="auto", max_memory={"cpu": memory}, offload_folder=scratch)
+            kwargs.update(device_map=device_map(folder, architecture, memory), offload_folder=scratch)
     return getattr(transformers, architecture).from_pretrained(folder, **kwargs).eval()
+
+
+def device_map(folder: str, architecture: str, memory: int) -> dict[str, str]:
+    """accelerate's map of the model's modules to memory ("cpu") or ``disk`` for about ``memory``
+    bytes of float32 weights in memory, with every module holding a tied weight in memory: a tied
+    weight is not in the folder, so the offload's index lacks it (Whisper's ``proj_out`` tied to
+    its decoder's embedding: a KeyError on the first forward)."""
+    import torch
+    import transformers
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from accelerate.utils import find_tied_parameters
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    with init_empty_weights():
+        empty = getattr(transformers, architecture)._from_config(config)
+    empty.tie_weights()
+    whole = list(getattr(empty, "_no_split_modules", None) or [])
+    placed = infer_auto_device_map(empty, {"cpu": memory}, no_split_module_classes=whole, dtype=torch.float32)
+    for name in (n for group in find_tied_parameters(empty) for n in group):
+        _in_memory(placed, name.rsplit(".", 1)[0], empty)
+    return placed
+
+
+def _in_memory(placed: dict[str, str], module: str, model: object) -> None:
+    """Put ``module`` in memory in the device map ``placed``: an entry above it on disk is split
+    into its children, down to ``module``."""
+    owner = next((k for k in placed if k == "" or module == k or module.startswith(k + ".")), None)
+    if owner is None or placed[owner] != "disk":
+        return
+    if owner == module:
+        placed[owner] = "cpu"
+        return
+    del placed[owner]
+    parent = model.get_submodule(owner)  # type: ignore[attr-defined]
+    for child, _ in parent.named_children():
+        placed[f"{owner}.{child}" if owner else child] = "disk"
+    for tensor, _ in list(parent.named_parameters(recurse=False)) + list(parent.named_buffers(recurse=False)):
+        placed[f"{owner}.{tensor}" if owner else tensor] = "disk"
+    _in_memory(placed, module, model)
 
 
 def offloaded(model: object) -> int:

@@ -159,20 +159,24 @@ def test_a_model_too_large_to_hold_is_checked_against_transformers_offloaded_ali
                                                                                    caplog):  # fmt: skip
     """Above the size the check offloads at, transformers' model keeps part of its float32 weights
     on disk (read as each layer runs), in process and in transformers 5's Python: the same answers
-    to the last bit as the model held whole."""
+    to the last bit as the model held whole. A tied weight stays in memory (Whisper's output
+    projection is its decoder's embedding, which the folder does not hold twice)."""
     import logging
 
     from edgeattn import hf_reference
+    from tests.helpers.speech_folders import speech_folder
 
     folder = tmp_path / "llama"
     generations.build("llama-theta-tied").save_pretrained(folder)
-    cases = [(import_folder(folder), None), (import_folder(folders5 / "gemma3-sliding"), str(transformers5_python()))]
+    speech_folder(tmp_path / "whisper")
+    cases = [(import_folder(folder), None), (import_folder(folders5 / "gemma3-sliding"), str(transformers5_python())),
+             (import_folder(tmp_path / "whisper"), None)]  # fmt: skip
     whole = [hf_reference.check_against_transformers(imported, python) for imported, python in cases]
     monkeypatch.setattr(hf_reference, "OFFLOAD_ABOVE", 0)
     monkeypatch.setattr(hf_reference, "OFFLOAD_MEMORY", 64 << 10)
     with caplog.at_level(logging.INFO, logger="edgeattn.hf_reference"):
         offloaded = [hf_reference.check_against_transformers(imported, python) for imported, python in cases]
-    assert caplog.text.count("offloaded to disk") == 2, caplog.text
+    assert caplog.text.count("offloaded to disk") == 3, caplog.text
     for a, b in zip(whole, offloaded, strict=True):
         assert a.passed and b.passed and a.max_abs == b.max_abs, (a.line(), b.line())
 
