@@ -189,6 +189,7 @@ class CheckpointFile:
         except OSError as exc:
             log.debug("cannot link the weights' file to %s (%s): writing it instead", path, exc)
             return False
+        os.chmod(path, 0o666 & ~_umask())  # made private (0600): readable as a file written here would be
         self.close()
         return True
 
@@ -201,6 +202,15 @@ class CheckpointFile:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 _CHECKPOINT_FILES: weakref.WeakKeyDictionary[nn.Module, CheckpointFile] = weakref.WeakKeyDictionary()

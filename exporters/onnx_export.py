@@ -27,7 +27,7 @@ from edgeattn import __version__
 from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
-from edgeattn.exporters.compact import CheckpointIndex, CheckpointParts
+from edgeattn.exporters.compact import CheckpointIndex, CheckpointParts, copy_regions, share_weights
 from edgeattn.exporters.external_data import DataSink, write_external_data
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
@@ -213,8 +213,9 @@ def export_graph(
     ``metadata_props``. Graphs whose weights exceed ``external_threshold`` bytes keep them in
     ``<file>.data`` beside the graph. ``fused`` marks a model whose attention kernels export as
     ONNX Runtime contrib operators (TorchScript exporter, opset at most 20). ``checkpoint``: the
-    model's saved weights beside ``path``, which a graph written from the weights points at rather
-    than writing its weights again where they are the checkpoint's tensors.
+    model's saved weights beside ``path``, which the graph points at rather than holding its
+    weights again where they are the checkpoint's tensors (as stored, or transposed); a traced
+    graph's weights are never loaded whole.
     """
     check_opset(opset)
     path = Path(path)
@@ -236,10 +237,35 @@ def export_graph(
                 _torch_export(module, args, spec, raw, opset, fused)
         except Exception as exc:
             raise ExportError(f"torch.onnx could not export graph {name!r} at opset {opset}: {exc}") from exc
-        proto = onnx.load(str(raw), load_external_data=True)
-    finalize(proto, model.config, spec, FUSED_SOURCE if fused else FP32)
+        # torch's own data files (a graph over 2 GB) stay where it wrote them: each weight the
+        # checkpoint beside ``path`` holds is pointed at there, the rest copied a region at a time
+        proto = onnx.load(str(raw), load_external_data=False)
+        _with_lengths(proto, Path(scratch))
+        finalize(proto, model.config, spec, FUSED_SOURCE if fused else FP32)
+        if checkpoint is not None and checkpoint.path.parent.resolve() == path.parent.resolve():
+            share_weights(proto, checkpoint, Path(scratch))
+        written = [f for f in Path(scratch).iterdir() if f != raw]
+        data_name = external_data_file(path.name)
+        copy_regions(proto, written, path.with_name(data_name), data_name)
     save_checked(proto, path, external_threshold)
     return spec
+
+
+def _with_lengths(proto: onnx.ModelProto, folder: Path) -> None:
+    """Give each external initializer that points at a whole file (torch writes a file a weight,
+    without offset or length) its offset and length."""
+    for tensor in proto.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        if "length" in info:
+            continue
+        offset = int(info.get("offset", 0))
+        length = (folder / info["location"]).stat().st_size - offset
+        del tensor.external_data[:]
+        for key, value in (("location", info["location"]), ("offset", offset), ("length", length)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
 
 
 def written_graph(model: TransformerModel, name: str, fused: bool = False, data: Path | None = None,

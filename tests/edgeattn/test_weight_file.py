@@ -145,6 +145,9 @@ def test_an_imported_model_is_saved_by_naming_its_file_not_writing_it_again(tmp_
     inode = os.fstat(held._fd).st_ino
     first = save_weights(model, tmp_path / "a" / "weights.safetensors")
     assert os.stat(first).st_ino == inode  # the import's own file, now with a name
+    written = tmp_path / "written"
+    written.write_bytes(b"")
+    assert os.stat(first).st_mode & 0o777 == os.stat(written).st_mode & 0o777  # not left private
     assert checkpoint_file(model) is None
     got = load_file(str(first))
     assert list(got) == list(checkpoint_tensors(model))

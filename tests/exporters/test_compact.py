@@ -3,6 +3,8 @@ runtime builds only the sessions its calls use and holds weights several graphs 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -245,3 +247,26 @@ def test_a_written_graph_points_at_the_checkpoint_instead_of_writing_its_weights
                              checkpoint=CheckpointIndex(tmp_path / "again" / WEIGHTS))  # fmt: skip
     names = {t.name for t in proto.graph.initializer}
     assert "layers.1.ff.down_proj.weight.T" in names and f"layers.0.ff.down_proj.weight.T{TRANSPOSED_SUFFIX}" in names
+
+
+def test_a_traced_graph_is_never_loaded_with_its_weights(tmp_path, monkeypatch):
+    """A traced graph's weights stay in the files torch wrote them to: those the checkpoint holds
+    are pointed at there, the rest copied a region at a time, none read into the graph whole."""
+    from edgeattn.exporters import onnx_export
+
+    loads: list[bool] = []
+    load = onnx_export.onnx.load
+
+    def recorded(path, *args, load_external_data=True, **kwargs):
+        if sys._getframe(1).f_code.co_name == "export_graph":
+            loads.append(load_external_data)
+        return load(path, *args, load_external_data=load_external_data, **kwargs)
+
+    monkeypatch.setattr(onnx_export.onnx, "load", recorded)
+    out = tmp_path / "out"
+    export_model(build_model(CFG, seed=1), out)  # verified
+    assert loads and not any(loads)
+    manifest = read_manifest(out)
+    for name, entry in manifest.graphs.items():
+        assert entry.parity.passed, name
+        assert WEIGHTS in {d.file for d in entry.external_data}, name

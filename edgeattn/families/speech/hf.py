@@ -217,6 +217,13 @@ def reference_outputs(model: WhisperModel, reference: Any, ids: torch.Tensor, ma
     features = torch.randn(ids.shape[0], speech.n_mels, speech.frames, generator=generator)
     targets = torch.cat([torch.full_like(ids[:, :1], model.config.bos_id), ids[:, :15]], dim=1)
     targets = targets.clamp(max=model.config.vocab_size - 1)
-    theirs = reference(input_features=features, decoder_input_ids=targets, output_hidden_states=True)
-    return {"encoder states": (model.encode(features), theirs.encoder_last_hidden_state),
-            "logits": (model(features, targets), theirs.logits)}
+    outputs: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {"encoder states": ([], []), "logits": ([], [])}
+    for row in range(len(ids)):  # a window at a time: a 30 s window's attention scores are 180 MB a layer
+        window, target = features[row : row + 1], targets[row : row + 1]
+        theirs = reference(input_features=window, decoder_input_ids=target)
+        for name, ours, their in (("encoder states", model.encode(window), theirs.encoder_last_hidden_state),
+                                  ("logits", model(window, target), theirs.logits)):  # fmt: skip
+            outputs[name][0].append(ours)
+            outputs[name][1].append(their)
+        del theirs
+    return {name: (torch.cat(ours), torch.cat(theirs)) for name, (ours, theirs) in outputs.items()}
