@@ -125,15 +125,32 @@ def safetensors_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return len(text).to_bytes(8, "little") + text
 
 
+def checkpoint_data_start(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> int:
+    """Where a checkpoint's data starts: past its header and :data:`HEADER_ROOM`, on a page (the
+    same for a checkpoint written and one laid out by :class:`CheckpointFile`, so that an export
+    is the same bytes either way)."""
+    header = safetensors_header(tensors, metadata)
+    assert header is not None
+    return -(-(len(header) + HEADER_ROOM) // ALIGNMENT) * ALIGNMENT
+
+
+def aligned(tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether every tensor, packed in order from a page, starts at a multiple of its element size."""
+    offset = 0
+    for tensor in tensors.values():
+        if offset % tensor.element_size():
+            return False
+        offset += tensor.numel() * tensor.element_size()
+    return True
+
+
 class CheckpointFile:
     """A model's weights in a temporary file laid out as the safetensors checkpoint it will be
     saved as (:func:`file_backed` with a ``checkpoint``), mapped shared: saving the model links this
     file under the checkpoint's name instead of writing its bytes a second time."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> None:
-        header = safetensors_header(tensors, metadata)
-        assert header is not None
-        self.data_start = -(-(len(header) + HEADER_ROOM) // ALIGNMENT) * ALIGNMENT
+        self.data_start = checkpoint_data_start(tensors, metadata)
         self.regions: dict[str, tuple[int, torch.dtype, tuple[int, ...]]] = {}
         offset = self.data_start
         for name, tensor in tensors.items():
@@ -237,7 +254,7 @@ def file_backed(model: nn.Module, checkpoint: dict[str, torch.Tensor] | None = N
     if not unique:
         return 0
     names = {id(t): n for n, t in (checkpoint or {}).items() if t.is_meta}
-    if checkpoint is not None and set(unique) <= set(names):
+    if checkpoint is not None and set(unique) <= set(names) and aligned(checkpoint):
         held = CheckpointFile(checkpoint, metadata)
         _CHECKPOINT_FILES[model] = held
         views = {key: held.view(names[key]) for key in unique}
@@ -264,11 +281,13 @@ def file_backed(model: nn.Module, checkpoint: dict[str, torch.Tensor] | None = N
     return size
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> Path:
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None,
+                      data_start: int | None = None) -> Path:  # fmt: skip
     """Write ``tensors`` to ``path`` in the safetensors format, one tensor at a time (memory: the
-    largest tensor, not the file)."""
-    header = safetensors_header(tensors, metadata)
-    assert header is not None
+    largest tensor, not the file); ``data_start``: where the data starts (the header padded)."""
+    header = safetensors_header(tensors, metadata, data_start)
+    if header is None:
+        raise ValueError(f"the header of {path.name} does not fit before byte {data_start}")
     with open(path, "wb") as f:
         f.write(header)
         for tensor in tensors.values():

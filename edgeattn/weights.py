@@ -13,7 +13,13 @@ from torch import nn
 from edgeattn.config import ModelConfig
 from edgeattn.errors import CheckpointError, ConfigError
 from edgeattn.model import TransformerModel, build_model
-from edgeattn.weight_file import checkpoint_file, file_backed, has_meta_parameters, write_safetensors
+from edgeattn.weight_file import (
+    checkpoint_data_start,
+    checkpoint_file,
+    file_backed,
+    has_meta_parameters,
+    write_safetensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,7 @@ def save_weights(model: TransformerModel, path: str | Path) -> Path:
         map_onto(model, path)  # the file is the checkpoint now: the model's writes stay its own
         log.info("linked the imported weights' file (%d tensors) to %s", len(tensors), path)
     else:
-        write_safetensors(tensors, path, metadata=metadata)
+        write_safetensors(tensors, path, metadata, checkpoint_data_start(tensors, metadata))
         log.info("wrote %d tensors to %s", len(tensors), path)
     model.config.save(config_path_for(path))
     return path
