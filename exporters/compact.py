@@ -27,7 +27,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgeattn.exporters.external_data import ALIGN_ABOVE, ALIGNMENT, external_region, external_view, weight_views
+from edgeattn.exporters.external_data import (
+    ALIGN_ABOVE,
+    ALIGNMENT,
+    external_region,
+    external_view,
+    point_at,
+    weight_views,
+)
 from edgeattn.runtime.layout import TRANSPOSED_SUFFIX
 
 #: safetensors dtype -> ONNX element type, for the types weights come in
@@ -129,6 +136,7 @@ class CheckpointParts:
         self.index = index
         self.location = index.path.name
         self._names = {id(param): name for name, param in model.named_parameters()}
+        self._equal: set[int] = set()  # tensors found equal to their stored bytes
 
     def region(self, parts: list[Any]) -> tuple[Region, tuple[int, ...]] | None:
         """The region of the checkpoint holding ``parts`` side by side (each equal to its stored
@@ -145,12 +153,15 @@ class CheckpointParts:
             if a.offset + a.length != b.offset or a_dims[1:] != b_dims[1:]:
                 return None
         for part, (region, _, _) in zip(parts, found, strict=True):
+            if id(part) in self._equal:
+                continue
             stored = np.frombuffer(self.index.view(region), dtype=np.uint32)
             ours = part.detach().contiguous().numpy().view(np.uint32).reshape(-1)
             step = COMPARE_CHUNK // 4
             if any(not np.array_equal(ours[i : i + step], stored[i : i + step]) for i in range(0, len(ours), step)):
                 return None  # changed since it was saved
             del stored, ours
+            self._equal.add(id(part))
         first = found[0][0]
         dims = (sum(e[2][0] for e in found), *found[0][2][1:])
         return Region(first.offset, sum(e[0].length for e in found)), dims
@@ -172,14 +183,7 @@ def _transposed_sha256(data: memoryview, dims: tuple[int, ...]) -> Any:
 
 
 def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
-    tensor.ClearField("raw_data")
-    for field in ("float_data", "int64_data", "int32_data", "double_data"):
-        tensor.ClearField(field)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    del tensor.external_data[:]
-    for k, v in (("location", location), ("offset", str(region.offset)), ("length", str(region.length))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = k, v
+    point_at(tensor, location, region.offset, region.length)
 
 
 def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: Path | None = None) -> int:

@@ -88,6 +88,18 @@ def weight_views(model: onnx.ModelProto, min_bytes: int = ALIGN_ABOVE, only: set
     return views
 
 
+def point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make ``tensor`` read its values from ``length`` bytes at ``offset`` of the file ``location``
+    (its values in the graph, if any, dropped)."""
+    for field in ("raw_data", "float_data", "int64_data", "int32_data", "double_data"):
+        tensor.ClearField(field)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
 class DataSink:
     """A graph's external data file written while the graph is made: each weight's bytes go to the
     file as it is created (large ones at :data:`ALIGNMENT`-aligned offsets, as
@@ -111,13 +123,7 @@ class DataSink:
         tensor.data_type = onnx.TensorProto.FLOAT
         del tensor.dims[:]
         tensor.dims.extend(dims)
-        tensor.ClearField("raw_data")
-        del tensor.external_data[:]
-        for key, value in (("location", self.checkpoint.location), ("offset", region.offset),
-                           ("length", region.length)):  # fmt: skip
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, str(value)
-        tensor.data_location = onnx.TensorProto.EXTERNAL
+        point_at(tensor, self.checkpoint.location, region.offset, region.length)
         return dims
 
     def put(self, tensor: onnx.TensorProto, array: np.ndarray) -> None:

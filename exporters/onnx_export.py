@@ -28,7 +28,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.errors import ExportError
 from edgeattn.exporters.cache_writes import check_cache_writes
 from edgeattn.exporters.compact import CheckpointIndex, CheckpointParts, copy_regions, share_weights
-from edgeattn.exporters.external_data import DataSink, write_external_data
+from edgeattn.exporters.external_data import DataSink, point_at, write_external_data
 from edgeattn.exporters.graphs import graph_module
 from edgeattn.exporters.sampling import sample_inputs
 from edgeattn.host import loggers_at
@@ -261,11 +261,7 @@ def _with_lengths(proto: onnx.ModelProto, folder: Path) -> None:
         if "length" in info:
             continue
         offset = int(info.get("offset", 0))
-        length = (folder / info["location"]).stat().st_size - offset
-        del tensor.external_data[:]
-        for key, value in (("location", info["location"]), ("offset", offset), ("length", length)):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, str(value)
+        point_at(tensor, info["location"], offset, (folder / info["location"]).stat().st_size - offset)
 
 
 def written_graph(model: TransformerModel, name: str, fused: bool = False, data: Path | None = None,
