@@ -12,7 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edgeattn.errors import ExportError
-from edgeattn.exporters.external_data import array_of
+from edgeattn.exporters.constant_weights import constant_weights
 
 
 @dataclass
@@ -100,13 +100,14 @@ FITTED_ERROR = 0.3
 
 def matching(model: onnx.ModelProto, fitted: dict[str, FittedWeight]) -> dict[str, FittedWeight]:
     """Those of ``fitted`` that are, on their grid, ``model``'s float weight of their name (a
-    (K, N) MatMul initializer, the fit's (N, K) transposed)."""
-    init = {t.name: t for t in model.graph.initializer}
+    (K, N) MatMul weight, an initializer or a checkpoint tensor's transpose; the fit's (N, K)
+    transposed)."""
+    weights = constant_weights(model)
     found = {}
     for name, fit in fitted.items():
-        if name not in init:
+        if name not in weights or weights[name].shape[::-1] != fit.codes.shape:
             continue
-        want = array_of(init[name]).T
+        want = weights[name].array().T
         if want.shape != fit.codes.shape:
             continue
         error = np.linalg.norm(fit.dequantized() - want) / max(float(np.linalg.norm(want)), 1e-30)

@@ -13,6 +13,7 @@ records the entries it returns in the manifest.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import weakref
@@ -87,6 +88,14 @@ WRITTEN = "written"
 STATIC_FORMS = ("auto", "fused", "plain")
 #: How a language model's int8 and int4 keep their key/value cache (see PrecisionOptions).
 KV_CACHES = ("int8", "float32")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (a checkpoint linked into the scratch folder is the checkpoint)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 @dataclass
@@ -242,6 +251,8 @@ class PrecisionBuilder:
         self._auto_plain: dict[str, bool] = {}
         self._made = 0
         self._index: CheckpointIndex | None = None
+        #: scratch files written beside the checkpoint (a graph pointing at it), removed on close
+        self._beside: list[Path] = []
         self._calibration: dict[str, list[dict[str, np.ndarray]]] = {}
         self._cache_scales: dict[str, CacheScales] = {}
         self._search_reference: Reference | None = None
@@ -250,6 +261,8 @@ class PrecisionBuilder:
 
     def close(self) -> None:
         shutil.rmtree(self._scratch, ignore_errors=True)
+        for path in self._beside:
+            path.unlink(missing_ok=True)
 
     def __enter__(self) -> PrecisionBuilder:
         return self
@@ -309,8 +322,13 @@ class PrecisionBuilder:
         raw = self._scratch / f"{graph}.fused-raw.onnx"
         dst = self._scratch / f"{graph}.fused-{form.tag}.onnx"
         if self.family.role(graph).builder is not None:  # written fused, whatever the form
+            checkpoint = self._checkpoint(self.fp32_dir) if self.family.role(graph).external_weights else None
+            if checkpoint is not None:  # beside the checkpoint, pointing at its tensors instead of copying them
+                dst = self.fp32_dir / f".{dst.name}"
+                self._beside.extend([dst, dst.with_name(external_data_file(dst.name))])
             data = dst.with_name(external_data_file(dst.name)) if self.family.role(graph).external_weights else None
-            proto, _ = written_graph(self.model, graph, fused=True, data=data)
+            proto, _ = written_graph(self.model, graph, fused=True, data=data,
+                                     checkpoint=checkpoint[1] if checkpoint is not None else None)  # fmt: skip
         else:
             export_graph(fused_copy(self.model, form.packed), graph, raw, opset=min(self.entries[graph].opset, 20),
                          external_threshold=self.options.external_threshold,
@@ -553,12 +571,13 @@ class PrecisionBuilder:
         # a candidate in a file: its folder, and the data files its weights are in (copied, not loaded)
         folders = {graph: c.model.parent for graph, c in build.candidates.items() if isinstance(c.model, Path)}
         sources = {graph: [folders[graph] / name for name in data_locations(protos[graph])
-                           if checkpoint is None or (folders[graph] / name).resolve() != checkpoint[1].path.resolve()]
+                           if checkpoint is None or not _same_file(folders[graph] / name, checkpoint[1].path)]
                    for graph in folders}  # fmt: skip
         in_checkpoint = set()  # graphs that now read weights from the checkpoint
         if checkpoint is not None:
-            in_checkpoint = {graph for graph, proto in protos.items()
-                             if share_weights(proto, checkpoint[1], folders.get(graph)) > 0}  # fmt: skip
+            in_checkpoint = {graph for graph, proto in protos.items()  # written pointing at it, or now
+                             if share_weights(proto, checkpoint[1], folders.get(graph)) > 0
+                             or checkpoint[1].path.name in data_locations(proto)}  # fmt: skip
         common = export_dir / shared_data_file(build.precision)
         common.unlink(missing_ok=True)
         among = share_between(protos, common, sources)  # what the checkpoint does not hold but several graphs do

@@ -27,10 +27,13 @@ import numpy as np
 import onnx
 
 from edgeattn.errors import ExportError
+from edgeattn.exporters.compact import fold_transposes
+from edgeattn.exporters.constant_weights import constant_weights
 from edgeattn.exporters.experts import quantize_experts
-from edgeattn.exporters.external_data import array_of, read_in_place, write_external_data
+from edgeattn.exporters.external_data import array_of, external_region, read_in_place, write_external_data
 from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_fitted
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
+from edgeattn.exporters.transposed_weights import quantize_transposed, transposed_products
 from edgeattn.host import cpu_flags, dynamic_int8_weights, has_vnni, quiet_quantization
 from edgeattn.runtime.layout import external_data_file
 from edgeattn.runtime.precisions import CALIBRATION_METHODS, PrecisionError, get_precision
@@ -68,16 +71,39 @@ QUANTIZED_OPS = ("MatMul", "Gather", "Attention")
 
 
 def _quantizable(model: onnx.ModelProto) -> list[str]:
-    inits = {t.name for t in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS and any(i in inits for i in n.input)]
+    weights = constant_weights(model)
+    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS and any(i in weights for i in n.input)]
 
 
 def _activation_products(model: onnx.ModelProto) -> list[str]:
     """Names of the MatMul nodes with no constant weight: an unfused attention core's q·kᵀ and p·v.
     ``quantize_static`` in QDQ format quantises them too (it ignores ``MatMulConstBOnly``), which
     costs accuracy (reference encoder gate worst-token cosine 0.99987 -> 0.99984) and gains no speed."""
-    inits = {t.name for t in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and not any(i in inits for i in n.input)]
+    weights = constant_weights(model)
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and not any(i in weights for i in n.input)]
+
+
+def plain_weights(src: Path) -> Path:
+    """``src``, or beside it (made once) the same graph with the weights it reads through a
+    Transpose of a checkpoint tensor folded into plain initializers: for ONNX Runtime's quantisers
+    and converters that take a weight only as an initializer."""
+    proto = onnx.load(str(src), load_external_data=False)
+    if not any(w.transpose is not None for w in constant_weights(proto).values()):
+        return src
+    dst = src.with_name(f"{src.stem}.plain-weights.onnx")
+    if not dst.is_file():
+        read_in_place(proto, src.parent, lazy=set())
+        fold_transposes(proto)
+        save_quantized(proto, dst)
+    return dst
+
+
+def save_quantized(proto: onnx.ModelProto, dst: Path) -> None:
+    """Save a converted graph: its weights in a data file laid out to map when they are large."""
+    if sum(len(t.raw_data) for t in proto.graph.initializer) > MAPPED_ABOVE:  # a tensor at a time, laid out to map
+        write_external_data(proto, dst, external_data_file(dst.name))
+    else:
+        onnx.save(proto, str(dst))
 
 
 @dataclass
@@ -138,6 +164,7 @@ def quantize_int8_dynamic(src: Path, dst: Path, job: ConversionJob) -> dict[str,
 
     if job.int8_form == "blockwise":
         return _int8_blockwise(src, dst, job)
+    src = plain_weights(src)
     settings = int8_settings()
     with quiet_quantization():
         quantize_dynamic(
@@ -179,6 +206,7 @@ def quantize_int8_static(src: Path, dst: Path, job: ConversionJob) -> dict[str, 
     calibration = job.calibration() if job.calibration is not None else []
     if not calibration:
         raise ExportError("static int8 quantisation needs calibration inputs")
+    src = plain_weights(src)
     settings = int8_settings(dynamic=False)
     float_products = _activation_products(onnx.load(str(src), load_external_data=False))
     with quiet_quantization():
@@ -263,6 +291,7 @@ def convert_fp16(src: Path, dst: Path, job: ConversionJob) -> dict[str, Any]:
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    src = plain_weights(src)
     calibration = job.calibration() if job.calibration is not None else []
     overflow = fp16_overflow_nodes(src, calibration) if calibration else []
     if overflow:
@@ -317,7 +346,7 @@ def output_products(model: onnx.ModelProto) -> list[str]:
     """The MatMul nodes with a constant weight whose output is a graph output's only source: a
     language model's head (its logits)."""
     outputs = {o.name for o in model.graph.output}
-    init = {t.name for t in model.graph.initializer}
+    init = constant_weights(model)
     by_output = {o: n for n in model.graph.node for o in n.output}
     found = []
     for name in outputs:
@@ -352,19 +381,29 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     wide = [n for n, w in weights.items() if any(p in w for p in job.wide_products)]
     second = [] if head_bits == bits else [n for n in dict.fromkeys([*output_products(model), *wide])
                                            if n not in job.exclude]  # fmt: skip
-    constant = {t.name for t in model.graph.initializer}
+    constant = constant_weights(model)
     products = {w: head_bits if n in second else bits for n, w in weights.items()
                 if n not in job.exclude and w in constant}  # fmt: skip
     fitted = job.fit(products, block_size) if method == "gptq" and job.fit is not None else {}
+    # products read through a Transpose of a checkpoint tensor are quantised from that tensor as
+    # it lies ([out, in], MatMulNBits' layout) where the levels are symmetric; else folded first
+    direct = method != "hqq" and symmetric
+    sources = {w.tensor.name for _, w in transposed_products(model).values()} if direct else set()
     # the products' float weights are read one at a time as they are quantised, the rest now
     # (HQQ's quantiser reads weights with onnx.numpy_helper, which takes no absolute location: all now)
-    read_in_place(model, src.parent, lazy=set() if method == "hqq" else set(products))
+    read_in_place(model, src.parent, lazy=set() if method == "hqq" else set(products) | sources)
+    if not direct:
+        fold_transposes(model)
     check_fitted(model, fitted)
+    tied = tied_tables(model)
+    direct_fits = {w: fit for w, fit in fitted.items() if w in transposed_products(model)}
+    taken = quantize_transposed(model, src.parent, products, block_size, accuracy_level, direct_fits,
+                                set(job.exclude)) if direct else []  # fmt: skip
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     small_tables = [  # embeddings too small to matter for the footprint keep their precision
         n.name for n in model.graph.node if n.op_type == "Gather" and sizes.get(n.input[0], 0) < LARGE_EMBEDDING
     ]  # fmt: skip
-    tied = {gather: out for gather, out in tied_tables(model).items() if gather not in small_tables}
+    tied = {gather: out for gather, out in tied.items() if gather not in small_tables}
 
     axes = (("MatMul", 0), ("Gather", 1))
 
@@ -392,7 +431,8 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     proto = run(model, bits, [*small_tables, *tied, *job.exclude, *second], None, symmetric, grid)
     if second:
         proto = run(proto, head_bits, [], second, True, "rtn")
-    written = apply_fitted(proto, fitted)
+    written = [w for w in taken if w in direct_fits] + apply_fitted(proto, {w: fit for w, fit in fitted.items()
+                                                                              if w not in taken})  # fmt: skip
     experts = quantize_experts(proto, bits, block_size)
     if method == "hqq":  # HQQ writes no accuracy_level: the level asked for is set on its products
         for node in proto.graph.node:
@@ -401,10 +441,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     shared = [name for name, output in tied.items() if share_tied_table(proto, name, output, block_size)]
     reduce_axes_as_inputs(proto)
     read_in_place(proto, src.parent, lazy=set())  # float weights no product took (kept by the quantiser)
-    if sum(len(t.raw_data) for t in proto.graph.initializer) > MAPPED_ABOVE:  # a tensor at a time, laid out to map
-        write_external_data(proto, dst, external_data_file(dst.name))
-    else:
-        onnx.save(proto, str(dst))
+    save_quantized(proto, dst)
     fitting: dict[str, Any] = {}
     if method == "gptq":
         method = "gptq" if written else "rtn"
@@ -435,6 +472,7 @@ def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
     (an embedding tied to the output layer)."""
 
     init = {t.name: t for t in model.graph.initializer}
+    weights = constant_weights(model)
     tables = {n.name: n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in init
               and len(init[n.input[0]].dims) == 2}  # fmt: skip
     if not tables:
@@ -442,16 +480,25 @@ def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
     shapes = {tuple(init[n.input[0]].dims): name for name, n in tables.items()}
     out: dict[str, str] = {}
     for node in model.graph.node:
-        if node.op_type != "MatMul" or node.input[1] not in init:
+        if node.op_type != "MatMul" or node.input[1] not in weights:
             continue
-        weight = init[node.input[1]]
-        gather = shapes.get(tuple(reversed(weight.dims)))
+        weight = weights[node.input[1]]
+        gather = shapes.get(weight.shape[::-1])
         if gather is None or gather in out:
             continue
-        table = array_of(init[tables[gather].input[0]])
-        if np.array_equal(table.T, array_of(weight)):
+        table = init[tables[gather].input[0]]
+        if weight.transpose is not None and _same_region(table, weight.tensor) \
+                or np.array_equal(array_of(table).T, weight.array()):  # fmt: skip
             out[gather] = node.output[0]
     return out
+
+
+def _same_region(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    """Whether two initializers are the same bytes of the same file (a tied checkpoint tensor)."""
+    outside = onnx.TensorProto.EXTERNAL
+    if a.data_location != outside or b.data_location != outside or a.data_type != b.data_type:
+        return False
+    return tuple(a.dims) == tuple(b.dims) and external_region(a) == external_region(b)
 
 
 def share_tied_table(model: onnx.ModelProto, gather: str, output: str, block_size: int) -> bool:
@@ -527,9 +574,9 @@ def quantizable_weights(src: Path) -> dict[str, str]:
     """{node int8 quantisation would change: the name of its constant weight} (the sensitive-node
     search groups nodes by the layer their weights belong to)."""
     model = onnx.load(str(src), load_external_data=False)
-    inits = {t.name for t in model.graph.initializer}
+    weights = constant_weights(model)
     nodes = {n.name: n for n in model.graph.node}
-    return {name: next(i for i in nodes[name].input if i in inits) for name in _quantizable(model)}
+    return {name: next(i for i in nodes[name].input if i in weights) for name in _quantizable(model)}
 
 
 def converter(precision: str) -> Converter:

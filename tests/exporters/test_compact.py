@@ -3,6 +3,7 @@ runtime builds only the sessions its calls use and holds weights several graphs 
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -14,7 +15,7 @@ from edgeattn.config import ModelConfig
 from edgeattn.exporters.compact import fold_transposes
 from edgeattn.exporters.export import export_model
 from edgeattn.exporters.precision_builds import PrecisionOptions
-from edgeattn.exporters.quantize import quantizable_nodes
+from edgeattn.exporters.quantize import plain_weights, quantizable_nodes
 from edgeattn.model import build_model
 from edgeattn.runtime import load, read_manifest
 from edgeattn.runtime.layout import TRANSPOSED_SUFFIX, WEIGHTS
@@ -71,7 +72,18 @@ def test_folded_sources_give_the_quantisers_plain_weights(export, tmp_path):
     proto = fold_transposes(onnx.load(str(out / "decoder.onnx")))
     assert not [n for n in proto.graph.node if n.op_type == "Transpose" and n.input[0].endswith(TRANSPOSED_SUFFIX)]
     onnx.save(proto, tmp_path / "folded.onnx")
-    assert len(quantizable_nodes(tmp_path / "folded.onnx")) > len(quantizable_nodes(out / "decoder.onnx"))
+    # a product read through a Transpose of the checkpoint is as quantisable as its folded form
+    assert quantizable_nodes(tmp_path / "folded.onnx") == quantizable_nodes(out / "decoder.onnx")
+    copy = tmp_path / "copy"  # the export's folder stays as it is
+    copy.mkdir()
+    for name in ("decoder.onnx", WEIGHTS):
+        shutil.copy(out / name, copy / name)
+    plain = plain_weights(copy / "decoder.onnx")
+    assert plain != copy / "decoder.onnx" and plain.parent == copy
+    folded = onnx.load(str(plain))
+    assert not [n for n in folded.graph.node if n.op_type == "Transpose" and n.input[0].endswith(TRANSPOSED_SUFFIX)]
+    assert quantizable_nodes(plain) == quantizable_nodes(tmp_path / "folded.onnx")
+    assert plain_weights(plain) == plain
 
 
 def test_runtime_builds_only_the_sessions_it_uses_and_shares_weights(export):
