@@ -91,7 +91,9 @@ def measure_scales(src: Path, feeds: Iterable[dict[str, np.ndarray]], config: Mo
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.disable_prepacking", "1")  # float32 weights stay mapped
-    session = ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    # a Transpose of a checkpoint tensor is fused into its product, not folded into a copy of the weight
+    session = ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=["ConstantFolding"])  # fmt: skip
     names = [f"{SLOT_UPDATED}_{kind}_{i}" for i in range(c.n_layers) for kind in ("key", "value")]
     top = np.zeros((2, c.n_layers, c.n_kv_heads, c.dim), np.float32)
     for feed in feeds:
