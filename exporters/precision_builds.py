@@ -13,7 +13,6 @@ records the entries it returns in the manifest.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import weakref
@@ -88,14 +87,6 @@ WRITTEN = "written"
 STATIC_FORMS = ("auto", "fused", "plain")
 #: How a language model's int8 and int4 keep their key/value cache (see PrecisionOptions).
 KV_CACHES = ("int8", "float32")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one file (a checkpoint linked into the scratch folder is the checkpoint)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a.resolve() == b.resolve()
 
 
 @dataclass
@@ -571,7 +562,7 @@ class PrecisionBuilder:
         # a candidate in a file: its folder, and the data files its weights are in (copied, not loaded)
         folders = {graph: c.model.parent for graph, c in build.candidates.items() if isinstance(c.model, Path)}
         sources = {graph: [folders[graph] / name for name in data_locations(protos[graph])
-                           if checkpoint is None or not _same_file(folders[graph] / name, checkpoint[1].path)]
+                           if checkpoint is None or (folders[graph] / name).resolve() != checkpoint[1].path.resolve()]
                    for graph in folders}  # fmt: skip
         in_checkpoint = set()  # graphs that now read weights from the checkpoint
         if checkpoint is not None:

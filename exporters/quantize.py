@@ -388,7 +388,8 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     # products read through a Transpose of a checkpoint tensor are quantised from that tensor as
     # it lies ([out, in], MatMulNBits' layout) where the levels are symmetric; else folded first
     direct = method != "hqq" and symmetric
-    sources = {w.tensor.name for _, w in transposed_products(model).values()} if direct else set()
+    transposed = transposed_products(model) if direct else {}
+    sources = {w.tensor.name for _, w in transposed.values()}
     # the products' float weights are read one at a time as they are quantised, the rest now
     # (HQQ's quantiser reads weights with onnx.numpy_helper, which takes no absolute location: all now)
     read_in_place(model, src.parent, lazy=set() if method == "hqq" else set(products) | sources)
@@ -396,7 +397,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
         fold_transposes(model)
     check_fitted(model, fitted)
     tied = tied_tables(model)
-    direct_fits = {w: fit for w, fit in fitted.items() if w in transposed_products(model)}
+    direct_fits = {w: fit for w, fit in fitted.items() if w in transposed}
     taken = quantize_transposed(model, src.parent, products, block_size, accuracy_level, direct_fits,
                                 set(job.exclude)) if direct else []  # fmt: skip
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}

@@ -8,18 +8,16 @@ Torch-free.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from edgeattn.errors import ExportError
 from edgeattn.exporters.constant_weights import ConstantWeight, constant_weights
 from edgeattn.exporters.external_data import external_region
 from edgeattn.exporters.fitted_weights import FittedWeight, packed_codes
-
-log = logging.getLogger(__name__)
 
 #: float32 bytes of a weight quantised at once (a band of its output rows)
 BAND_BYTES = 64 * 2**20
@@ -86,16 +84,19 @@ def quantize_transposed(model: onnx.ModelProto, folder: Path, bits_of: dict[str,
     Transposes and initializers nothing else reads are removed. Returns the weights quantised."""
     fitted = fitted or {}
     done, replaced = [], []
-    for weight, (node, source) in transposed_products(model).items():
-        if weight not in bits_of or node.name in exclude:
-            continue
+    from tqdm import tqdm
+
+    chosen = {w: found for w, found in transposed_products(model).items()
+              if w in bits_of and found[0].name not in exclude}  # fmt: skip
+    for weight, (node, source) in tqdm(chosen.items(), desc="block-wise levels from the checkpoint", unit="weight",
+                                       disable=None, leave=False):  # fmt: skip
         bits = bits_of[weight]
         n, k = (int(d) for d in source.tensor.dims)
         fit = fitted.get(weight)
         if fit is not None:
             if (fit.bits, fit.block, *fit.codes.shape) != (bits, block, n, k):
-                raise ValueError(f"{weight}: fitted as {fit.bits}-bit blocks of {fit.block} {fit.codes.shape}, "
-                                 f"asked for {bits}-bit blocks of {block} [{n}, {k}]")  # fmt: skip
+                raise ExportError(f"{weight}: fitted as {fit.bits}-bit blocks of {fit.block} {fit.codes.shape}, "
+                                  f"asked for {bits}-bit blocks of {block} [{n}, {k}]")  # fmt: skip
             packed = packed_codes(fit).reshape(n, -(-k // block), block * bits // 8)
             scales = fit.scales.astype(np.float32).reshape(n, -1)
         else:
