@@ -182,10 +182,6 @@ def _transposed_sha256(data: memoryview, dims: tuple[int, ...]) -> Any:
     return digest
 
 
-def _external(tensor: onnx.TensorProto, location: str, region: Region) -> None:
-    point_at(tensor, location, region.offset, region.length)
-
-
 def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: Path | None = None) -> int:
     """Point ``proto``'s initializers at the checkpoint where they equal one of its tensors, as
     stored or transposed (see the module docstring); returns the bytes no longer in the graph.
@@ -218,13 +214,13 @@ def share_weights(proto: onnx.ModelProto, index: CheckpointIndex, external_dir: 
         if found is None:
             kept.append(tensor)
         elif found[1] is None:
-            _external(tensor, location, found[0])
+            point_at(tensor, location, found[0].offset, found[0].length)
             kept.append(tensor)
             moved += found[0].length
         else:
             region, dims = found
             source = onnx.TensorProto(name=tensor.name + TRANSPOSED_SUFFIX, data_type=tensor.data_type, dims=dims)
-            _external(source, location, region)
+            point_at(source, location, region.offset, region.length)
             kept.append(source)
             transposes.append(helper.make_node("Transpose", [source.name], [tensor.name], perm=[1, 0],
                                                name=f"{tensor.name}/from_checkpoint"))  # fmt: skip
@@ -290,7 +286,7 @@ def copy_regions(proto: onnx.ModelProto, sources: Path | list[Path], target: Pat
                     out.write(chunk)
                     left -= len(chunk)
             for tensor in tensors:
-                _external(tensor, data_name or target.name, region)
+                point_at(tensor, data_name or target.name, region.offset, region.length)
             kept += length
     return kept
 
@@ -350,7 +346,7 @@ def share_between(protos: dict[str, onnx.ModelProto], path: Path, sources: dict[
             region = Region(out.tell(), len(data))
             out.write(data)
             for graph, tensor in tensors:
-                _external(tensor, path.name, region)
+                point_at(tensor, path.name, region.offset, region.length)
                 moved[graph] += region.length
     return {graph: n for graph, n in moved.items() if n}
 

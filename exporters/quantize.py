@@ -30,7 +30,13 @@ from edgeattn.errors import ExportError
 from edgeattn.exporters.compact import fold_transposes
 from edgeattn.exporters.constant_weights import constant_weights
 from edgeattn.exporters.experts import quantize_experts
-from edgeattn.exporters.external_data import array_of, external_region, read_in_place, write_external_data
+from edgeattn.exporters.external_data import (
+    array_of,
+    external_region,
+    external_view,
+    read_in_place,
+    write_external_data,
+)
 from edgeattn.exporters.fitted_weights import FittedWeight, apply_fitted, check_fitted
 from edgeattn.exporters.qdq_bypass import bypass_float_consumers
 from edgeattn.exporters.transposed_weights import quantize_transposed, transposed_products
@@ -385,6 +391,7 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     products = {w: head_bits if n in second else bits for n, w in weights.items()
                 if n not in job.exclude and w in constant}  # fmt: skip
     fitted = job.fit(products, block_size) if method == "gptq" and job.fit is not None else {}
+    tied = tied_tables(model, src.parent)  # before the weights are read: a tied table is found by its region
     # products read through a Transpose of a checkpoint tensor are quantised from that tensor as
     # it lies ([out, in], MatMulNBits' layout) where the levels are symmetric; else folded first
     direct = method != "hqq" and symmetric
@@ -396,7 +403,6 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
     if not direct:
         fold_transposes(model)
     check_fitted(model, fitted)
-    tied = tied_tables(model)
     direct_fits = {w: fit for w, fit in fitted.items() if w in transposed}
     taken = quantize_transposed(model, src.parent, products, block_size, accuracy_level, direct_fits,
                                 set(job.exclude)) if direct else []  # fmt: skip
@@ -468,9 +474,10 @@ def quantize_blockwise(src: Path, dst: Path, job: ConversionJob, bits: int, bloc
 MAPPED_ABOVE = 256 * 2**20
 
 
-def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
+def tied_tables(model: onnx.ModelProto, folder: Path | None = None) -> dict[str, str]:
     """{Gather node: the output of the MatMul whose constant weight is that Gather's table transposed}
-    (an embedding tied to the output layer)."""
+    (an embedding tied to the output layer: the same bytes of the same file, or equal values read
+    from ``folder``, the graph's, where its weights are outside it)."""
 
     init = {t.name: t for t in model.graph.initializer}
     weights = constant_weights(model)
@@ -488,10 +495,21 @@ def tied_tables(model: onnx.ModelProto) -> dict[str, str]:
         if gather is None or gather in out:
             continue
         table = init[tables[gather].input[0]]
-        if weight.transpose is not None and _same_region(table, weight.tensor) \
-                or np.array_equal(array_of(table).T, weight.array()):  # fmt: skip
+        if weight.transpose is not None and _same_region(table, weight.tensor):
+            out[gather] = node.output[0]
+            continue
+        values = _values(weight.tensor, folder)
+        if np.array_equal(_values(table, folder), values if weight.transpose is not None else values.T):
             out[gather] = node.output[0]
     return out
+
+
+def _values(tensor: onnx.TensorProto, folder: Path | None) -> np.ndarray:
+    """An initializer's values: mapped from its file in ``folder`` where it is outside the graph."""
+    if folder is None or tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return array_of(tensor)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    return np.frombuffer(external_view(tensor, folder), dtype=dtype).reshape(tuple(tensor.dims))
 
 
 def _same_region(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:

@@ -16,7 +16,7 @@ from onnx import helper
 
 from edgeattn.errors import ExportError
 from edgeattn.exporters.constant_weights import ConstantWeight, constant_weights
-from edgeattn.exporters.external_data import external_region
+from edgeattn.exporters.external_data import external_view
 from edgeattn.exporters.fitted_weights import FittedWeight, packed_codes
 
 #: float32 bytes of a weight quantised at once (a band of its output rows)
@@ -38,13 +38,12 @@ def transposed_products(model: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProt
 
 
 def _rows(tensor: onnx.TensorProto, folder: Path) -> np.ndarray:
-    """An external float32 [N, K] initializer mapped read-only."""
-    location, offset, length = external_region(tensor)
+    """An external float32 [N, K] initializer (in ``folder``, or at an absolute location) mapped read-only."""
     n, k = (int(d) for d in tensor.dims)
-    if length != n * k * 4:
-        raise ValueError(f"{tensor.name}: {length} bytes for a float32 [{n}, {k}]")
-    path = Path(location) if Path(location).is_absolute() else folder / location
-    return np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=(n, k))
+    data = external_view(tensor, folder)
+    if len(data) != n * k * 4:
+        raise ValueError(f"{tensor.name}: {len(data)} bytes for a float32 [{n}, {k}]")
+    return np.frombuffer(data, dtype=np.float32).reshape(n, k)
 
 
 def quantize_rows(rows: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +61,6 @@ def quantize_rows(rows: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, 
     packed = np.empty((n, blocks, blob), np.uint8)
     scales = np.empty((n, blocks), np.float32)
     band = max(1, BAND_BYTES // max(4 * k, 1))
-    zero_points = np.empty(0, np.uint8)
     for start in range(0, n, band):
         stop = min(n, start + band)
         weight = np.zeros((blocks * block, stop - start), np.float32)  # [K, n] as the kernel takes it, padded
